@@ -1,0 +1,157 @@
+"""What the scheduler hears (events) and what it says (decisions).
+
+A driver — the live asyncio runtime or the discrete-event simulator — feeds events
+to `Scheduler.on_event` in time order and carries out the decisions that
+`Scheduler.decide` returns. Time is always an argument (seconds on the driver's
+clock); nothing here reads a clock.
+
+Priorities follow vLLM's convention: a *lower* value runs first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# -- events ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TrajectoryArrived:
+    """A new trajectory whose first turn is ready to run."""
+
+    traj_id: str  # unique trajectory id
+    group_id: str  # GRPO group (the task); siblings share it
+    prompt_tokens: int  # initial context length
+
+
+@dataclass(frozen=True, slots=True)
+class TurnFinished:
+    """An engine finished a turn. `context_tokens` counts everything in the
+    trajectory's context after this turn (prompt, all outputs, all observations)."""
+
+    traj_id: str
+    engine_id: str  # the engine that generated the turn
+    output_tokens: int  # tokens sampled in this turn
+    context_tokens: int  # context length after the turn
+    final: bool  # True: no tool call follows; the trajectory is done
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallStarted:
+    """The trajectory's tool call began; its engine slot is free until it returns."""
+
+    traj_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallFinished:
+    """The tool returned; the next turn is ready to run."""
+
+    traj_id: str
+    latency_s: float  # how long the call took
+    output_tokens: int  # observation tokens appended to the context
+
+
+@dataclass(frozen=True, slots=True)
+class TurnPreempted:
+    """The engine evicted a running turn on its own (out of KV cache). The turn's
+    tokens so far are kept by the driver; the turn must be admitted again."""
+
+    traj_id: str
+    engine_id: str
+    output_tokens_so_far: int  # tokens of this turn generated before eviction
+
+
+@dataclass(frozen=True, slots=True)
+class TrajectoryEnded:
+    """The trajectory ended for a reason other than its last turn finishing
+    (limits, cancel, infrastructure failure); it will send no more events."""
+
+    traj_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class EngineAdded:
+    """An engine is up and accepting turns."""
+
+    engine_id: str
+    tp: int  # tensor-parallel degree (GPUs it occupies)
+    max_batch: int  # most sequences it runs at once
+    kv_capacity_tokens: int  # KV cache size in tokens
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRemoved:
+    """The engine is gone after a drain: nothing was running on it."""
+
+    engine_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class EngineFailed:
+    """The engine died. Every turn that was running or admitted on it is lost and
+    must be re-admitted elsewhere (with a full re-prefill)."""
+
+    engine_id: str
+    reason: str
+
+
+Event = (
+    TrajectoryArrived
+    | TurnFinished
+    | ToolCallStarted
+    | ToolCallFinished
+    | TurnPreempted
+    | TrajectoryEnded
+    | EngineAdded
+    | EngineRemoved
+    | EngineFailed
+)
+
+# -- decisions -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    """Start the trajectory's ready turn on this engine now."""
+
+    traj_id: str
+    engine_id: str
+    priority: float  # lower runs first; engines with priority scheduling honour it
+
+
+@dataclass(frozen=True, slots=True)
+class Preempt:
+    """Pause the trajectory's running turn; its KV stays in the engine's prefix
+    cache. The scheduler admits it again later (it is back in a queue)."""
+
+    traj_id: str
+    engine_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Migrate:
+    """Move a trajectory that is inside a tool call to another engine, taking its
+    KV along. Only legal during the tool-call gap."""
+
+    traj_id: str
+    src_engine_id: str
+    dst_engine_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class AddEngine:
+    """Start a new engine of this TP degree; an `EngineAdded` follows when it is up."""
+
+    tp: int
+
+
+@dataclass(frozen=True, slots=True)
+class DrainEngine:
+    """Admit nothing more to the engine; remove it once idle (`EngineRemoved`)."""
+
+    engine_id: str
+
+
+Decision = Admit | Preempt | Migrate | AddEngine | DrainEngine

@@ -1,0 +1,1 @@
+"""The discrete-event cluster simulator that drives the scheduling core."""

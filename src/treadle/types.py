@@ -1,0 +1,136 @@
+"""The trajectory data model shared by every layer.
+
+A *task* is one prompt with its environment; a GRPO *group* is the ``n`` samples
+(trajectories) of one task. A *trajectory* alternates LLM turns and tool calls and
+ends with a terminal status. Its training record is token-exact: the ids and
+logprobs the engine produced, never a re-tokenisation of text.
+
+These are plain dataclasses: pydantic lives at the wire edges (service, config),
+not here. The simulator fills only the counts (tokens per turn, tool latency); the
+live runtime fills the token ids as well.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class TrajectoryStatus(enum.Enum):
+    """Where a trajectory stands. The last six are terminal."""
+
+    PENDING = "pending"  # created, first turn not yet started
+    RUNNING = "running"  # a turn or a tool call is in progress
+    COMPLETED = "completed"  # the agent finished on its own (answer, no more tool calls)
+    TRUNCATED = "truncated"  # hit the token budget (total or per-turn)
+    MAX_TURNS = "max_turns"  # hit the turn limit
+    TIMEOUT = "timeout"  # hit its wall-clock deadline
+    ABORTED = "aborted"  # cancelled by the caller
+    ERROR = "error"  # an infrastructure failure; `Trajectory.reason` says which
+
+    @property
+    def terminal(self) -> bool:
+        return self not in (TrajectoryStatus.PENDING, TrajectoryStatus.RUNNING)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupKey:
+    """Identifies one trajectory inside its GRPO group."""
+
+    group_id: str  # the task/prompt instance; siblings share it
+    repetition: int  # 0..n-1 within the group
+
+
+@dataclass(slots=True)
+class Task:
+    """One prompt with its environment."""
+
+    task_id: str  # stable id of the prompt; also the GRPO group id
+    prompt: str | list[dict[str, Any]]  # plain text or chat messages
+    suite: str = ""  # task suite name (math, code, swe, ...); "" for ad-hoc tasks
+    metadata: dict[str, Any] = field(default_factory=dict)  # suite-specific (answer, tests, ...)
+
+
+@dataclass(slots=True)
+class ToolCall:
+    """One tool invocation between two LLM turns."""
+
+    name: str  # tool name as the model wrote it
+    arguments: dict[str, Any] = field(default_factory=dict)  # parsed JSON arguments
+    latency_s: float = 0.0  # wall (or simulated) seconds from start to result
+    output_tokens: int = 0  # tokens of the observation appended to the context
+    error: str | None = None  # tool-side error shown to the model as an observation
+
+
+@dataclass(slots=True)
+class Turn:
+    """One LLM generation, optionally followed by one tool call."""
+
+    index: int  # 0-based position in the trajectory
+    output_tokens: int  # tokens the model sampled in this turn
+    engine_id: str | None = None  # engine that generated it (the last one, if preempted)
+    tool_call: ToolCall | None = None  # the tool call this turn asked for, if any
+    queued_s: float = 0.0  # waiting before the first token (scheduler + engine queues)
+    generating_s: float = 0.0  # from first token (prefill included) to last token
+    policy_version: int = 0  # weights version that sampled this turn
+
+
+@dataclass(slots=True)
+class TokenSegment:
+    """One prefix-consistent training sequence.
+
+    Invariants (checked by `validate`): ``response_ids``, ``loss_mask``, ``logprobs``
+    and ``policy_versions`` have the same length; ``logprobs`` is 0.0 wherever
+    ``loss_mask`` is 0. A trajectory whose context is never edited has one segment;
+    pruning or sub-agents produce several.
+    """
+
+    prompt_ids: list[int] = field(default_factory=list)  # the context before the first turn
+    response_ids: list[int] = field(default_factory=list)  # model + observation tokens
+    loss_mask: list[int] = field(default_factory=list)  # 1 = sampled by the model
+    logprobs: list[float] = field(default_factory=list)  # engine logprobs, 0.0 at mask 0
+    policy_versions: list[int] = field(default_factory=list)  # version per response token
+
+    def validate(self) -> None:
+        n = len(self.response_ids)
+        lengths = (len(self.loss_mask), len(self.logprobs), len(self.policy_versions))
+        if any(length != n for length in lengths):
+            raise ValueError(f"segment lengths differ: response {n}, mask/logprobs/versions {lengths}")
+        for i, (m, lp) in enumerate(zip(self.loss_mask, self.logprobs, strict=True)):
+            if m not in (0, 1):
+                raise ValueError(f"loss_mask[{i}] = {m}, must be 0 or 1")
+            if m == 0 and lp != 0.0:
+                raise ValueError(f"logprobs[{i}] = {lp} where loss_mask is 0")
+
+
+@dataclass(slots=True)
+class Timings:
+    """Where a trajectory's wall time went (seconds)."""
+
+    llm_s: float = 0.0  # generating, prefill included
+    tool_s: float = 0.0  # inside tool calls
+    queue_s: float = 0.0  # waiting for an engine (scheduler queue, engine queue, preempted)
+    started_at: float | None = None  # clock time of the first event
+    finished_at: float | None = None  # clock time of the terminal status
+
+
+@dataclass(slots=True)
+class Trajectory:
+    """One agent episode for one task sample."""
+
+    trajectory_id: str  # unique; also the routing key for prefix-cache affinity
+    key: GroupKey  # GRPO group and repetition
+    prompt_tokens: int = 0  # length of the initial context
+    turns: list[Turn] = field(default_factory=list)  # in order
+    segments: list[TokenSegment] = field(default_factory=list)  # token-exact record (live runs)
+    status: TrajectoryStatus = TrajectoryStatus.PENDING  # see TrajectoryStatus
+    reason: str | None = None  # why it ended, for any status but COMPLETED
+    reward: float | None = None  # None until scored; never invented for an ERROR
+    attempt: int = 0  # retries after an infrastructure failure
+    timings: Timings = field(default_factory=Timings)  # split of wall time
+
+    @property
+    def output_tokens(self) -> int:
+        """Tokens sampled by the model across all turns."""
+        return sum(t.output_tokens for t in self.turns)
