@@ -1,10 +1,168 @@
-"""Command line: `treadle sim | bench | demo`. Imports are lazy so `--help` is instant."""
+"""Command line: `treadle sim | bench | demo`.
+
+Imports are lazy so that `--help` is instant. Bad input ends with one line on
+stderr naming what is wrong and exit code 2.
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
 import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+DEFAULT_POLICIES = "slime,verl,verl-star,heddle,treadle,oracle"
 
 
-def main(argv: list[str] | None = None) -> int:
-    print("treadle: not yet wired", file=sys.stderr)
+class UsageError(Exception):
+    """Bad input from the user: printed as one line, exit code 2."""
+
+
+def _sim_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workload", default="coding",
+                   help="coding, search, math, swe, or a trace file (.jsonl)")
+    p.add_argument("--policies", default=DEFAULT_POLICIES,
+                   help=f"comma-separated (default {DEFAULT_POLICIES}); baselines take "
+                        "a TP suffix, e.g. verl@tp4")
+    p.add_argument("--gpus", type=int, default=64)
+    p.add_argument("--model", default="qwen3-14b", help="qwen3-8b, qwen3-14b, qwen3-32b")
+    p.add_argument("--gpu", default="h100", help="h100 or h200")
+    p.add_argument("--trajectories", type=int, default=1024,
+                   help="batch size for built-in workloads (a multiple of 16)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--timeline", metavar="FILE.html",
+                   help="write a per-engine Gantt chart of the last policy's run")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="treadle", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    _sim_args(sub.add_parser("sim", help="simulate scheduling policies on a cluster"))
+    bench = sub.add_parser("bench", help="benchmarks with a JSON report")
+    bench_sub = bench.add_subparsers(dest="bench", required=True)
+    b = bench_sub.add_parser("sim", help="the scheduling benchmark (all workloads)")
+    b.add_argument("--json", action="store_true", help="print the JSON report")
+    b.add_argument("--out", default="benchmarks/sim.json", help="where to write the report")
+    b.add_argument("--sizes", default="1024,4096", help="batch sizes")
+    b.add_argument("--workloads", default="coding,search,math,swe")
+    b.add_argument("--seed", type=int, default=0)
+    demo = sub.add_parser("demo", help="the README's main job on its embedded default")
+    demo.add_argument("--out", default="out", help="folder for the report files")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "sim":
+            return _sim(args)
+        if args.command == "bench":
+            from treadle.sim.bench import run_bench
+
+            report = run_bench(args, log=_log)
+            if args.json:
+                print(json.dumps(report, indent=2))
+            return 0
+        if args.command == "demo":
+            return _demo(args)
+    except UsageError as exc:
+        print(f"treadle: error: {exc}", file=sys.stderr)
+        return 2
     return 2
+
+
+def _log(message: str) -> None:
+    print(f"treadle: {message}", file=sys.stderr, flush=True)
+
+
+def load_workload(name: str, trajectories: int, seed: int, max_context: int) -> Any:
+    """A built-in workload or a trace; bad input raises UsageError."""
+    from treadle.sim.trace import TraceError, load_trace
+    from treadle.sim.workload import WORKLOADS, generate
+
+    if name in WORKLOADS:
+        try:
+            return generate(name, trajectories, seed=seed, max_context=max_context)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from exc
+    path = Path(name)
+    if not path.exists():
+        raise UsageError(f"--workload {name!r}: not one of {', '.join(WORKLOADS)} and no "
+                         "such trace file")
+    try:
+        return load_trace(path)
+    except TraceError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def _sim(args: argparse.Namespace) -> int:
+    from treadle.core.cost_model import CostModel
+    from treadle.core.policies import parse_policy
+    from treadle.sim.runner import compare, history_for
+    from treadle.sim.workload import WORKLOADS
+
+    try:
+        cost = CostModel.named(args.model, args.gpu)
+        specs = [parse_policy(p) for p in args.policies.split(",") if p.strip()]
+    except (KeyError, ValueError) as exc:
+        raise UsageError(str(exc).strip("'\"")) from exc
+    if not specs:
+        raise UsageError("--policies is empty")
+    if args.gpus < 1:
+        raise UsageError(f"--gpus must be >= 1, got {args.gpus}")
+    workload = load_workload(args.workload, args.trajectories, args.seed,
+                             cost.model.max_context)
+    history = (history_for(args.workload, len(workload.trajectories), args.seed,
+                           max_context=cost.model.max_context)
+               if args.workload in WORKLOADS else [])
+    try:
+        rows, timeline = compare(workload, [s.label for s in specs], cost, args.gpus,
+                                 history=history, seed=args.seed, progress=_log,
+                                 timeline_policy=specs[-1].label if args.timeline else None)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    if args.timeline and timeline is not None:
+        from treadle.sim.timeline import write_timeline
+
+        tokens = {t.traj_id: t.output_tokens for t in workload.trajectories}
+        write_timeline(args.timeline, timeline.spans, timeline.engines,
+                       title=f"{specs[-1].label} on {workload.name}: {len(tokens)} "
+                             f"trajectories, {args.gpus} x {args.gpu}, {args.model}",
+                       trajectory_tokens=tokens)
+        _log(f"timeline written to {args.timeline}")
+    from treadle.sim.runner import report_dict
+
+    if args.json:
+        print(json.dumps({"workload": workload.name, "gpus": args.gpus, "model": args.model,
+                          "gpu": args.gpu, "trajectories": len(workload.trajectories),
+                          "results": report_dict(rows)}, indent=2))
+    else:
+        print(format_table(rows))
+    return 0
+
+
+def format_table(rows: Sequence[Any]) -> str:
+    header = ("policy", "makespan_s", "tokens/s", "bound_s", "x_bound", "util",
+              "longest_q_s", "preempt", "evict", "migrate", "layout")
+    lines = [header]
+    for r in rows:
+        lines.append((r.policy, f"{r.makespan_s:.1f}", f"{r.tokens_per_s:,.0f}",
+                      f"{r.lower_bound_s:.1f}", f"{r.ratio_to_lower_bound:.2f}",
+                      f"{r.utilisation:.0%}", f"{r.longest_queue_s:.1f}", str(r.preemptions),
+                      str(r.kv_evictions), str(r.migrations), r.layout))
+    widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
+    return "\n".join("  ".join(c.rjust(w) if i else c.ljust(w)
+                               for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+                     for row in lines)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    _log("demo: simulating a 1,024-trajectory coding rollout step on 64 H100s (Qwen3-14B)")
+    return main(["sim", "--workload", "coding", "--policies",
+                 "slime,verl,verl@tp8,heddle,treadle", "--timeline",
+                 str(out / "timeline.html")])

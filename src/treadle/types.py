@@ -96,7 +96,8 @@ class TokenSegment:
         n = len(self.response_ids)
         lengths = (len(self.loss_mask), len(self.logprobs), len(self.policy_versions))
         if any(length != n for length in lengths):
-            raise ValueError(f"segment lengths differ: response {n}, mask/logprobs/versions {lengths}")
+            raise ValueError(
+                f"segment lengths differ: response {n}, mask/logprobs/versions {lengths}")
         for i, (m, lp) in enumerate(zip(self.loss_mask, self.logprobs, strict=True)):
             if m not in (0, 1):
                 raise ValueError(f"loss_mask[{i}] = {m}, must be 0 or 1")

@@ -1,0 +1,143 @@
+"""Engine-pool layouts: how a GPU budget is split into engines of TP degrees 1-8,
+and what a layout is worth for a batch of predicted trajectory lengths.
+
+A layout is a tuple of TP degrees, largest first, e.g. (8, 8, 4, 1, 1, ...). Its
+worth for a batch is the placement model's makespan (`core.placement`): group
+completion C(g, e) = T_e · F_e(|g|) · max L over the presorted partition. The
+batch is represented by its length quantiles, reduced to at most `MAX_ITEMS`
+items of equal weight so that evaluating one layout costs about a millisecond.
+
+Two planners: `anneal_layout` (Heddle's resource manager: simulated annealing
+initialised from a homogeneous pool, moves that merge two equal engines or split
+one) and `best_layout` (exhaustive over every layout, which is cheap enough at the
+reduced batch size for up to a few hundred GPUs).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterator, Sequence
+
+from treadle.core.cost_model import TP_DEGREES, CostModel
+from treadle.core.placement import EngineSlot, place
+
+MAX_ITEMS = 128  # batch items a layout is evaluated on (quantile representatives)
+Layout = tuple[int, ...]
+
+
+def reduce_lengths(lengths: Sequence[float], items: int = MAX_ITEMS) -> tuple[list[float], int]:
+    """Representative lengths (descending) and how many trajectories each stands for."""
+    ordered = sorted(lengths, reverse=True)
+    if len(ordered) <= items:
+        return ordered, 1
+    weight = math.ceil(len(ordered) / items)
+    return [ordered[i] for i in range(0, len(ordered), weight)], weight
+
+
+def engine_slot(cost: CostModel, engine_id: str, tp: int, context: float, max_batch: int,
+                weight: int = 1) -> EngineSlot:
+    """The placement model's view of one engine: per-token time of one item (a
+    batch of `weight` trajectories of a typical `context`), and the interference
+    factor F(b) of b such items relative to one (KV of the batch grows with it)."""
+    base = cost.step_time(tp, weight, weight * context)  # one item: `weight` sequences
+    cap = max(1, max_batch // weight)
+    interference = tuple(
+        cost.step_time(tp, b * weight, b * weight * context) / base for b in range(1, cap + 1)
+    )
+    return EngineSlot(engine_id, base, cap, interference)
+
+
+def layout_makespan(layout: Layout, lengths: Sequence[float], cost: CostModel,
+                    context: float, max_batch: int, weight: int = 1) -> float:
+    """Placement-model makespan of `lengths` (descending, each of `weight`) on `layout`."""
+    slots = [engine_slot(cost, f"L{i}", tp, context, max_batch, weight)
+             for i, tp in enumerate(layout)]
+    if sum(s.max_batch for s in slots) < len(lengths):
+        return math.inf
+    return place(lengths, slots).makespan
+
+
+def all_layouts(gpus: int, min_tp: int = 1) -> Iterator[Layout]:
+    """Every multiset of TP degrees (≥ min_tp) that uses all `gpus`, largest first."""
+    degrees = [d for d in sorted(TP_DEGREES, reverse=True) if d >= min_tp]
+
+    def rec(i: int, left: int) -> Iterator[Layout]:
+        if left == 0:
+            yield ()
+            return
+        if i == len(degrees):
+            return
+        d = degrees[i]
+        for k in range(left // d, -1, -1):
+            for rest in rec(i + 1, left - k * d):
+                yield (d,) * k + rest
+
+    yield from rec(0, gpus)
+
+
+def best_layout(gpus: int, lengths: Sequence[float], cost: CostModel, context: float,
+                max_batch: int, min_tp: int = 1) -> Layout:
+    """Exhaustive search; ties go to the layout with fewer engines (less overhead)."""
+    reduced, weight = reduce_lengths(lengths)
+    best: tuple[float, int, Layout] | None = None
+    for layout in all_layouts(gpus, min_tp):
+        m = layout_makespan(layout, reduced, cost, context, max_batch, weight)
+        key = (m, len(layout), layout)
+        if best is None or key < best:
+            best = key
+    if best is None or math.isinf(best[0]):
+        raise ValueError(f"no layout of {gpus} GPUs holds {len(lengths)} trajectories")
+    return best[2]
+
+
+def anneal_layout(gpus: int, lengths: Sequence[float], cost: CostModel, context: float,
+                  max_batch: int, *, start_tp: int, seed: int = 0, iterations: int = 400,
+                  min_tp: int = 1) -> Layout:
+    """Simulated annealing from the homogeneous TP-`start_tp` pool. A move merges two
+    engines of the same degree into one of twice the degree, or splits one engine
+    into two halves; worse layouts are accepted with the Metropolis probability
+    under a geometric cooling schedule. Deterministic for a given seed."""
+    rng = random.Random(seed)
+    reduced, weight = reduce_lengths(lengths)
+
+    def score(layout: Layout) -> float:
+        return layout_makespan(layout, reduced, cost, context, max_batch, weight)
+
+    current: Layout = (start_tp,) * (gpus // start_tp)
+    current_cost = score(current)
+    best, best_cost = current, current_cost
+    temperature = 0.05 * (current_cost if math.isfinite(current_cost) else 1.0)
+    for _ in range(iterations):
+        candidate = _neighbour(current, rng, min_tp)
+        if candidate is None:
+            continue
+        c = score(candidate)
+        delta = c - current_cost
+        if delta <= 0 or (math.isfinite(c) and temperature > 0
+                          and rng.random() < math.exp(-delta / temperature)):
+            current, current_cost = candidate, c
+            if c < best_cost:
+                best, best_cost = candidate, c
+        temperature *= 0.99
+    return best
+
+
+def _neighbour(layout: Layout, rng: random.Random, min_tp: int) -> Layout | None:
+    parts = list(layout)
+    if rng.random() < 0.5:
+        mergeable = sorted({d for d in parts if d < max(TP_DEGREES) and parts.count(d) >= 2})
+        if not mergeable:
+            return None
+        d = rng.choice(mergeable)
+        parts.remove(d)
+        parts.remove(d)
+        parts.append(2 * d)
+    else:
+        splittable = sorted({d for d in parts if d // 2 >= min_tp})
+        if not splittable:
+            return None
+        d = rng.choice(splittable)
+        parts.remove(d)
+        parts += [d // 2, d // 2]
+    return tuple(sorted(parts, reverse=True))

@@ -1,0 +1,187 @@
+"""Machinery shared by the trajectory-aware policies (heddle, treadle, oracle).
+
+- **Remaining-work estimates** come from a `WorkEstimator` (the online
+  `Predictor`, or the truth for the oracle), fed from the scheduler's events.
+- **Progressive priority**: a ready turn's priority is minus its trajectory's
+  predicted remaining tokens, re-estimated at every turn and tool result, so the
+  longest predicted remaining work runs first (a dynamic LPT).
+- **Preemption**: when an engine is full and the head of its queue outranks the
+  least important running turn by `preempt_margin`, that turn is paused (its KV
+  stays cached) and the head runs.
+- **Presorted placement**: every `replan_s` seconds (and when trajectories wait
+  unrouted) live trajectories, sorted by predicted remaining tokens, are
+  partitioned over the engines by `core.placement`; a trajectory's *target* is its
+  engine in that plan.
+- **Migration only in tool gaps**: when a trajectory starts a tool call, or is in
+  one at re-planning time, and its target differs from the engine holding its KV,
+  it moves there (`should_migrate` may veto a move; see subclasses).
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Protocol
+
+from treadle.core.cost_model import CostModel
+from treadle.core.events import (
+    Event,
+    ToolCallFinished,
+    ToolCallStarted,
+    TrajectoryArrived,
+    TrajectoryEnded,
+    TurnFinished,
+)
+from treadle.core.placement import EngineSlot, place
+from treadle.core.policies.layout import engine_slot
+from treadle.core.predictor import Estimate
+from treadle.core.scheduler import EngineState, Phase, TrajectoryScheduler, TrajState
+
+
+class WorkEstimator(Protocol):
+    """What the policies need of a predictor (`core.predictor.Predictor` fits)."""
+
+    def arrived(self, traj_id: str, group_id: str, prompt_tokens: int) -> None: ...
+    def turn_finished(self, traj_id: str, output_tokens: int) -> None: ...
+    def tool_finished(self, traj_id: str, latency_s: float) -> None: ...
+    def finished(self, traj_id: str) -> None: ...
+    def forget(self, traj_id: str) -> None: ...
+    def estimate(self, traj_id: str) -> Estimate: ...
+
+
+class Progressive(TrajectoryScheduler):
+    """Base of heddle/treadle/oracle; subclasses choose the pool and refine moves."""
+
+    name = "progressive"
+
+    def __init__(self, cost: CostModel, estimator: WorkEstimator, *, replan_s: float = 20.0,
+                 preempt_margin: float = 1.5, kv_watermark: float = 0.8) -> None:
+        super().__init__()
+        self.cost = cost
+        self.est = estimator
+        self.replan_s = replan_s  # seconds between placement re-plans
+        self.preempt_margin = preempt_margin  # head must outrank the victim by this factor
+        self.kv_watermark = kv_watermark  # share of KV admitted contexts may claim
+        self.target: dict[str, str] = {}  # trajectory -> engine in the latest plan
+        self._next_replan = 0.0
+        self.replans = 0
+
+    # -- estimates ------------------------------------------------------------------
+
+    def remaining(self, t: TrajState) -> float:
+        return self.est.estimate(t.traj_id).remaining_tokens
+
+    def observe(self, event: Event, t: TrajState | None, now: float) -> None:
+        if isinstance(event, TrajectoryArrived):
+            self.est.arrived(event.traj_id, event.group_id, event.prompt_tokens)
+        elif isinstance(event, TurnFinished):
+            self.est.turn_finished(event.traj_id, event.output_tokens)
+            if event.final:
+                self.est.finished(event.traj_id)
+                self.target.pop(event.traj_id, None)
+        elif isinstance(event, ToolCallFinished):
+            self.est.tool_finished(event.traj_id, event.latency_s)
+        elif isinstance(event, ToolCallStarted) and t is not None:
+            self._consider_migration(t, now)
+        elif isinstance(event, TrajectoryEnded):
+            self.est.forget(event.traj_id)
+            self.target.pop(event.traj_id, None)
+
+    # -- policy hooks -----------------------------------------------------------------
+
+    def priority(self, t: TrajState, now: float) -> float:
+        return -self.remaining(t)
+
+    def route(self, t: TrajState, now: float) -> str | None:
+        home = t.engine_id
+        if home is not None and home in self.engines and not self.engines[home].draining:
+            return home  # its KV is there; moves happen only in tool gaps
+        target = self.target.get(t.traj_id)
+        if target is not None and target in self.engines and not self.engines[target].draining:
+            return target
+        return None  # placed at the next re-plan (which is due now)
+
+    def kv_need(self, t: TrajState) -> int:
+        """Context plus the turn's expected length (remaining tokens over remaining
+        turns), so a full engine still has room for its running turns to grow."""
+        est = self.est.estimate(t.traj_id)
+        return t.context_tokens + int(est.remaining_tokens / max(1.0, est.remaining_turns))
+
+    def kv_budget(self, e: EngineState) -> float | None:
+        return self.kv_watermark * e.kv_capacity_tokens
+
+    def wakeup(self) -> float | None:
+        return self._next_replan if self.trajs else None
+
+    def rebalance(self, now: float) -> None:
+        if self.unrouted or now >= self._next_replan:
+            self.replan(now)
+        self._preempt_for_heads(now)
+
+    # -- placement -----------------------------------------------------------------------
+
+    def placement_engines(self) -> list[EngineState]:
+        return self.live_engines()
+
+    def replan(self, now: float) -> None:
+        """Re-place every live trajectory; queue the unrouted, migrate those in tools."""
+        self._next_replan = now + self.replan_s
+        engines = self.placement_engines()
+        live = [t for t in self.trajs.values() if t.phase is not Phase.DONE]
+        if not live or not engines:
+            return
+        self.replans += 1
+        live.sort(key=lambda t: t.traj_id)
+        lengths = [max(1.0, self.remaining(t)) for t in live]
+        context = sum(t.context_tokens for t in live) / len(live)
+        slots = [self.slot(e, context) for e in engines]
+        plan = place(lengths, slots)
+        for t, idx in zip(live, plan.engine_of, strict=True):
+            self.target[t.traj_id] = engines[idx].engine_id
+        for t in sorted(self.unrouted.values(), key=lambda t: t.traj_id):
+            self._enqueue(t, self.target[t.traj_id], self.priority(t, now), now)
+        for t in live:
+            if t.phase is Phase.TOOL:
+                self._consider_migration(t, now)
+
+    def slot(self, e: EngineState, context: float) -> EngineSlot:
+        return engine_slot(self.cost, e.engine_id, e.tp, max(context, 256.0), e.max_batch)
+
+    def _consider_migration(self, t: TrajState, now: float) -> None:
+        dst = self.target.get(t.traj_id)
+        src = t.engine_id
+        if dst is None or src is None or dst == src or dst not in self.engines:
+            return
+        if self.engines[dst].draining or not self.should_migrate(t, src, dst, now):
+            return
+        self._migrate(t, dst)
+
+    def should_migrate(self, t: TrajState, src: str, dst: str, now: float) -> bool:
+        return True
+
+    # -- preemption ------------------------------------------------------------------------
+
+    def _preempt_for_heads(self, now: float) -> None:
+        for eid in sorted(self._dirty):
+            e = self.engines.get(eid)
+            if e is None or e.draining or not e.queued or not e.running:
+                continue
+            head = self._queue_head(e)
+            if head is None:
+                continue
+            budget = self.kv_budget(e)
+            full = len(e.running) >= self.admission_cap(e) or (
+                budget is not None and e.kv_reserved + self.kv_need(head) > budget)
+            if not full:
+                continue
+            victim = max((self.trajs[r] for r in e.running), key=lambda r: (r.priority, r.seq))
+            if -head.priority > self.preempt_margin * -victim.priority:
+                self._preempt(victim, now)
+
+    def _queue_head(self, e: EngineState) -> TrajState | None:
+        while e.queue:
+            _, seq, tid = e.queue[0]
+            t = self.trajs[tid]
+            if t.phase is Phase.QUEUED and t.engine_id == e.engine_id and t.seq == seq:
+                return t
+            heapq.heappop(e.queue)  # stale
+        return None

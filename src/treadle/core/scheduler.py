@@ -1,0 +1,346 @@
+"""The scheduler interface and the bookkeeping every policy shares.
+
+`Scheduler` is the whole contract a driver sees: it feeds events in time order to
+`on_event(event, now)` and, after each instant's events, calls `decide(now)` and
+carries out the returned decisions; `wakeup()` tells it when the scheduler wants to
+be asked again even if nothing happens (periodic re-planning).
+
+`TrajectoryScheduler` keeps the state that all policies need — where each
+trajectory is (queued, running, in a tool call, done), which engine holds its KV,
+per-engine queues and running sets — and leaves policies four decisions:
+
+- `route(t, now)`: which engine a ready turn is queued on;
+- `priority(t, now)`: its priority there (lower runs first);
+- `admission_cap(e)`: how many turns an engine may run at once;
+- `rebalance(now)`: anything else — preemption, migration, pool changes.
+
+Queues are per engine, ordered by (priority, sequence number), so ties fall back to
+FCFS and every run is deterministic. A turn is admitted as soon as its engine has a
+free slot. Decisions change this state immediately (the driver is trusted to carry
+them out); the driver reports engine-side surprises back as events
+(`TurnPreempted`, `EngineFailed`).
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+from treadle.core.events import (
+    AddEngine,
+    Admit,
+    Decision,
+    DrainEngine,
+    EngineAdded,
+    EngineFailed,
+    EngineRemoved,
+    Event,
+    Migrate,
+    Preempt,
+    ToolCallFinished,
+    ToolCallStarted,
+    TrajectoryArrived,
+    TrajectoryEnded,
+    TurnFinished,
+    TurnPreempted,
+)
+
+
+class Phase(enum.Enum):
+    QUEUED = "queued"  # its next turn waits in an engine queue
+    RUNNING = "running"  # a turn is generating on an engine
+    TOOL = "tool"  # inside a tool call; holds no engine slot
+    DONE = "done"  # no more events
+
+
+@dataclass(slots=True)
+class TrajState:
+    """What the scheduler knows about one trajectory (never its future)."""
+
+    traj_id: str
+    group_id: str  # GRPO group
+    prompt_tokens: int  # initial context
+    arrived_at: float  # clock time of arrival
+    context_tokens: int  # current context length (prompt + outputs + observations)
+    output_tokens: int = 0  # sampled so far, all turns
+    turns_done: int = 0  # finished turns
+    tool_time_s: float = 0.0  # total time in finished tool calls
+    phase: Phase = Phase.QUEUED
+    engine_id: str | None = None  # engine holding its KV / its queue / its running turn
+    priority: float = 0.0  # priority of its current queue entry or running turn
+    seq: int = 0  # FCFS tie-break of its current queue entry
+    queued_at: float = 0.0  # when it entered the current queue
+    queue_time_s: float = 0.0  # total time spent queued (preemptions included)
+    kv_reserved: int = 0  # context counted against its engine's KV budget while running
+
+
+@dataclass(slots=True)
+class EngineState:
+    """One engine as the scheduler sees it."""
+
+    engine_id: str
+    tp: int  # GPUs it occupies
+    max_batch: int  # hardware/engine limit on concurrent sequences
+    kv_capacity_tokens: int  # KV cache size
+    running: set[str] = field(default_factory=set)  # trajectories generating now
+    queue: list[tuple[float, int, str]] = field(default_factory=list)  # heap (prio, seq, id)
+    queued: int = 0  # live entries in `queue` (stale ones are skipped lazily)
+    kv_reserved: int = 0  # Σ context of running trajectories at their admission
+    draining: bool = False  # admits nothing; removed once idle
+
+    @property
+    def load(self) -> int:
+        """Outstanding requests: running plus queued (what a router balances)."""
+        return len(self.running) + self.queued
+
+
+class Scheduler(ABC):
+    """The interface every driver uses."""
+
+    name: str = "abstract"
+
+    @abstractmethod
+    def on_event(self, event: Event, now: float) -> None:
+        """Take in one event. Events arrive in non-decreasing `now`."""
+
+    @abstractmethod
+    def decide(self, now: float) -> list[Decision]:
+        """Decisions to carry out now, after this instant's events."""
+
+    def wakeup(self) -> float | None:
+        """Next time the scheduler wants `decide` called without an event, or None."""
+        return None
+
+
+class TrajectoryScheduler(Scheduler):
+    """Shared bookkeeping; subclasses implement the policy hooks."""
+
+    def __init__(self) -> None:
+        self.trajs: dict[str, TrajState] = {}
+        self.engines: dict[str, EngineState] = {}
+        self._seq = 0
+        self._out: list[Decision] = []
+        self._dirty: set[str] = set()  # engines whose queue or slots changed
+        self.unrouted: dict[str, TrajState] = {}  # ready turns with no engine yet
+        self.preemptions = 0  # scheduler-initiated pauses
+        self.migrations = 0  # KV moves between engines
+
+    # -- policy hooks -------------------------------------------------------------
+
+    @abstractmethod
+    def route(self, t: TrajState, now: float) -> str | None:
+        """Engine whose queue the trajectory's ready turn joins; None defers it to
+        `self.unrouted` for `rebalance` to place."""
+
+    def priority(self, t: TrajState, now: float) -> float:
+        """Priority of the ready turn; lower runs first. Default: FCFS."""
+        return 0.0
+
+    def admission_cap(self, e: EngineState) -> int:
+        return e.max_batch
+
+    def kv_need(self, t: TrajState) -> int:
+        """KV tokens a turn is counted for against `kv_budget`: its context, plus
+        whatever growth the policy expects."""
+        return t.context_tokens
+
+    def kv_budget(self, e: EngineState) -> float | None:
+        """Most context tokens (counted at admission) the engine may run at once;
+        None leaves KV pressure to the engine (it evicts, as vLLM does)."""
+        return None
+
+    def rebalance(self, now: float) -> None:
+        """Preempt, migrate or change the pool through the `_preempt`, `_migrate`,
+        `_add_engine` and `_drain` primitives. Called at the end of every `decide`."""
+
+    def observe(self, event: Event, t: TrajState | None, now: float) -> None:
+        """Called after the shared bookkeeping has applied `event` (predictors hook here)."""
+
+    # -- driver interface -----------------------------------------------------------
+
+    def on_event(self, event: Event, now: float) -> None:
+        t: TrajState | None = None
+        if isinstance(event, TrajectoryArrived):
+            t = TrajState(event.traj_id, event.group_id, event.prompt_tokens, now,
+                          context_tokens=event.prompt_tokens)
+            self.trajs[t.traj_id] = t
+            self._ready(t, now)
+        elif isinstance(event, TurnFinished):
+            t = self.trajs[event.traj_id]
+            self._leave_engine(t)
+            t.output_tokens += event.output_tokens
+            t.context_tokens = event.context_tokens
+            t.turns_done += 1
+            t.phase = Phase.DONE if event.final else Phase.TOOL
+        elif isinstance(event, ToolCallStarted):
+            t = self.trajs[event.traj_id]
+        elif isinstance(event, ToolCallFinished):
+            t = self.trajs[event.traj_id]
+            t.tool_time_s += event.latency_s
+            t.context_tokens += event.output_tokens
+            self._ready(t, now)
+        elif isinstance(event, TurnPreempted):
+            t = self.trajs[event.traj_id]
+            self._leave_engine(t)
+            # Re-queued on the same engine with its old sequence number: an evicted
+            # turn goes back to the front of its class, as in vLLM.
+            self._enqueue(t, event.engine_id, t.priority, now, seq=t.seq)
+        elif isinstance(event, TrajectoryEnded):
+            t = self.trajs[event.traj_id]
+            self._leave_engine(t)
+            self._dequeue(t)
+            t.phase = Phase.DONE
+        elif isinstance(event, EngineAdded):
+            self.engines[event.engine_id] = EngineState(
+                event.engine_id, event.tp, event.max_batch, event.kv_capacity_tokens)
+            self._dirty.add(event.engine_id)
+        elif isinstance(event, EngineRemoved):
+            self.engines.pop(event.engine_id, None)
+        elif isinstance(event, EngineFailed):
+            self._engine_failed(event.engine_id, now)
+        self.observe(event, t, now)
+
+    def decide(self, now: float) -> list[Decision]:
+        self.rebalance(now)
+        for eid in sorted(self._dirty):
+            e = self.engines.get(eid)
+            if e is not None:
+                self._admit_from(e, now)
+        self._dirty.clear()
+        out, self._out = self._out, []
+        return out
+
+    # -- primitives for policies ---------------------------------------------------
+
+    def _ready(self, t: TrajState, now: float) -> None:
+        """The trajectory's next turn can run: route it and queue it."""
+        eid = self.route(t, now)
+        if eid is None:
+            t.phase, t.engine_id, t.queued_at = Phase.QUEUED, None, now
+            self.unrouted[t.traj_id] = t
+            return
+        self._enqueue(t, eid, self.priority(t, now), now)
+
+    def _enqueue(self, t: TrajState, eid: str, prio: float, now: float,
+                 seq: int | None = None) -> None:
+        if seq is None:
+            self._seq += 1
+            seq = self._seq
+        e = self.engines[eid]
+        if self.unrouted.pop(t.traj_id, None) is not None:
+            t.queue_time_s += now - t.queued_at
+        t.phase, t.engine_id, t.priority, t.seq, t.queued_at = Phase.QUEUED, eid, prio, seq, now
+        heapq.heappush(e.queue, (prio, seq, t.traj_id))
+        e.queued += 1
+        self._dirty.add(eid)
+
+    def _dequeue(self, t: TrajState) -> None:
+        """Drop a queued turn (its heap entry goes stale and is skipped later)."""
+        if self.unrouted.pop(t.traj_id, None) is not None:
+            t.phase = Phase.DONE
+        elif t.phase is Phase.QUEUED and t.engine_id in self.engines:
+            self.engines[t.engine_id].queued -= 1
+            t.phase = Phase.DONE  # caller sets the real phase
+
+    def _requeue(self, t: TrajState, eid: str, prio: float, now: float) -> None:
+        """Move a queued turn to another engine or priority (no KV involved)."""
+        self._dequeue(t)
+        t.queue_time_s += now - t.queued_at
+        self._enqueue(t, eid, prio, now)
+
+    def _leave_engine(self, t: TrajState) -> None:
+        if t.phase is Phase.RUNNING and t.engine_id in self.engines:
+            e = self.engines[t.engine_id]
+            e.running.discard(t.traj_id)
+            e.kv_reserved -= t.kv_reserved
+            t.kv_reserved = 0
+            self._dirty.add(e.engine_id)
+
+    def _admit_from(self, e: EngineState, now: float) -> None:
+        cap = 0 if e.draining else self.admission_cap(e)
+        budget = self.kv_budget(e)
+        while e.queue and len(e.running) < cap:
+            prio, seq, tid = e.queue[0]
+            t = self.trajs[tid]
+            if t.phase is not Phase.QUEUED or t.engine_id != e.engine_id or t.seq != seq:
+                heapq.heappop(e.queue)
+                continue  # stale entry
+            need = self.kv_need(t) if budget is not None else 0
+            if budget is not None and e.running and e.kv_reserved + need > budget:
+                break  # the head waits for KV; nothing behind it jumps the queue
+            heapq.heappop(e.queue)
+            e.queued -= 1
+            t.queue_time_s += now - t.queued_at
+            t.phase = Phase.RUNNING
+            t.kv_reserved = need
+            e.kv_reserved += need
+            e.running.add(tid)
+            self._out.append(Admit(tid, e.engine_id, prio))
+
+    def _preempt(self, t: TrajState, now: float) -> None:
+        """Pause a running turn and put it back in its engine's queue (KV kept)."""
+        assert t.phase is Phase.RUNNING and t.engine_id is not None
+        eid = t.engine_id
+        self._leave_engine(t)
+        self._out.append(Preempt(t.traj_id, eid))
+        self.preemptions += 1
+        self._enqueue(t, eid, t.priority, now, seq=t.seq)
+
+    def _migrate(self, t: TrajState, dst: str) -> None:
+        """Move a trajectory's KV during its tool gap; its next turn goes to `dst`."""
+        assert t.phase is Phase.TOOL and t.engine_id is not None and t.engine_id != dst
+        self._out.append(Migrate(t.traj_id, t.engine_id, dst))
+        self.migrations += 1
+        t.engine_id = dst
+
+    def _add_engine(self, tp: int) -> None:
+        self._out.append(AddEngine(tp))
+
+    def _drain(self, eid: str, now: float) -> None:
+        """Stop admitting to the engine and send its queued turns elsewhere."""
+        e = self.engines[eid]
+        if e.draining:
+            return
+        e.draining = True
+        self._out.append(DrainEngine(eid))
+        stranded = [self.trajs[tid] for _, _, tid in e.queue]
+        e.queue.clear()
+        e.queued = 0
+        for t in stranded:
+            if t.phase is Phase.QUEUED and t.engine_id == eid:
+                t.queue_time_s += now - t.queued_at
+                t.engine_id = None
+                self._ready(t, now)
+
+    def _engine_failed(self, eid: str, now: float) -> None:
+        e = self.engines.pop(eid, None)
+        if e is None:
+            return
+        lost = sorted(e.running) + [tid for _, _, tid in sorted(e.queue)]
+        for tid in lost:
+            t = self.trajs[tid]
+            if t.engine_id == eid and t.phase in (Phase.RUNNING, Phase.QUEUED):
+                t.engine_id, t.kv_reserved = None, 0
+                self._ready(t, now)
+        for t in self.trajs.values():
+            if t.phase is Phase.TOOL and t.engine_id == eid:
+                t.engine_id = None  # its KV is gone; routed afresh when the tool returns
+
+    # -- shared routing helpers ------------------------------------------------------
+
+    def live_engines(self) -> list[EngineState]:
+        """Engines accepting work, in id order (deterministic)."""
+        return [e for e in self.engines.values() if not e.draining]
+
+    def least_loaded(self) -> str:
+        """The live engine with the fewest outstanding requests per GPU-share of
+        capacity; ties go to the first in id order."""
+        best: EngineState | None = None
+        for e in self.live_engines():
+            if best is None or e.load * best.max_batch < best.load * e.max_batch:
+                best = e
+        if best is None:
+            raise RuntimeError("no live engine to route to")
+        return best.engine_id
