@@ -10,11 +10,13 @@ sequence's KV cache once::
 
     step(tp, B, K) = max(W / tp / (BW·e),  2·P·B / (tp·FLOPS·e_c))     # weights or compute
                      + K · kv_bytes / tp / (BW·e)                       # the batch's KV
-                     + L · 2 · allreduce(tp)                             # two all-reduces a layer
+                     + L · 2 · allreduce(tp, B)                          # two all-reduces a layer
                      + overhead + B · per_seq_overhead                   # scheduler, sampling
 
 with W the weight bytes, P the parameter count, B the batch size, K the total
-context tokens of the batch and L the number of layers. For a fixed batch the step
+context tokens of the batch and L the number of layers. An all-reduce of the
+batch's activations costs a latency plus its ring volume, 2(tp−1)/tp · B·hidden·2
+bytes, over NVLink. For a fixed batch the step
 time is *linear* in K (`step_coeffs`), which lets the simulator jump from event to
 event in closed form instead of stepping token by token.
 
@@ -161,10 +163,13 @@ class CostModel:
 
     # -- decode ---------------------------------------------------------------
 
-    def allreduce_s(self, tp: int) -> float:
+    def allreduce_s(self, tp: int, tokens: float = 1.0) -> float:
+        """One all-reduce of `tokens` tokens' activations across `tp` GPUs."""
         if tp <= 1:
             return 0.0
-        return self.params.allreduce_base_s + self.params.allreduce_per_rank_s * (tp - 2)
+        volume = 2.0 * (tp - 1) / tp * tokens * self.model.hidden * 2.0
+        return (self.params.allreduce_base_s + self.params.allreduce_per_rank_s * (tp - 2)
+                + volume / self.gpu.nvlink_bw)
 
     def step_coeffs(self, tp: int, batch: int) -> tuple[float, float]:
         """(alpha, beta) with step time = alpha + beta · (total KV tokens of the batch)."""
@@ -177,7 +182,7 @@ class CostModel:
         compute = 2.0 * m.params * batch / (tp * self.gpu.bf16_flops * p.decode_flops_efficiency)
         alpha = (
             max(weights, compute)
-            + m.layers * 2 * self.allreduce_s(tp)
+            + m.layers * 2 * self.allreduce_s(tp, batch)
             + p.step_overhead_s
             + p.per_seq_overhead_s * batch
         )
@@ -208,11 +213,7 @@ class CostModel:
             m.hidden / (m.kv_heads * m.head_dim)
         )
         compute = (linear + attention) / (tp * self.gpu.bf16_flops * p.prefill_flops_efficiency)
-        comm = 0.0
-        if tp > 1:
-            # Two ring all-reduces a layer of the activations (bf16).
-            volume = new_tokens * m.hidden * 2.0 * 2 * m.layers * 2.0 * (tp - 1) / tp
-            comm = volume / self.gpu.nvlink_bw
+        comm = m.layers * 2 * self.allreduce_s(tp, new_tokens)
         return compute + comm + p.step_overhead_s
 
     # -- capacity and reconfiguration ---------------------------------------------

@@ -88,6 +88,9 @@ class EngineState:
     queue: list[tuple[float, int, str]] = field(default_factory=list)  # heap (prio, seq, id)
     queued: int = 0  # live entries in `queue` (stale ones are skipped lazily)
     kv_reserved: int = 0  # Σ context of running trajectories at their admission
+    # Max-heap of running turns by (priority, seq), as (-priority, -seq, id); entries
+    # of turns no longer running (or admitted again since) are dropped lazily.
+    by_importance: list[tuple[float, int, str]] = field(default_factory=list)
     draining: bool = False  # admits nothing; removed once idle
 
     @property
@@ -277,6 +280,7 @@ class TrajectoryScheduler(Scheduler):
             t.kv_reserved = need
             e.kv_reserved += need
             e.running.add(tid)
+            heapq.heappush(e.by_importance, (-prio, -seq, tid))
             self._out.append(Admit(tid, e.engine_id, prio))
 
     def _preempt(self, t: TrajState, now: float) -> None:
@@ -329,6 +333,17 @@ class TrajectoryScheduler(Scheduler):
                 t.engine_id = None  # its KV is gone; routed afresh when the tool returns
 
     # -- shared routing helpers ------------------------------------------------------
+
+    def least_important_running(self, e: EngineState) -> TrajState | None:
+        """The running turn with the largest (priority, seq): the one to pause first."""
+        while e.by_importance:
+            neg_prio, neg_seq, tid = e.by_importance[0]
+            t = self.trajs[tid]
+            if (tid in e.running and t.engine_id == e.engine_id and t.seq == -neg_seq
+                    and t.priority == -neg_prio):
+                return t
+            heapq.heappop(e.by_importance)
+        return None
 
     def live_engines(self) -> list[EngineState]:
         """Engines accepting work, in id order (deterministic)."""

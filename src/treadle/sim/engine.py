@@ -88,8 +88,7 @@ class SimEngine:
         n = len(self.running)
         if not n:
             return None
-        while self._done and self._done[0][2] not in self.running:
-            heapq.heappop(self._done)
+        self._drop_stale()
         target, kind = self._done[0][0], "done"
         if n > 1 and self.kv_capacity > 0:
             full_at = (self.kv_capacity - self._kv_base) / n
@@ -149,15 +148,24 @@ class SimEngine:
         own "done" event fired) the earliest one counts as finished even if the
         closed-form inverse left `steps` a hair short of its target."""
         out = []
-        while self._done and self._done[0][2] not in self.running:
-            heapq.heappop(self._done)
+        self._drop_stale()
         if due and self._done:
             self.steps = max(self.steps, self._done[0][0])
         while self._done and self._done[0][0] <= self.steps + 1e-6:
-            _, _, tid = heapq.heappop(self._done)
-            if tid in self.running:
+            _, seq, tid = heapq.heappop(self._done)
+            s = self.running.get(tid)
+            if s is not None and s.seq == seq:
                 out.append(tid)
         return out
+
+    def _drop_stale(self) -> None:
+        """Pop heap entries of sequences that left (or left and joined again)."""
+        while self._done:
+            _, seq, tid = self._done[0]
+            s = self.running.get(tid)
+            if s is not None and s.seq == seq:
+                return
+            heapq.heappop(self._done)
 
     # -- prefix cache -------------------------------------------------------------------
 

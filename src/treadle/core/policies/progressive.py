@@ -64,11 +64,27 @@ class Progressive(TrajectoryScheduler):
         self.target: dict[str, str] = {}  # trajectory -> engine in the latest plan
         self._next_replan = 0.0
         self.replans = 0
+        self.estimate_ttl_s = 8 * replan_s  # how long a memoised estimate stays fresh
+        self._generation = 0  # bumped every estimate_ttl_s: memoised estimates expire
+        self._next_generation = self.estimate_ttl_s
+        self._memo: dict[str, tuple[int, int, Estimate]] = {}
 
     # -- estimates ------------------------------------------------------------------
 
+    def estimate(self, t: TrajState) -> Estimate:
+        """The estimator's answer, memoised until the trajectory finishes another
+        turn or `estimate_ttl_s` passes: other trajectories' outcomes shift an
+        estimate only slowly, and re-asking for every live trajectory at every
+        decision would dominate the scheduler's cost."""
+        memo = self._memo.get(t.traj_id)
+        if memo is not None and memo[0] == t.turns_done and memo[1] == self._generation:
+            return memo[2]
+        est = self.est.estimate(t.traj_id)
+        self._memo[t.traj_id] = (t.turns_done, self._generation, est)
+        return est
+
     def remaining(self, t: TrajState) -> float:
-        return self.est.estimate(t.traj_id).remaining_tokens
+        return self.estimate(t).remaining_tokens
 
     def observe(self, event: Event, t: TrajState | None, now: float) -> None:
         if isinstance(event, TrajectoryArrived):
@@ -77,7 +93,9 @@ class Progressive(TrajectoryScheduler):
             self.est.turn_finished(event.traj_id, event.output_tokens)
             if event.final:
                 self.est.finished(event.traj_id)
+                self.est.forget(event.traj_id)
                 self.target.pop(event.traj_id, None)
+                self._memo.pop(event.traj_id, None)
         elif isinstance(event, ToolCallFinished):
             self.est.tool_finished(event.traj_id, event.latency_s)
         elif isinstance(event, ToolCallStarted) and t is not None:
@@ -85,6 +103,7 @@ class Progressive(TrajectoryScheduler):
         elif isinstance(event, TrajectoryEnded):
             self.est.forget(event.traj_id)
             self.target.pop(event.traj_id, None)
+            self._memo.pop(event.traj_id, None)
 
     # -- policy hooks -----------------------------------------------------------------
 
@@ -103,7 +122,7 @@ class Progressive(TrajectoryScheduler):
     def kv_need(self, t: TrajState) -> int:
         """Context plus the turn's expected length (remaining tokens over remaining
         turns), so a full engine still has room for its running turns to grow."""
-        est = self.est.estimate(t.traj_id)
+        est = self.estimate(t)
         return t.context_tokens + int(est.remaining_tokens / max(1.0, est.remaining_turns))
 
     def kv_budget(self, e: EngineState) -> float | None:
@@ -113,6 +132,9 @@ class Progressive(TrajectoryScheduler):
         return self._next_replan if self.trajs else None
 
     def rebalance(self, now: float) -> None:
+        if now >= self._next_generation:
+            self._generation += 1
+            self._next_generation = now + self.estimate_ttl_s
         if self.unrouted or now >= self._next_replan:
             self.replan(now)
         self._preempt_for_heads(now)
@@ -173,8 +195,8 @@ class Progressive(TrajectoryScheduler):
                 budget is not None and e.kv_reserved + self.kv_need(head) > budget)
             if not full:
                 continue
-            victim = max((self.trajs[r] for r in e.running), key=lambda r: (r.priority, r.seq))
-            if -head.priority > self.preempt_margin * -victim.priority:
+            victim = self.least_important_running(e)
+            if victim is not None and -head.priority > self.preempt_margin * -victim.priority:
                 self._preempt(victim, now)
 
     def _queue_head(self, e: EngineState) -> TrajState | None:

@@ -1,36 +1,155 @@
-"""`treadle`: our own policy, built on heddle's mechanisms (see `progressive`).
+"""`treadle`: our own policy, built on the shared progressive machinery.
 
-What it adds, each mechanism in turn:
+Mechanisms, in the order they act:
 
 1. **Group-sibling prediction.** The predictor blends a trajectory's own progress
-   with the finished lengths of its GRPO siblings (Seer's observation), so the
-   long tail of a hard prompt is recognised as soon as its easy siblings finish.
-2. **Layout planned for the whole batch, exhaustively.** Instead of annealing, every
-   split of the GPU budget into TP-1/2/4/8 engines is scored with the placement
-   model on the batch's expected length quantiles, and the best is taken.
-3. **Migration priced by the cost model.** A move is made only if the predicted
-   remaining decode time saved on the destination exceeds the KV transfer time
-   (or, with no KV cached, the re-prefill) by a margin.
+   with the finished (and still-running) lengths of its GRPO siblings (Seer's
+   observation), so the long tail of a hard prompt is recognised as soon as its
+   easy siblings finish. Heddle's predictor sees one trajectory at a time.
+2. **Interference-aware list placement (LPT).** Heddle's placement model prices a
+   group by its *size* only, F(|g|), at one typical context. But decode time is
+   dominated by reading the batch's KV, and the long tail carries the longest
+   contexts: isolating the long trajectories together makes their engine the
+   slowest one. treadle instead places trajectories longest-first, each on the
+   engine whose predicted finish stays lowest, where an engine's finish is its
+   longest remaining trajectory times the step time of the batch it will carry
+   (each co-runner weighted by the share of that time it stays, at its mean
+   context while it does). The longest trajectories therefore spread out one per
+   engine, fast engines first, and shorter ones fill the engines whose longest
+   trajectory is shortest. Exact per-engine evaluation for the tail (the 4·m
+   longest), a heap keyed on a typical short trajectory for the rest: O(n log m).
+3. **Layout scored with the same model.** Candidate pools — every homogeneous TP
+   degree, and every two-tier pool of k TP-8 engines beside engines of a lower
+   degree — are scored by the list placement's predicted makespan for the batch
+   the previous rollout steps lead one to expect (their length quantiles), and
+   the best is taken.
+4. **Migration priced by the cost model.** In a tool gap a trajectory moves to its
+   planned engine only if its predicted remaining tokens times the per-token time
+   it saves exceeds the KV transfer time by `migration_margin`.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from treadle.core.cost_model import CostModel
-from treadle.core.policies.layout import best_layout
+from treadle.core.cost_model import TP_DEGREES, CostModel
+from treadle.core.policies.layout import Layout, reduce_lengths
 from treadle.core.policies.progressive import Progressive, WorkEstimator
-from treadle.core.scheduler import TrajState
+from treadle.core.scheduler import EngineState, Phase, TrajState
+
+TAIL_PER_ENGINE = 4  # trajectories per engine placed by exact evaluation
+LAYOUT_TOLERANCE = 0.02  # layouts this close to the best model score count as tied
+
+
+@dataclass(slots=True)
+class _Load:
+    """An engine's planned load, as seen by its longest trajectory."""
+
+    tp: int
+    head: float = 0.0  # predicted remaining tokens of its longest trajectory
+    batch: float = 0.0  # co-runners, each weighted by the share of `head` it stays
+    kv: float = 0.0  # their mean KV over that time, weighted likewise
+
+    def finish_with(self, cost: CostModel, remaining: float, context: float) -> float:
+        """Predicted finish (seconds of decode) of this engine after adding one more
+        trajectory; `remaining` never exceeds `head` once the engine is non-empty."""
+        head = max(self.head, remaining)
+        w = min(1.0, remaining / head) if head > 0 else 1.0
+        batch = self.batch + w
+        kv = self.kv + w * (context + remaining / 2.0)
+        return head * cost.step_time(self.tp, max(1, round(batch)), kv)
+
+    def add(self, remaining: float, context: float) -> None:
+        self.head = max(self.head, remaining)
+        w = min(1.0, remaining / self.head) if self.head > 0 else 1.0
+        self.batch += w
+        self.kv += w * (context + remaining / 2.0)
+
+
+def lpt_makespan(items: Sequence[tuple[str, float, float]], engines: Sequence[EngineState],
+                 cost: CostModel) -> float:
+    """The list placement's predicted makespan (decode seconds) for `items`."""
+    plan = lpt_placement(items, engines, cost)
+    loads = {e.engine_id: _Load(e.tp) for e in engines}
+    for tid, rem, ctx in sorted(items, key=lambda it: (-it[1], it[0])):
+        loads[plan[tid]].add(rem, ctx)
+    return max((ld.head * cost.step_time(ld.tp, max(1, round(ld.batch)), ld.kv)
+                for ld in loads.values() if ld.head > 0), default=0.0)
+
+
+def candidate_layouts(gpus: int, min_tp: int) -> list[Layout]:
+    """Homogeneous pools, and k TP-8 engines beside a homogeneous lower tier."""
+    degrees = [tp for tp in TP_DEGREES if tp >= min_tp and tp <= gpus]
+    out: list[Layout] = [(tp,) * (gpus // tp) for tp in degrees]
+    top = max(degrees)
+    for low in degrees[:-1]:
+        for k in range(1, gpus // top):
+            rest = gpus - k * top
+            out.append((top,) * k + (low,) * (rest // low))
+    return out
+
+
+def lpt_layout(gpus: int, lengths: Sequence[float], cost: CostModel, context: float,
+               max_batch: int) -> Layout:
+    """The candidate layout with the lowest list-placement makespan for `lengths`;
+    among those within `LAYOUT_TOLERANCE` of the best, the one with fewest engines
+    (the model leaves out per-engine overheads and tool gaps, so near-ties are
+    noise, and a pool of fewer, larger engines gives every trajectory the fastest
+    per-token time)."""
+    reduced, weight = reduce_lengths(lengths)
+    items = [(f"q{i:04d}-{k}", length, context)
+             for i, length in enumerate(reduced) for k in range(weight)]
+    scored: list[tuple[float, Layout]] = []
+    for layout in candidate_layouts(gpus, cost.min_tp()):
+        engines = [EngineState(f"L{i:03d}", tp, max_batch, cost.kv_capacity_tokens(tp))
+                   for i, tp in enumerate(layout)]
+        scored.append((lpt_makespan(items, engines, cost), layout))
+    best = min(m for m, _ in scored)
+    near = [(len(layout), m, layout) for m, layout in scored
+            if m <= best * (1.0 + LAYOUT_TOLERANCE)]
+    return min(near)[2]
+
+
+def lpt_placement(items: Sequence[tuple[str, float, float]], engines: Sequence[EngineState],
+                  cost: CostModel) -> dict[str, str]:
+    """Longest-first list placement of (traj_id, remaining tokens, context) items;
+    returns traj_id -> engine_id. Deterministic (ties by order and engine id)."""
+    if not engines:
+        return {}
+    order = sorted(items, key=lambda it: (-it[1], it[0]))
+    loads = [_Load(e.tp) for e in engines]
+    out: dict[str, str] = {}
+    n_tail = min(len(order), TAIL_PER_ENGINE * len(engines))
+    for tid, rem, ctx in order[:n_tail]:
+        best = min(range(len(loads)),
+                   key=lambda i: (loads[i].finish_with(cost, rem, ctx), i))
+        loads[best].add(rem, ctx)
+        out[tid] = engines[best].engine_id
+    rest = order[n_tail:]
+    if rest:
+        typ_rem = rest[len(rest) // 2][1]
+        typ_ctx = sum(it[2] for it in rest) / len(rest)
+        heap = [(ld.finish_with(cost, typ_rem, typ_ctx), i) for i, ld in enumerate(loads)]
+        heapq.heapify(heap)
+        for tid, rem, ctx in rest:
+            _, i = heapq.heappop(heap)
+            loads[i].add(rem, ctx)
+            out[tid] = engines[i].engine_id
+            heapq.heappush(heap, (loads[i].finish_with(cost, typ_rem, typ_ctx), i))
+    return out
 
 
 class Treadle(Progressive):
     name = "treadle"
-    migration_margin = 1.5  # saved time must exceed the move's cost by this factor
+    migration_margin = 2.0  # saved time must exceed the move's cost by this factor
 
     def __init__(self, cost: CostModel, estimator: WorkEstimator, *,
                  prior_lengths: Sequence[float], typical_context: float,
-                 max_batch: int = 1024, layout: Sequence[int] | None = None) -> None:
-        super().__init__(cost, estimator)
+                 max_batch: int = 1024, layout: Sequence[int] | None = None,
+                 replan_s: float = 15.0) -> None:
+        super().__init__(cost, estimator, replan_s=replan_s)
         self.prior_lengths = list(prior_lengths)
         self.typical_context = typical_context
         self.max_batch = max_batch
@@ -42,14 +161,29 @@ class Treadle(Progressive):
         if not self.prior_lengths:
             tp = self.cost.min_tp()
             return [tp] * (gpus // tp)
-        return list(best_layout(gpus, self.prior_lengths, self.cost, self.typical_context,
-                                self.max_batch, self.cost.min_tp()))
+        return list(lpt_layout(gpus, self.prior_lengths, self.cost, self.typical_context,
+                               self.max_batch))
+
+    def replan(self, now: float) -> None:
+        self._next_replan = now + self.replan_s
+        engines = self.placement_engines()
+        live = [t for t in self.trajs.values() if t.phase is not Phase.DONE]
+        if not live or not engines:
+            return
+        self.replans += 1
+        items = [(t.traj_id, max(1.0, self.remaining(t)), float(t.context_tokens))
+                 for t in live]
+        self.target = lpt_placement(items, engines, self.cost)
+        for t in sorted(self.unrouted.values(), key=lambda t: t.traj_id):
+            self._enqueue(t, self.target[t.traj_id], self.priority(t, now), now)
+        for t in live:
+            if t.phase is Phase.TOOL:
+                self._consider_migration(t, now)
 
     def should_migrate(self, t: TrajState, src: str, dst: str, now: float) -> bool:
         s, d = self.engines[src], self.engines[dst]
-        remaining = self.remaining(t)
         ctx = float(t.context_tokens)
-        before = self.cost.step_time(s.tp, max(1, len(s.running)), ctx * max(1, len(s.running)))
-        after = self.cost.step_time(d.tp, len(d.running) + 1, ctx * (len(d.running) + 1))
-        saved = remaining * (before - after)
+        before = self.cost.step_time(s.tp, len(s.running) + 1, s.kv_reserved + ctx)
+        after = self.cost.step_time(d.tp, len(d.running) + 1, d.kv_reserved + ctx)
+        saved = self.remaining(t) * (before - after)
         return saved > self.migration_margin * self.cost.migration_time(ctx)
