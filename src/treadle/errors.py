@@ -1,0 +1,57 @@
+"""The exceptions treadle raises, as one tree.
+
+Catch `TreadleError` to catch everything treadle raises on purpose; anything else
+escaping treadle is a bug. Each package owns a branch::
+
+    TreadleError
+    └── SandboxError                    anything from treadle.sandbox
+        ├── SandboxStartError           a sandbox could not be created (may be retried)
+        │   └── SandboxUnavailable      the backend cannot run on this host at all
+        │                               (bwrap missing, user namespaces disabled);
+        │                               retrying will not help
+        ├── SandboxClosed               the sandbox or pool was closed before the call
+        ├── SandboxPathError            a path names something outside the work dir,
+        │                               or is malformed (also a ValueError)
+        └── SandboxFileError            a file in the work dir cannot be read or written
+            └── SandboxFileTooLarge     get_file found more than max_bytes
+
+What a sandboxed command does is never an exception: a crash, a timeout, a
+memory or CPU kill or a truncated output comes back as an `ExecResult`. The tree is
+for the infrastructure failing, which a trainer must tell apart from the agent
+failing (an infrastructure failure is excluded from training, an agent mistake is
+not).
+"""
+
+from __future__ import annotations
+
+
+class TreadleError(Exception):
+    """Root of every exception treadle raises on purpose."""
+
+
+class SandboxError(TreadleError):
+    """Root of the sandbox layer's exceptions."""
+
+
+class SandboxStartError(SandboxError):
+    """A sandbox could not be created; a later attempt may succeed."""
+
+
+class SandboxUnavailable(SandboxStartError):
+    """The backend cannot run on this host; the message says what to install or enable."""
+
+
+class SandboxClosed(SandboxError):
+    """The sandbox (or the pool it came from) is closed."""
+
+
+class SandboxPathError(SandboxError, ValueError):
+    """A path is malformed or resolves outside the sandbox's work dir."""
+
+
+class SandboxFileError(SandboxError):
+    """A work-dir file is missing, not a regular file, or cannot be written."""
+
+
+class SandboxFileTooLarge(SandboxFileError):
+    """A file is larger than the caller's `max_bytes`."""

@@ -1,0 +1,41 @@
+"""Sandboxes for agent tools: run untrusted commands with limits, get a clean result.
+
+One interface (`Sandbox`, `SandboxBackend`, `Limits`, `ExecResult` in `base`), two
+backends, and a pool:
+
+- `bwrap` (`BwrapBackend`): rootless bubblewrap. Own pid, network (loopback
+  only), IPC, UTS, user and cgroup namespaces; a read-only view of the system
+  directories and nothing else of the host; an unprivileged uid when treadle is
+  root; rlimits inside; cgroup v1 memory/pids limits where writable. This is the
+  backend for running model-written code.
+- `local` (`LocalBackend`): the same limits, timeout, output cap and tree kill on
+  plain child processes. It isolates nothing; development only.
+- `SandboxPool`: warm spares, a creation rate limit, a cap on live sandboxes and
+  a cleanup that always runs.
+
+What is and is not protected, and how to set limits: docs/sandbox.md. In one
+line: the bwrap backend contains what a process can do through the file system,
+the network, signals and resource use; it does not defend against kernel exploits
+or side channels, and does not cap the total disk use of a work dir.
+"""
+
+from treadle.sandbox.base import ExecResult, Limits, Sandbox, SandboxBackend
+from treadle.sandbox.bwrap import BwrapBackend
+from treadle.sandbox.local import LocalBackend
+from treadle.sandbox.pool import PoolStats, SandboxPool, TokenBucket
+from treadle.sandbox.registry import BACKENDS, exec_once, get_backend
+
+__all__ = [
+    "BACKENDS",
+    "BwrapBackend",
+    "ExecResult",
+    "Limits",
+    "LocalBackend",
+    "PoolStats",
+    "Sandbox",
+    "SandboxBackend",
+    "SandboxPool",
+    "TokenBucket",
+    "exec_once",
+    "get_backend",
+]

@@ -1,0 +1,213 @@
+"""Run one command tree to completion: gate, capture with a cap, deadline, tree kill.
+
+Every exec starts as `/bin/sh` running a tiny *gate* in a new session: it blocks
+reading one line from its stdin until the host has moved it into the exec's
+cgroups, then execs the real launcher (bwrap, or the local reaper), which inherits
+the rest of stdin (the caller's input, or an immediate EOF). Nothing can fork
+before it is inside the groups, so no process of the tree escapes the memory and
+pids limits, and the gate needs neither a preexec_fn (unsafe with threads) nor root
+inside the child. (stdin carries the go-ahead because dash cannot redirect from
+descriptors above 9, and the free descriptor numbers of a host process are
+unknown.)
+
+The host then reads stdout and stderr as they come, keeping at most
+`max_output_bytes` in total, and waits for the launcher to exit. At the deadline,
+when the output cap is hit, or when the awaiting task is cancelled, it calls the
+backend's `kill_tree` and then waits for the tree to be gone; a cancelled exec
+re-raises CancelledError only after that. Launchers guarantee that their exit
+means the whole tree is dead (pid namespace teardown for bwrap, a subreaper for
+local), so `run` returning means no process of the exec is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from treadle.sandbox._cgroup import ExecCgroup
+from treadle.sandbox.base import ExecResult, classify
+
+log = logging.getLogger(__name__)
+
+# "$@" is the launcher argv. `read` takes exactly one line (the shell reads a pipe
+# byte by byte), leaving the caller's input to the launcher. Exit 125 (like `env`)
+# if the host withdrew the go-ahead, so a half-set-up exec never runs.
+_GATE = 'IFS= read -r go || exit 125; [ "$go" = go ] || exit 125; exec "$@"'
+_GO = b"go\n"
+_DRAIN_GRACE_S = 1.0  # after exit, how long stragglers may keep the pipes open
+_KILL_WAIT_S = 5.0  # after kill_tree, how long the launcher may take to exit
+
+
+@dataclass(slots=True)
+class Launch:
+    """How to start one exec on the host."""
+
+    argv: list[str]  # the launcher and its arguments (absolute path first)
+    env: dict[str, str]  # the launcher's environment
+    cwd: str  # the launcher's working directory on the host
+    user: tuple[int, int] | None = None  # (uid, gid) to switch to before the gate runs
+    pass_fds: tuple[int, ...] = ()  # extra fds the launcher reads (bwrap --args)
+    signalled_by_status: bool = False  # the launcher reports signal N as status 128+N
+    kill_tree: Callable[[int], None] = field(default=lambda pid: _killpg(pid))
+
+
+def _killpg(pid: int) -> None:
+    """SIGKILL the launcher's session leader process group (the gate made it leader)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+class _ExecProtocol(asyncio.SubprocessProtocol):
+    """Collects stdout/stderr (at most `cap` bytes over both) and reports the exit.
+
+    Past the cap, data is read and discarded rather than left in the pipe: a
+    writer blocked on a full pipe could not be told apart from a live one, and
+    the pipes must reach EOF for the transport to finish.
+    """
+
+    def __init__(self, cap: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.cap = cap
+        self.out = bytearray()
+        self.err = bytearray()
+        self.used = 0
+        self.truncated = False
+        self.full: asyncio.Future[None] = loop.create_future()  # the cap was hit
+        self.exited: asyncio.Future[None] = loop.create_future()  # the launcher exited
+        self.finished: asyncio.Future[None] = loop.create_future()  # exited + pipes at EOF
+
+    def pipe_data_received(self, fd: int, data: bytes) -> None:
+        if self.truncated:
+            return
+        into = self.out if fd == 1 else self.err
+        room = self.cap - self.used
+        if len(data) > room:
+            into += data[:room]
+            self.used = self.cap
+            self.truncated = True
+            _resolve(self.full)
+            return
+        into += data
+        self.used += len(data)
+
+    def process_exited(self) -> None:
+        _resolve(self.exited)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        _resolve(self.finished)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+async def run(
+    launch: Launch,
+    *,
+    timeout_s: float,
+    max_output_bytes: int,
+    stdin: bytes | None,
+    cgroup: ExecCgroup | None,
+) -> ExecResult:
+    """Run `launch` under the gate; see the module docstring. Cancellation-safe."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    uid, gid = launch.user if launch.user is not None else (None, None)
+    try:
+        transport, protocol = await _spawn(loop, launch, max_output_bytes, uid, gid)
+    except BaseException:
+        if cgroup is not None:
+            await asyncio.shield(cgroup.remove())
+        raise
+    pid = transport.get_pid()
+    own_kill: str | None = None
+    try:
+        if cgroup is not None:
+            cgroup.attach(pid)
+        # Only now may the tree start: the go-ahead, then the caller's input, then EOF.
+        stdin_pipe = transport.get_pipe_transport(0)
+        assert isinstance(stdin_pipe, asyncio.WriteTransport)
+        stdin_pipe.write(_GO + (stdin or b""))
+        stdin_pipe.close()  # after the buffer is flushed (or the reader is gone)
+        done, _ = await asyncio.wait({protocol.exited, protocol.full}, timeout=timeout_s,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if protocol.exited not in done:
+            own_kill = "output_limit" if protocol.full in done else "timeout"
+            await _stop(launch, pid, protocol.exited, cgroup)
+        # The tree is gone; let the pipes deliver what they still hold.
+        await asyncio.wait({protocol.finished}, timeout=_DRAIN_GRACE_S)
+    except BaseException:
+        # Cancelled (or failed): never leave the tree running. Shielded so that a
+        # second cancellation cannot interrupt the cleanup halfway.
+        await asyncio.shield(_stop(launch, pid, protocol.exited, cgroup))
+        raise
+    finally:
+        returncode = transport.get_returncode()
+        transport.close()
+        oom = cgroup.oom_killed() if cgroup is not None else False
+        if cgroup is not None:
+            await asyncio.shield(cgroup.remove())
+    if returncode is None:  # a launcher stuck in the kernel even after SIGKILL
+        returncode = -signal.SIGKILL
+    exit_code, killed = classify(
+        returncode=returncode,
+        signalled_by_status=launch.signalled_by_status,
+        own_kill=own_kill,
+        oom_killed=oom,
+    )
+    return ExecResult(
+        exit_code=exit_code,
+        stdout=protocol.out.decode("utf-8", "replace"),
+        stderr=protocol.err.decode("utf-8", "replace"),
+        timed_out=own_kill == "timeout",
+        killed=killed,
+        duration_s=loop.time() - started,
+        truncated=protocol.truncated,
+    )
+
+
+async def _spawn(loop: asyncio.AbstractEventLoop, launch: Launch, max_output_bytes: int,
+                 uid: int | None, gid: int | None,
+                 ) -> tuple[asyncio.SubprocessTransport, _ExecProtocol]:
+    """Start the gate (blocked until the go-ahead) with the launcher's argv."""
+    return await loop.subprocess_exec(
+        lambda: _ExecProtocol(max_output_bytes, loop),
+        "/bin/sh", "-c", _GATE, "treadle-gate", *launch.argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        pass_fds=launch.pass_fds,
+        start_new_session=True,
+        env=launch.env,
+        cwd=launch.cwd,
+        user=uid,
+        group=gid,
+        extra_groups=None if launch.user is None else [],  # drop root's groups too
+    )
+
+
+async def _stop(launch: Launch, pid: int, exited: asyncio.Future[None],
+                cgroup: ExecCgroup | None) -> None:
+    """Kill the exec's tree and wait (bounded) until the launcher has exited."""
+    if exited.done():
+        return
+    launch.kill_tree(pid)
+    if cgroup is not None:
+        await cgroup.kill_all()
+    for attempt in range(2):
+        try:
+            await asyncio.wait_for(asyncio.shield(exited), _KILL_WAIT_S)
+            return
+        except TimeoutError:
+            if attempt == 0:
+                # The launcher ignored the polite kill (a wedged reaper): SIGKILL its group.
+                log.error("sandbox launcher %d did not exit %.0fs after kill; SIGKILL", pid,
+                          _KILL_WAIT_S)
+                _killpg(pid)
+    log.error("sandbox launcher %d survives SIGKILL; giving up on it", pid)

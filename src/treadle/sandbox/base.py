@@ -1,0 +1,231 @@
+"""The sandbox interface: limits, results, and the two abstract classes.
+
+A `Sandbox` is one isolated workspace: a work dir that persists between calls and
+an `exec` that runs one command in it under `Limits`. A `SandboxBackend` makes
+sandboxes. Everything is async: commands run in child processes and the event loop
+only waits on pipes, so a slow tool never blocks other trajectories.
+
+Contracts every backend keeps:
+
+- `exec` never raises for what the command does. Non-zero exits, signals, timeouts,
+  memory/CPU kills and oversized output all come back as an `ExecResult`.
+  Exceptions (the `SandboxError` tree in `treadle.errors`) mean the infrastructure
+  failed.
+- Processes do not outlive their `exec` call: when the command exits (or is
+  killed), everything it started, background and daemonised processes included,
+  is killed before `exec` returns. Only files in the work dir persist.
+- `close` is idempotent, kills whatever is still running and removes the work dir.
+- Paths given to `put_file`/`get_file` are relative to the work dir, or absolute
+  under `Sandbox.workdir`; anything that resolves outside is a `SandboxPathError`.
+
+The interface is deliberately transport-neutral (bytes in, dataclasses out) so that
+a remote backend (an HTTP sandbox server) can implement it later unchanged.
+"""
+
+from __future__ import annotations
+
+import signal
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+
+MIB = 1024 * 1024
+DEFAULT_MAX_GET_BYTES = 16 * MIB
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Resource limits of one sandbox; every exec in it runs under them.
+
+    Each limit is enforced per exec, not summed over a sandbox's lifetime. Which
+    mechanism enforces which limit is in docs/sandbox.md; in short, rlimits bound
+    each process, and a cgroup (when the host offers a writable cgroup v1 hierarchy)
+    bounds the exec's whole process tree.
+    """
+
+    # CPU seconds per process (RLIMIT_CPU): SIGXCPU at the limit, SIGKILL one
+    # second later. Reported as killed="cpu". Bounds spinning, not sleeping.
+    cpu_s: int = 10
+    # Memory of the exec's whole process tree, MiB (cgroup memory+swap limit; the
+    # kernel OOM-kills inside it, reported as killed="memory"). Also the default for
+    # address_space_mb, which applies even without cgroups.
+    memory_mb: int = 512
+    # Virtual address space per process, MiB (RLIMIT_AS): allocations beyond it
+    # fail (MemoryError, ENOMEM) rather than kill. None = memory_mb. 0 = no limit,
+    # for runtimes that reserve large virtual ranges (JVM, Go, Node, ASan), which
+    # leaves only the cgroup to bound memory.
+    address_space_mb: int | None = None
+    # Processes/threads of the exec's tree (cgroup pids.max) and per user inside
+    # the sandbox (RLIMIT_NPROC, which the kernel ignores for host root).
+    max_processes: int = 64
+    # Largest file any process may write, MiB (RLIMIT_FSIZE; SIGXFSZ / EFBIG).
+    max_file_mb: int = 64
+    # Open file descriptors per process (RLIMIT_NOFILE).
+    max_open_files: int = 256
+    # Bytes of stdout+stderr kept per exec; past it the tree is killed and the
+    # result is marked truncated (killed="output_limit").
+    max_output_bytes: int = 1 * MIB
+    # Ceiling on one exec's wall time, seconds; an exec's own timeout_s is
+    # clamped to it. The whole tree is killed at the deadline (killed="timeout").
+    wall_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        for name in ("cpu_s", "memory_mb", "max_processes", "max_file_mb", "max_open_files",
+                     "max_output_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"Limits.{name} must be a positive int, got {value!r}")
+        if self.address_space_mb is not None and self.address_space_mb < 0:
+            raise ValueError("Limits.address_space_mb must be None, 0 (off) or positive")
+        if not self.wall_timeout_s > 0:
+            raise ValueError(f"Limits.wall_timeout_s must be > 0, got {self.wall_timeout_s!r}")
+
+    @property
+    def address_space_bytes(self) -> int | None:
+        """RLIMIT_AS in bytes, or None when disabled."""
+        mb = self.memory_mb if self.address_space_mb is None else self.address_space_mb
+        return mb * MIB if mb else None
+
+    def rlimits(self) -> list[tuple[str, int, int]]:
+        """(resource name, soft, hard) for every rlimit, names as in `resource.RLIMIT_*`.
+
+        Core dumps are disabled: a crashing agent should not write 100 MB files.
+        """
+        out = [
+            ("CPU", self.cpu_s, self.cpu_s + 1),  # hard limit = SIGKILL for SIGXCPU ignorers
+            ("NPROC", self.max_processes, self.max_processes),
+            ("FSIZE", self.max_file_mb * MIB, self.max_file_mb * MIB),
+            ("NOFILE", self.max_open_files, self.max_open_files),
+            ("CORE", 0, 0),
+        ]
+        address_space = self.address_space_bytes
+        if address_space is not None:
+            out.append(("AS", address_space, address_space))
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class ExecResult:
+    """What one command did. Built by the backend; never raised."""
+
+    exit_code: int | None  # the command's exit status; None if it died by a signal or a kill
+    stdout: str  # UTF-8 (invalid bytes replaced), at most the kept bytes
+    stderr: str  # same for stderr; the cap counts both streams together
+    timed_out: bool  # the wall deadline was hit (then killed == "timeout")
+    killed: str | None  # why it was stopped: "timeout", "output_limit", "memory",
+    #   "cpu", "file_size" or "signal:N"; None when it exited on its own
+    duration_s: float  # wall seconds from start to the tree being gone
+    truncated: bool = False  # output was cut at Limits.max_output_bytes
+
+    @property
+    def ok(self) -> bool:
+        """Exited on its own with status 0."""
+        return self.exit_code == 0 and self.killed is None
+
+
+def classify(
+    *,
+    returncode: int,
+    signalled_by_status: bool,
+    own_kill: str | None,
+    oom_killed: bool,
+) -> tuple[int | None, str | None]:
+    """(exit_code, killed) from a wait status.
+
+    `returncode` is asyncio's: negative = killed by that signal. With
+    `signalled_by_status` a status of 128+N (how bwrap and shells report a child
+    killed by signal N) is read as that signal too; a command that itself exits
+    with 128+N is then misread, a limit of the bwrap backend.
+    `own_kill` is the reason we killed the tree ourselves, which wins.
+    """
+    signum: int | None = None
+    if returncode < 0:
+        signum = -returncode
+    elif signalled_by_status and 128 < returncode < 128 + 65:
+        signum = returncode - 128
+    if own_kill is not None:
+        return None, own_kill
+    if signum is None:
+        return returncode, None
+    if oom_killed and signum == signal.SIGKILL:
+        return None, "memory"
+    if signum == signal.SIGXCPU:
+        return None, "cpu"
+    if signum == signal.SIGXFSZ:
+        return None, "file_size"
+    return None, f"signal:{signum}"
+
+
+class Sandbox(ABC):
+    """One isolated workspace. See the module docstring for the contracts."""
+
+    @property
+    @abstractmethod
+    def workdir(self) -> str:
+        """The work dir as commands inside see it (also their cwd and HOME)."""
+
+    @property
+    @abstractmethod
+    def limits(self) -> Limits:
+        """The limits every exec runs under."""
+
+    @property
+    @abstractmethod
+    def closed(self) -> bool:
+        """True once `close` has started."""
+
+    @abstractmethod
+    async def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout_s: float,
+        stdin: bytes | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> ExecResult:
+        """Run `argv` (no shell) in the work dir; wait for it and its whole tree.
+
+        `timeout_s` is clamped to `limits.wall_timeout_s`. `env` is added to a
+        minimal environment (PATH, HOME, LANG); nothing of the caller's leaks in.
+        Everything the command does is reported in the result. Raises
+        SandboxClosed if the sandbox is (or gets) closed, ValueError for an empty
+        argv or a bad env. Cancelling the caller kills the tree first, then
+        re-raises CancelledError.
+        """
+
+    @abstractmethod
+    async def put_file(self, path: str, data: bytes) -> None:
+        """Write `data` to `path` (parents created), replacing any file there."""
+
+    @abstractmethod
+    async def get_file(self, path: str, max_bytes: int = DEFAULT_MAX_GET_BYTES) -> bytes:
+        """Read a regular file; SandboxFileTooLarge past max_bytes, SandboxFileError if absent."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Kill every process of this sandbox and remove its work dir. Idempotent."""
+
+    async def __aenter__(self) -> Sandbox:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+class SandboxBackend(ABC):
+    """Makes sandboxes of one kind (bwrap, local; remote later)."""
+
+    name: str = ""  # registry name, e.g. "bwrap"
+
+    @abstractmethod
+    async def start(self, limits: Limits) -> Sandbox:
+        """Create one sandbox. Raises SandboxStartError (SandboxUnavailable if never possible).
+
+        Cancellation-safe: if cancelled, nothing it created is left behind.
+        """

@@ -1,0 +1,366 @@
+"""The `bwrap` backend: rootless bubblewrap namespaces plus rlimits and cgroups.
+
+Each exec is one fresh `bwrap` process tree:
+
+- Namespaces: all of them (`--unshare-all --unshare-user`): own pid namespace (no
+  host process is visible or signallable), own network namespace with only a
+  loopback of its own (no egress, no reaching host services on 127.0.0.1), own
+  IPC, UTS and cgroup namespaces; `--disable-userns` forbids nested user
+  namespaces (less kernel surface); `--new-session` (no TIOCSTI into a terminal);
+  `--die-with-parent`.
+- Identity: when treadle runs as root the sandbox runs as an unprivileged uid
+  (65534 by default), so host file permissions apply, RLIMIT_NPROC is enforced and
+  no capability exists anywhere. If this host forbids unprivileged user namespaces
+  it falls back, with a warning, to host root with every capability dropped. A
+  non-root treadle runs sandboxes as itself.
+- File system: a new root (a tmpfs, read-only after setup) holding the host's
+  system directories read-only (/usr, /etc, /opt and the /bin, /lib... links;
+  `VISIBLE_TOP_LEVEL`) plus any `expose` path. Everything else (/home, /root,
+  /tmp, /run with its sockets, /var, /srv, /mnt, /sys, and any top-level
+  directory nobody thought of) does not exist inside: default deny. Within what is
+  visible, the caller's working directory, treadle's source checkout, the
+  password/ssh/sudo files of /etc (`DEFAULT_HIDE`) and any `hide` path are covered
+  (empty read-only tmpfs, or /dev/null for files). A fresh /proc and a minimal
+  /dev; a private, size-capped /tmp per exec; the work dir is bound read-write at
+  `mount_point` (default /work) and is the cwd and HOME.
+- Environment: cleared (`--clearenv`), then PATH, HOME, LANG and the caller's `env`.
+  The bwrap options travel in a memfd (`--args`), so they are not in any cmdline.
+- Limits: rlimits are applied inside by `prlimit`, after the namespaces exist, so
+  that RLIMIT_NPROC counts only the sandbox's own processes; cgroup v1 memory and
+  pids groups per exec where writable (see _cgroup.py).
+- Teardown: killing the outer bwrap makes the namespace's init die
+  (PR_SET_PDEATHSIG), and the kernel then kills every process in the pid
+  namespace, whatever it forked or daemonised.
+
+What it does not protect against is in docs/sandbox.md; the short version: kernel
+exploits (no seccomp filter), side channels, world-readable files in the visible
+system directories, exhaustion of shared kernel resources, and the total disk use
+of the work dir.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import stat
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from treadle.errors import SandboxUnavailable
+from treadle.sandbox import _files, _process
+from treadle.sandbox._cgroup import CgroupV1, detect_cgroups
+from treadle.sandbox._host import BASE_LANG, HostSandbox
+from treadle.sandbox.base import MIB, Limits, Sandbox, SandboxBackend
+
+log = logging.getLogger(__name__)
+
+# The only top-level host directories a sandbox sees (read-only): programs and
+# their libraries and configuration. Everything else - user data, secrets, sockets
+# (/run holds docker.sock and dbus), state, /sys, and any directory nobody listed -
+# is absent; add what a task needs with `expose`.
+VISIBLE_TOP_LEVEL = ("bin", "etc", "lib", "lib32", "lib64", "libx32", "opt", "sbin", "usr")
+# Inside the visible tree, secrets that host file modes alone may not protect (they
+# do for an unprivileged sandbox uid, not in the root-without-capabilities fallback).
+DEFAULT_HIDE = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/ssh",
+                "/etc/sudoers", "/etc/sudoers.d", "/etc/security/opasswd")
+# Never masked even if the caller's cwd is one of them: the sandbox needs them to run.
+_ESSENTIAL = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+NOBODY = (65534, 65534)
+_PRLIMIT_OPTION = {"CPU": "--cpu", "NPROC": "--nproc", "FSIZE": "--fsize",
+                   "NOFILE": "--nofile", "CORE": "--core", "AS": "--as"}
+_SELF_TEST_TIMEOUT_S = 20.0
+_INSTALL_HINT = ("install bubblewrap: `bash scripts/system-deps.sh bubblewrap` "
+                 "(or apt-get install bubblewrap)")
+
+
+@dataclass(frozen=True, slots=True)
+class _Setup:
+    """What the first start found out about this host; fixed afterwards."""
+
+    bwrap: str  # absolute path of the bwrap binary
+    prlimit: str  # absolute path of prlimit (visible inside: /usr is bound)
+    run_as: tuple[int, int] | None  # (uid, gid) bwrap is started as; None = as ourselves
+    drop_caps: bool  # bwrap runs as host root: drop every capability inside
+    disable_userns: bool  # this bwrap supports --disable-userns
+    tmpfs_size: bool  # this bwrap supports --size
+    masks: tuple[str, ...]  # host paths covered with an empty tmpfs
+
+
+class BwrapSandbox(HostSandbox):
+    """One work dir, bound at the backend's mount point for every exec."""
+
+    def __init__(self, *, backend: BwrapBackend, setup: _Setup, host_dir: str, limits: Limits,
+                 cgroups: CgroupV1 | None) -> None:
+        super().__init__(host_dir=host_dir, limits=limits, cgroups=cgroups, owner=setup.run_as)
+        self._backend = backend
+        self._setup = setup
+
+    @property
+    def workdir(self) -> str:
+        return self._backend.mount_point
+
+    def _base_env(self) -> dict[str, str]:
+        return {"PATH": SANDBOX_PATH, "HOME": self.workdir, "LANG": BASE_LANG,
+                "TMPDIR": "/tmp"}
+
+    def _launch(self, argv: list[str], env: dict[str, str]) -> _process.Launch:
+        options = self._backend.bwrap_options(self._setup, self.host_dir, env, self.limits)
+        prlimit = [self._setup.prlimit, *(f"{_PRLIMIT_OPTION[name]}={soft}:{hard}"
+                                          for name, soft, hard in self.limits.rlimits())]
+        # CLOEXEC: pass_fds opens it to this bwrap only, not to other host children.
+        args_fd = os.memfd_create("treadle-bwrap-args", os.MFD_CLOEXEC)
+        try:
+            payload = b"".join(opt.encode() + b"\0" for opt in options)
+            view = memoryview(payload)
+            while view:
+                view = view[os.write(args_fd, view):]
+            os.lseek(args_fd, 0, os.SEEK_SET)
+        except BaseException:
+            os.close(args_fd)
+            raise
+        return _process.Launch(
+            argv=[self._setup.bwrap, "--args", str(args_fd), "--", *prlimit, "--", *argv],
+            env={"PATH": SANDBOX_PATH},
+            cwd="/",
+            user=self._setup.run_as,
+            pass_fds=(args_fd,),
+            signalled_by_status=True,
+            kill_tree=_kill_bwrap,
+        )
+
+
+def _kill_bwrap(pid: int) -> None:
+    """SIGKILL the outer bwrap: its init dies with it, and with the init the pid namespace."""
+    for kill in (os.kill, os.killpg):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            kill(pid, signal.SIGKILL)
+
+
+class BwrapBackend(SandboxBackend):
+    """Makes `BwrapSandbox`es.
+
+    mount_point: where the work dir appears inside; one top-level path ("/work").
+    work_root: host directory for work dirs (default <tmp>/treadle-sandboxes); put
+        it on a quota'd file system to bound total disk use.
+    expose: extra host paths (absolute) to show read-only at the same place, e.g.
+        "/nix/store" or a read-only dataset directory.
+    hide: extra host paths to cover (files or directories) besides the defaults.
+    sandbox_user: (uid, gid) sandboxes run as when treadle is root; None keeps root
+        (capabilities dropped). Ignored when treadle is not root.
+    use_cgroups: use cgroup v1 memory/pids limits where writable.
+    """
+
+    name = "bwrap"
+
+    def __init__(
+        self,
+        *,
+        mount_point: str = "/work",
+        work_root: str | None = None,
+        expose: Sequence[str] = (),
+        hide: Sequence[str] = (),
+        sandbox_user: tuple[int, int] | None = NOBODY,
+        use_cgroups: bool = True,
+    ) -> None:
+        if not mount_point.startswith("/") or mount_point.count("/") != 1 or mount_point == "/":
+            raise ValueError(f"mount_point must be one top-level path like '/work', got "
+                             f"{mount_point!r}")
+        self.mount_point = mount_point
+        self.work_root = work_root or _files.default_work_root()
+        for path in expose:
+            if not os.path.isabs(path) or os.path.normpath(path) == "/":
+                raise ValueError(f"expose paths must be absolute and not '/', got {path!r}")
+        self.expose = tuple(os.path.normpath(p) for p in expose)
+        self.hide = tuple(hide)
+        self.sandbox_user = sandbox_user
+        self._use_cgroups = use_cgroups
+        self._setup: _Setup | None = None
+        self._setup_lock = asyncio.Lock()
+
+    @property
+    def isolation(self) -> str:
+        """How sandboxes run here: 'unprivileged-uid', 'root-no-caps', 'self' or 'unknown'."""
+        if self._setup is None:
+            return "unknown"
+        if self._setup.run_as is not None:
+            return "unprivileged-uid"
+        return "root-no-caps" if self._setup.drop_caps else "self"
+
+    async def start(self, limits: Limits) -> Sandbox:
+        setup = await self._ensure_setup()
+        cgroups = detect_cgroups() if self._use_cgroups else None
+        # Synchronous (mkdir + chown): a cancelled start cannot leak the dir.
+        host_dir = _files.create_workdir(self.work_root, setup.run_as)
+        return BwrapSandbox(backend=self, setup=setup, host_dir=host_dir, limits=limits,
+                            cgroups=cgroups)
+
+    # -- setup ----------------------------------------------------------------
+
+    async def _ensure_setup(self) -> _Setup:
+        async with self._setup_lock:
+            if self._setup is None:
+                self._setup = await self._probe()
+            return self._setup
+
+    async def _probe(self) -> _Setup:
+        bwrap = shutil.which("bwrap")
+        if bwrap is None:
+            raise SandboxUnavailable(f"bwrap not found on PATH; {_INSTALL_HINT}")
+        prlimit = shutil.which("prlimit", path=SANDBOX_PATH)
+        if prlimit is None or not prlimit.startswith(("/usr/", "/bin/", "/sbin/")):
+            raise SandboxUnavailable("prlimit (util-linux) not found under /usr, /bin or /sbin")
+        # What a crashed predecessor left behind.
+        await asyncio.to_thread(_files.sweep_stale_workdirs, self.work_root)
+        cgroups = detect_cgroups() if self._use_cgroups else None
+        if cgroups is not None:
+            cgroups.sweep()
+        await asyncio.to_thread(_files.ensure_work_root, self.work_root)
+        help_text = await asyncio.to_thread(_bwrap_help, bwrap)
+        root = os.geteuid() == 0
+        candidates: list[tuple[tuple[int, int] | None, bool]] = []
+        if root and self.sandbox_user is not None:
+            candidates.append((self.sandbox_user, False))
+        candidates.append((None, root))
+        failures: list[str] = []
+        for run_as, drop_caps in candidates:
+            setup = _Setup(
+                bwrap=bwrap, prlimit=prlimit, run_as=run_as, drop_caps=drop_caps,
+                disable_userns="--disable-userns" in help_text,
+                tmpfs_size="--size" in help_text,
+                masks=self._masks(run_as),
+            )
+            failure = await self._self_test(setup)
+            if not failure:
+                if failures:
+                    log.warning("bwrap cannot run sandboxes as an unprivileged uid here (%s); "
+                                "they run as host root with every capability dropped instead "
+                                "(RLIMIT_NPROC is not enforced, root-readable files are "
+                                "visible)", failures[0])
+                return setup
+            who = f"uid {run_as[0]}" if run_as is not None else "root" if root else "self"
+            failures.append(f"as {who}: {failure}")
+        raise SandboxUnavailable("bwrap cannot start a sandbox on this host: "
+                                 + "; ".join(failures))
+
+    async def _self_test(self, setup: _Setup) -> str:
+        """'' if a trivial command runs in a sandbox with this setup, else bwrap's complaint."""
+        host_dir = _files.create_workdir(self.work_root, setup.run_as)
+        sandbox = BwrapSandbox(backend=self, setup=setup, host_dir=host_dir,
+                               limits=Limits(), cgroups=None)
+        try:
+            result = await sandbox.exec(["/bin/sh", "-c", "exit 0"], timeout_s=_SELF_TEST_TIMEOUT_S)
+        except OSError as e:
+            return f"cannot start bwrap: {e}"
+        finally:
+            await sandbox.close()
+        if result.ok:
+            return ""
+        return (result.stderr.strip().splitlines() or [f"exit {result.exit_code}, "
+                                                       f"killed {result.killed}"])[-1]
+
+    def _masks(self, run_as: tuple[int, int] | None) -> tuple[str, ...]:
+        """Visible host paths to cover: the caller's cwd, treadle's checkout, the hides."""
+        candidates = [os.getcwd(), *filter(None, [_source_checkout()]), *DEFAULT_HIDE,
+                      *self.hide]
+        out: list[str] = []
+        for raw in candidates:
+            path = os.path.realpath(raw)
+            if not os.path.lexists(path) or not self._visible(path):
+                continue
+            if path == "/" or any(e == path or e.startswith(path.rstrip("/") + "/")
+                                  for e in _ESSENTIAL):
+                log.warning("not hiding %s from sandboxes: the system needs it", path)
+                continue
+            if run_as is not None and not _traversable(path, *run_as):
+                continue  # the sandbox uid cannot reach it anyway
+            if path not in out:
+                out.append(path)
+        return tuple(out)
+
+    def _visible(self, path: str) -> bool:
+        """Whether a (resolved) host path shows inside without a mask."""
+        top = "/" + path.strip("/").split("/", 1)[0]
+        if top == self.mount_point:
+            return False
+        if top.lstrip("/") in VISIBLE_TOP_LEVEL:
+            return True
+        return any(path == e or path.startswith(e + "/") for e in self.expose)
+
+    def bwrap_options(self, setup: _Setup, host_dir: str, env: dict[str, str],
+                      limits: Limits) -> list[str]:
+        """The bwrap options (everything before the command) for one exec."""
+        opts = ["--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
+                "--hostname", "sandbox"]
+        if setup.disable_userns:
+            opts.append("--disable-userns")
+        if setup.drop_caps:
+            opts += ["--cap-drop", "ALL"]
+        opts.append("--clearenv")
+        for key, value in env.items():
+            opts += ["--setenv", key, value]
+        for name in VISIBLE_TOP_LEVEL:
+            path = "/" + name
+            if path == self.mount_point:
+                continue
+            if os.path.islink(path):  # merged /usr: /bin -> usr/bin
+                opts += ["--symlink", os.readlink(path), path]
+            elif os.path.isdir(path):
+                opts += ["--ro-bind", path, path]
+        for path in self.expose:
+            opts += ["--ro-bind", path, path]
+        opts += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777"]
+        if setup.tmpfs_size:
+            opts += ["--size", str(limits.memory_mb * MIB)]
+        opts += ["--tmpfs", "/tmp"]
+        for path in setup.masks:
+            if os.path.isdir(path):
+                opts += ["--tmpfs", path, "--remount-ro", path]
+            else:
+                opts += ["--ro-bind", "/dev/null", path]
+        opts += ["--bind", host_dir, self.mount_point, "--remount-ro", "/",
+                 "--chdir", self.mount_point]
+        return opts
+
+
+def _bwrap_help(bwrap: str) -> str:
+    proc = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=10,
+                          check=False)
+    return proc.stdout + proc.stderr
+
+
+def _source_checkout() -> str | None:
+    """The source tree treadle is imported from, if it is a checkout (it may hold secrets)."""
+    here = Path(__file__).resolve().parent
+    for parent in list(here.parents)[:5]:
+        if parent != Path("/") and ((parent / ".git").exists() or
+                                    (parent / "pyproject.toml").exists()):
+            return str(parent)
+    return None
+
+
+def _traversable(path: str, uid: int, gid: int) -> bool:
+    """Whether uid/gid (no supplementary groups) can reach `path` through its parents."""
+    current = Path(path)
+    for directory in [*reversed(current.parents), current]:
+        try:
+            st = os.stat(directory)
+        except OSError:
+            return False
+        if not stat.S_ISDIR(st.st_mode):
+            continue
+        if st.st_uid == uid:
+            bit = stat.S_IXUSR
+        elif st.st_gid == gid:
+            bit = stat.S_IXGRP
+        else:
+            bit = stat.S_IXOTH
+        if not st.st_mode & bit:
+            return False
+    return True

@@ -1,0 +1,144 @@
+"""Unit tests: limits, result classification, paths and host-side file I/O, token bucket."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import pytest
+from sandbox_helpers import run
+
+from treadle.errors import (
+    SandboxError,
+    SandboxFileError,
+    SandboxFileTooLarge,
+    SandboxPathError,
+    TreadleError,
+)
+from treadle.sandbox import ExecResult, Limits, TokenBucket, _files, _reaper, get_backend
+from treadle.sandbox._cgroup import _unescape
+from treadle.sandbox.base import MIB, classify
+
+
+def test_limits_validate_and_map_to_rlimits() -> None:
+    limits = Limits(cpu_s=3, memory_mb=100, max_processes=7, max_file_mb=2, max_open_files=9)
+    table = {name: (soft, hard) for name, soft, hard in limits.rlimits()}
+    assert table["CPU"] == (3, 4)  # hard = SIGKILL one second after SIGXCPU
+    assert table["AS"] == (100 * MIB, 100 * MIB)
+    assert table["NPROC"] == (7, 7) and table["NOFILE"] == (9, 9)
+    assert table["FSIZE"] == (2 * MIB, 2 * MIB) and table["CORE"] == (0, 0)
+    assert "AS" not in {n for n, _, _ in Limits(address_space_mb=0).rlimits()}
+    assert Limits(memory_mb=64, address_space_mb=512).address_space_bytes == 512 * MIB
+    for bad in ({"cpu_s": 0}, {"memory_mb": -1}, {"max_output_bytes": 0},
+                {"wall_timeout_s": 0}, {"address_space_mb": -5}):
+        with pytest.raises(ValueError):
+            Limits(**bad)
+
+
+def test_reaper_spec_round_trips() -> None:
+    spec = _reaper.format_spec(Limits(cpu_s=2).rlimits())
+    parsed = _reaper.parse_spec(spec)
+    import resource
+
+    assert (resource.RLIMIT_CPU, 2, 3) in parsed
+
+
+@pytest.mark.parametrize(
+    ("returncode", "by_status", "own", "oom", "expected"),
+    [
+        (0, True, None, False, (0, None)),
+        (3, True, None, False, (3, None)),
+        (-signal.SIGKILL, False, None, True, (None, "memory")),
+        (128 + signal.SIGKILL, True, None, True, (None, "memory")),
+        (128 + signal.SIGKILL, True, None, False, (None, "signal:9")),
+        (128 + signal.SIGKILL, False, None, False, (137, None)),  # local: a real exit 137
+        (-signal.SIGXCPU, False, None, False, (None, "cpu")),
+        (128 + signal.SIGXFSZ, True, None, False, (None, "file_size")),
+        (-signal.SIGKILL, False, "timeout", False, (None, "timeout")),
+    ],
+)
+def test_classify(returncode: int, by_status: bool, own: str | None, oom: bool,
+                  expected: tuple[int | None, str | None]) -> None:
+    assert classify(returncode=returncode, signalled_by_status=by_status, own_kill=own,
+                    oom_killed=oom) == expected
+
+
+def test_exec_result_ok() -> None:
+    assert ExecResult(0, "", "", False, None, 0.1).ok
+    assert not ExecResult(None, "", "", True, "timeout", 0.1).ok
+    assert not ExecResult(1, "", "", False, None, 0.1).ok
+
+
+def test_error_tree() -> None:
+    assert issubclass(SandboxPathError, SandboxError) and issubclass(SandboxPathError, ValueError)
+    assert issubclass(SandboxFileTooLarge, SandboxFileError)
+    assert issubclass(SandboxError, TreadleError)
+
+
+@pytest.mark.parametrize("path", ["", "../x", "a/../../x", "/etc/passwd", "/work", "/workx/a",
+                                  "a\x00b", ".", "/work/"])
+def test_split_path_refuses_escapes(path: str) -> None:
+    with pytest.raises(SandboxPathError):
+        _files.split_path(path, "/work")
+
+
+def test_split_path_accepts_inside_paths() -> None:
+    assert _files.split_path("a/./b//c.txt", "/work") == ["a", "b", "c.txt"]
+    assert _files.split_path("/work/a/b", "/work") == ["a", "b"]
+
+
+def test_host_file_io_never_follows_sandbox_planted_links(tmp_path: os.PathLike[str]) -> None:
+    work = os.fspath(tmp_path)
+    secret = os.path.join(work, "..", "secret-outside")
+    with open(secret, "w") as f:
+        f.write("host secret")
+    _files.write_file(work, ["d", "f.txt"], b"data", None)
+    assert _files.read_file(work, ["d", "f.txt"], 100) == b"data"
+    os.symlink(os.path.abspath(secret), os.path.join(work, "link"))
+    os.symlink("/", os.path.join(work, "rootlink"))
+    os.mkfifo(os.path.join(work, "fifo"))
+    with pytest.raises(SandboxPathError):
+        _files.read_file(work, ["link"], 100)
+    with pytest.raises(SandboxPathError):
+        _files.read_file(work, ["rootlink", "etc", "hostname"], 100)
+    with pytest.raises(SandboxPathError):
+        _files.write_file(work, ["rootlink", "tmp", "pwned"], b"x", None)
+    with pytest.raises(SandboxFileError):
+        _files.read_file(work, ["fifo"], 100)  # must not block
+    with pytest.raises(SandboxFileError):
+        _files.read_file(work, ["missing"], 100)
+    with pytest.raises(SandboxFileTooLarge):
+        _files.read_file(work, ["d", "f.txt"], 3)
+    # Writing over a planted symlink replaces the link; the target is untouched.
+    _files.write_file(work, ["link"], b"replaced", None)
+    with open(secret) as f:
+        assert f.read() == "host secret"
+    assert not os.path.islink(os.path.join(work, "link"))
+
+
+def test_mountinfo_unescape() -> None:
+    assert _unescape("/sys/fs/cgroup/a\\040b") == "/sys/fs/cgroup/a b"
+
+
+def test_token_bucket_spaces_out_creations() -> None:
+    async def body() -> list[float]:
+        bucket = TokenBucket(rate_per_s=20.0, burst=2)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        stamps = []
+        for _ in range(6):
+            await bucket.take()
+            stamps.append(loop.time() - start)
+        return stamps
+
+    stamps = run(body())
+    assert stamps[1] < 0.02  # the burst is immediate
+    assert stamps[-1] >= 4 / 20.0 - 0.01  # the other four wait 50 ms each
+    with pytest.raises(ValueError):
+        TokenBucket(0, 1)
+
+
+def test_unknown_backend_names_the_choices() -> None:
+    with pytest.raises(KeyError, match="bwrap, local"):
+        get_backend("docker")
