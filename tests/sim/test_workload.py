@@ -54,9 +54,9 @@ def test_ids_and_groups(name: str) -> None:
         groups.setdefault(t.group_id, []).append(t.traj_id)
     assert len(groups) == 3
     assert all(len(ids) == 16 for ids in groups.values())
-    assert w.trajectories[0].traj_id == f"{name}-g0000-r00"
+    assert w.trajectories[0].traj_id == f"{name}-s3-g0000-r00"
     # Siblings are adjacent, in repetition order.
-    assert [t.group_id for t in w.trajectories[:16]] == [f"{name}-g0000"] * 16
+    assert [t.group_id for t in w.trajectories[:16]] == [f"{name}-s3-g0000"] * 16
 
 
 @pytest.mark.parametrize(

@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 __all__ = [
     "WORKLOADS", "Percentiles", "TrajectorySpec", "TurnSpec", "Workload", "WorkloadStats",
@@ -462,8 +462,10 @@ def generate(
 
     `name` is one of `WORKLOADS`. The same arguments always give the same workload
     (everything derives from `random.Random(seed)`); another seed gives another.
-    Trajectory ids are ``{name}-g{group:04d}-r{sibling:02d}``, group ids
-    ``{name}-g{group:04d}``; siblings are adjacent. A larger `trajectories` extends
+    Trajectory ids are ``{name}-s{seed}-g{group:04d}-r{sibling:02d}``, group ids
+    ``{name}-s{seed}-g{group:04d}``; siblings are adjacent. The seed is part of the
+    ids because another seed means other prompts: a predictor that meets a group id
+    again is entitled to believe it is the same prompt. A larger `trajectories` extends
     the smaller workload (same seed and group size: it is a prefix).
 
     No trajectory's context exceeds `max_context`. The turn that would pass it is
@@ -489,4 +491,7 @@ def generate(
         raise ValueError(f"max_context must be >= 2, got {max_context}")
     rng = random.Random(seed)
     specs = gen(rng, trajectories // group_size, group_size, max_context)
+    stem, seeded = f"{name}-g", f"{name}-s{seed}-g"
+    specs = [replace(t, traj_id=seeded + t.traj_id[len(stem):],
+                     group_id=seeded + t.group_id[len(stem):]) for t in specs]
     return Workload(name, tuple(specs))

@@ -48,6 +48,19 @@ def engine_slot(cost: CostModel, engine_id: str, tp: int, context: float, max_ba
     return EngineSlot(engine_id, base, cap, interference)
 
 
+def group_caps(kv_capacities: Sequence[int], context: float, trajectories: int,
+               max_batch: int, watermark: float = 0.8) -> list[int]:
+    """How many trajectories placement may give each engine: what its KV cache holds
+    at a typical `context`, scaled up evenly when the whole batch does not fit (the
+    excess then queues, in proportion to each engine's cache), never above the
+    engine's `max_batch`. A placement blind to KV would pile hundreds of
+    trajectories onto an engine whose cache holds a few dozen."""
+    fit = [max(1, int(watermark * kv / max(context, 1.0))) for kv in kv_capacities]
+    total = sum(fit)
+    scale = max(1.0, trajectories / total) if total else 1.0
+    return [min(max_batch, math.ceil(f * scale)) for f in fit]
+
+
 def layout_makespan(layout: Layout, lengths: Sequence[float], cost: CostModel,
                     context: float, max_batch: int, weight: int = 1) -> float:
     """Placement-model makespan of `lengths` (descending, each of `weight`) on `layout`."""

@@ -12,6 +12,10 @@
   unrouted) live trajectories, sorted by predicted remaining tokens, are
   partitioned over the engines by `core.placement`; a trajectory's *target* is its
   engine in that plan.
+- **Work stealing**: an engine with free slots and KV room and an empty queue
+  takes the most important queued turn of the engine with the longest queue (it
+  re-prefills there). Placement works from predictions; without this, a wrong
+  prediction leaves engines idle beside a queue.
 - **Migration only in tool gaps**: when a trajectory starts a tool call, or is in
   one at re-planning time, and its target differs from the engine holding its KV,
   it moves there (`should_migrate` may veto a move; see subclasses).
@@ -24,6 +28,7 @@ from typing import Protocol
 
 from treadle.core.cost_model import CostModel
 from treadle.core.events import (
+    Decision,
     Event,
     ToolCallFinished,
     ToolCallStarted,
@@ -31,8 +36,8 @@ from treadle.core.events import (
     TrajectoryEnded,
     TurnFinished,
 )
-from treadle.core.placement import EngineSlot, place
-from treadle.core.policies.layout import engine_slot
+from treadle.core.placement import place
+from treadle.core.policies.layout import engine_slot, group_caps
 from treadle.core.predictor import Estimate
 from treadle.core.scheduler import EngineState, Phase, TrajectoryScheduler, TrajState
 
@@ -68,6 +73,7 @@ class Progressive(TrajectoryScheduler):
         self._generation = 0  # bumped every estimate_ttl_s: memoised estimates expire
         self._next_generation = self.estimate_ttl_s
         self._memo: dict[str, tuple[int, int, Estimate]] = {}
+        self.steals = 0  # queued turns moved to idle engines
 
     # -- estimates ------------------------------------------------------------------
 
@@ -131,6 +137,34 @@ class Progressive(TrajectoryScheduler):
     def wakeup(self) -> float | None:
         return self._next_replan if self.trajs else None
 
+    def decide(self, now: float) -> list[Decision]:
+        out = super().decide(now)
+        self._steal(now)
+        return out + super().decide(now) if self._dirty else out
+
+    def _steal(self, now: float) -> None:
+        """Move queued turns from the longest queues to engines that sit idle."""
+        queues = [e for e in self.live_engines() if e.queued]
+        if not queues:
+            return
+        for thief in self.live_engines():
+            budget = self.kv_budget(thief)
+            while (not thief.queued and len(thief.running) < self.admission_cap(thief)
+                   and queues):
+                donor = max(queues, key=lambda e: (e.queued, e.engine_id))
+                if donor is thief or donor.queued <= 1:
+                    break
+                t = self._queue_head(donor)
+                if t is None:
+                    break
+                if budget is not None and thief.running and \
+                        thief.kv_reserved + self.kv_need(t) > budget:
+                    break
+                self._requeue(t, thief.engine_id, t.priority, now)
+                self.steals += 1
+                if not donor.queued:
+                    queues.remove(donor)
+
     def rebalance(self, now: float) -> None:
         if now >= self._next_generation:
             self._generation += 1
@@ -154,8 +188,11 @@ class Progressive(TrajectoryScheduler):
         self.replans += 1
         live.sort(key=lambda t: t.traj_id)
         lengths = [max(1.0, self.remaining(t)) for t in live]
-        context = sum(t.context_tokens for t in live) / len(live)
-        slots = [self.slot(e, context) for e in engines]
+        context = max(256.0, sum(t.context_tokens for t in live) / len(live))
+        caps = group_caps([e.kv_capacity_tokens for e in engines], context, len(live),
+                          max(e.max_batch for e in engines), self.kv_watermark)
+        slots = [engine_slot(self.cost, e.engine_id, e.tp, context, cap)
+                 for e, cap in zip(engines, caps, strict=True)]
         plan = place(lengths, slots)
         for t, idx in zip(live, plan.engine_of, strict=True):
             self.target[t.traj_id] = engines[idx].engine_id
@@ -164,9 +201,6 @@ class Progressive(TrajectoryScheduler):
         for t in live:
             if t.phase is Phase.TOOL:
                 self._consider_migration(t, now)
-
-    def slot(self, e: EngineState, context: float) -> EngineSlot:
-        return engine_slot(self.cost, e.engine_id, e.tp, max(context, 256.0), e.max_batch)
 
     def _consider_migration(self, t: TrajState, now: float) -> None:
         dst = self.target.get(t.traj_id)
