@@ -49,27 +49,35 @@ LAYOUT_TOLERANCE = 0.12
 
 @dataclass(slots=True)
 class _Load:
-    """An engine's planned load, as seen by its longest trajectory."""
+    """An engine's planned load, as seen by its longest trajectory.
+
+    Co-runner i stays for min(1, Rᵢ/head) of the head's remaining time, at a mean
+    context of ctxᵢ + Rᵢ/2; since no member is longer than the head, the weighted
+    batch and KV are Σ Rᵢ / head and Σ Rᵢ(ctxᵢ + Rᵢ/2) / head, so two sums suffice
+    and members can be added in any order."""
 
     tp: int
     head: float = 0.0  # predicted remaining tokens of its longest trajectory
-    batch: float = 0.0  # co-runners, each weighted by the share of `head` it stays
-    kv: float = 0.0  # their mean KV over that time, weighted likewise
+    tokens: float = 0.0  # Σ Rᵢ
+    kv_tokens: float = 0.0  # Σ Rᵢ(ctxᵢ + Rᵢ/2)
 
     def finish_with(self, cost: CostModel, remaining: float, context: float) -> float:
-        """Predicted finish (seconds of decode) of this engine after adding one more
-        trajectory; `remaining` never exceeds `head` once the engine is non-empty."""
-        head = max(self.head, remaining)
-        w = min(1.0, remaining / head) if head > 0 else 1.0
-        batch = self.batch + w
-        kv = self.kv + w * (context + remaining / 2.0)
+        """Predicted decode time of the engine's longest trajectory with one more."""
+        head = max(self.head, remaining, 1.0)
+        batch = (self.tokens + remaining) / head
+        kv = (self.kv_tokens + remaining * (context + remaining / 2.0)) / head
         return head * cost.step_time(self.tp, max(1, round(batch)), kv)
+
+    def finish(self, cost: CostModel) -> float:
+        if self.head <= 0:
+            return 0.0
+        batch, kv = self.tokens / self.head, self.kv_tokens / self.head
+        return self.head * cost.step_time(self.tp, max(1, round(batch)), kv)
 
     def add(self, remaining: float, context: float) -> None:
         self.head = max(self.head, remaining)
-        w = min(1.0, remaining / self.head) if self.head > 0 else 1.0
-        self.batch += w
-        self.kv += w * (context + remaining / 2.0)
+        self.tokens += remaining
+        self.kv_tokens += remaining * (context + remaining / 2.0)
 
 
 def lpt_makespan(items: Sequence[tuple[str, float, float]], engines: Sequence[EngineState],
@@ -77,10 +85,9 @@ def lpt_makespan(items: Sequence[tuple[str, float, float]], engines: Sequence[En
     """The list placement's predicted makespan (decode seconds) for `items`."""
     plan = lpt_placement(items, engines, cost)
     loads = {e.engine_id: _Load(e.tp) for e in engines}
-    for tid, rem, ctx in sorted(items, key=lambda it: (-it[1], it[0])):
+    for tid, rem, ctx in items:
         loads[plan[tid]].add(rem, ctx)
-    return max((ld.head * cost.step_time(ld.tp, max(1, round(ld.batch)), ld.kv)
-                for ld in loads.values() if ld.head > 0), default=0.0)
+    return max((ld.finish(cost) for ld in loads.values()), default=0.0)
 
 
 def candidate_layouts(gpus: int, min_tp: int) -> list[Layout]:
@@ -119,7 +126,9 @@ def lpt_layout(gpus: int, lengths: Sequence[float], cost: CostModel, context: fl
 def lpt_placement(items: Sequence[tuple[str, float, float]], engines: Sequence[EngineState],
                   cost: CostModel) -> dict[str, str]:
     """Longest-first list placement of (traj_id, remaining tokens, context) items;
-    returns traj_id -> engine_id. Deterministic (ties by order and engine id)."""
+    returns traj_id -> engine_id. The tail (the `TAIL_PER_ENGINE`·m longest) is
+    placed by exact evaluation of every engine, the rest by a heap keyed on a
+    typical short trajectory. Deterministic (ties by order and engine id)."""
     if not engines:
         return {}
     order = sorted(items, key=lambda it: (-it[1], it[0]))
@@ -127,8 +136,7 @@ def lpt_placement(items: Sequence[tuple[str, float, float]], engines: Sequence[E
     out: dict[str, str] = {}
     n_tail = min(len(order), TAIL_PER_ENGINE * len(engines))
     for tid, rem, ctx in order[:n_tail]:
-        best = min(range(len(loads)),
-                   key=lambda i: (loads[i].finish_with(cost, rem, ctx), i))
+        best = min(range(len(loads)), key=lambda i: (loads[i].finish_with(cost, rem, ctx), i))
         loads[best].add(rem, ctx)
         out[tid] = engines[best].engine_id
     rest = order[n_tail:]
