@@ -198,6 +198,8 @@ class TrajectoryScheduler(Scheduler):
         elif isinstance(event, EngineAdded):
             self.engines[event.engine_id] = EngineState(
                 event.engine_id, event.tp, event.max_batch, event.kv_capacity_tokens)
+            # Keep engines in id order: routing ties go to the first, on any driver.
+            self.engines = dict(sorted(self.engines.items()))
             self._dirty.add(event.engine_id)
         elif isinstance(event, EngineRemoved):
             self.engines.pop(event.engine_id, None)
@@ -309,7 +311,8 @@ class TrajectoryScheduler(Scheduler):
             return
         e.draining = True
         self._out.append(DrainEngine(eid))
-        stranded = [self.trajs[tid] for _, _, tid in e.queue]
+        stranded = [self.trajs[tid] for _, seq, tid in sorted(e.queue)
+                    if self.trajs[tid].seq == seq]  # in (priority, FCFS) order
         e.queue.clear()
         e.queued = 0
         for t in stranded:
@@ -322,10 +325,12 @@ class TrajectoryScheduler(Scheduler):
         e = self.engines.pop(eid, None)
         if e is None:
             return
-        lost = sorted(e.running) + [tid for _, _, tid in sorted(e.queue)]
-        for tid in lost:
+        queued = [tid for _, seq, tid in sorted(e.queue) if self.trajs[tid].seq == seq]
+        for tid in sorted(e.running) + queued:
             t = self.trajs[tid]
             if t.engine_id == eid and t.phase in (Phase.RUNNING, Phase.QUEUED):
+                if t.phase is Phase.QUEUED:
+                    t.queue_time_s += now - t.queued_at
                 t.engine_id, t.kv_reserved = None, 0
                 self._ready(t, now)
         for t in self.trajs.values():

@@ -55,6 +55,7 @@ class SimTrajectory:
     queue_s: float = 0.0  # total time ready but not generating
     finished_at: float | None = None  # when its last turn finished
     kv_arrives: tuple[str, float, float] | None = None  # (engine, tokens, time) of a migration
+    deferred: Handle | None = None  # an admission waiting for its migrated KV to land
     span_start: float = 0.0  # start of the span being recorded
 
 
@@ -240,11 +241,12 @@ class Cluster:
 
     def _admit(self, tid: str, eid: str, prio: float) -> None:
         st = self.trajs[tid]
+        st.deferred = None
         eng = self.engines[eid]
         if st.kv_arrives is not None:
             dst, tokens, at = st.kv_arrives
             if at > self.kernel.now:  # KV still moving: join when it lands
-                self.kernel.at(at, lambda: self._admit(tid, eid, prio))
+                st.deferred = self.kernel.at(at, lambda: self._admit(tid, eid, prio))
                 return
             st.kv_arrives = None
             if dst in self.engines:
@@ -280,7 +282,11 @@ class Cluster:
                 del waiting[i]
                 return
         if tid not in eng.running:
-            return  # its KV is still in flight; it joins when it lands
+            st = self.trajs[tid]
+            if st.deferred is not None:  # its KV is still in flight: call off the join
+                st.deferred.cancel()
+                st.deferred = None
+            return
         eng.advance(self.kernel.now)
         self._leave(eng, tid, keep_cache=True)
         self._trace("preempt", tid, eid)

@@ -22,6 +22,7 @@ a TP-tuned baseline is never starved of requests.
 
 from __future__ import annotations
 
+from treadle.core.policies.layout import homogeneous_pool
 from treadle.core.scheduler import EngineState, TrajectoryScheduler, TrajState
 
 PAPER_TP = {"qwen3-8b": 1, "qwen3-14b": 1, "qwen3-32b": 2}
@@ -39,9 +40,7 @@ class Baseline(TrajectoryScheduler):
         self.paper_tp = paper_tp
 
     def initial_pool(self, gpus: int) -> list[int]:
-        if gpus < self.tp:
-            raise ValueError(f"{self.name}: {gpus} GPUs cannot hold one TP-{self.tp} engine")
-        return [self.tp] * (gpus // self.tp)
+        return homogeneous_pool(gpus, self.tp, self.name)
 
     def admission_cap(self, e: EngineState) -> int:
         return min(e.max_batch, PAPER_CONCURRENCY * max(1, e.tp // self.paper_tp))

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from treadle.core.cost_model import CostModel
-from treadle.core.policies.layout import anneal_layout
+from treadle.core.policies.layout import anneal_layout, homogeneous_pool
 from treadle.core.policies.progressive import Progressive, WorkEstimator
 
 
@@ -41,8 +41,9 @@ class Heddle(Progressive):
         self.max_batch = max_batch
 
     def initial_pool(self, gpus: int) -> list[int]:
+        homogeneous_pool(gpus, self.cost.min_tp(), self.name)  # raises if nothing fits
         if not self.prior_lengths:
-            return [self.paper_tp] * (gpus // self.paper_tp)
+            return homogeneous_pool(gpus, self.paper_tp, self.name)
         layout = anneal_layout(gpus, self.prior_lengths, self.cost, self.typical_context,
                                self.max_batch, start_tp=self.paper_tp, seed=self.seed,
                                min_tp=self.cost.min_tp())

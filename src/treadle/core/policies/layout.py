@@ -26,6 +26,13 @@ MAX_ITEMS = 128  # batch items a layout is evaluated on (quantile representative
 Layout = tuple[int, ...]
 
 
+def homogeneous_pool(gpus: int, tp: int, policy: str) -> list[int]:
+    """As many TP-`tp` engines as fit; ValueError if not even one does."""
+    if gpus < tp:
+        raise ValueError(f"{policy}: {gpus} GPUs cannot hold one TP-{tp} engine")
+    return [tp] * (gpus // tp)
+
+
 def reduce_lengths(lengths: Sequence[float], items: int = MAX_ITEMS) -> tuple[list[float], int]:
     """Representative lengths (descending) and how many trajectories each stands for."""
     ordered = sorted(lengths, reverse=True)

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from treadle.core.cost_model import TP_DEGREES, CostModel
-from treadle.core.policies.layout import Layout, reduce_lengths
+from treadle.core.policies.layout import Layout, homogeneous_pool, reduce_lengths
 from treadle.core.policies.progressive import Progressive, WorkEstimator
 from treadle.core.scheduler import EngineState, Phase, TrajState
 
@@ -170,9 +170,9 @@ class Treadle(Progressive):
     def initial_pool(self, gpus: int) -> list[int]:
         if self.layout is not None:
             return self.layout
+        homogeneous_pool(gpus, self.cost.min_tp(), self.name)  # raises if nothing fits
         if not self.prior_lengths:
-            tp = self.cost.min_tp()
-            return [tp] * (gpus // tp)
+            return homogeneous_pool(gpus, self.cost.min_tp(), self.name)
         return list(lpt_layout(gpus, self.prior_lengths, self.cost, self.typical_context,
                                self.max_batch))
 
