@@ -172,7 +172,11 @@ class Treadle(Progressive):
             return self.layout
         homogeneous_pool(gpus, self.cost.min_tp(), self.name)  # raises if nothing fits
         if not self.prior_lengths:
-            return homogeneous_pool(gpus, self.cost.min_tp(), self.name)
+            # Cold start, nothing known of the lengths: the largest TP degree that
+            # fits gives every trajectory the fastest per-token time (and, with
+            # weights sharded, the most KV per GPU).
+            tp = max(d for d in TP_DEGREES if self.cost.min_tp() <= d <= gpus)
+            return homogeneous_pool(gpus, tp, self.name)
         return list(lpt_layout(gpus, self.prior_lengths, self.cost, self.typical_context,
                                self.max_batch))
 
