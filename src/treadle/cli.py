@@ -102,6 +102,8 @@ def load_workload(name: str, trajectories: int, seed: int, max_context: int) -> 
         return load_trace(path)
     except TraceError as exc:
         raise UsageError(str(exc)) from exc
+    except OSError as exc:
+        raise UsageError(f"--workload {name!r}: cannot read it ({exc.strerror or exc})") from exc
 
 
 def _sim(args: argparse.Namespace) -> int:

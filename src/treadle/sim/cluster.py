@@ -369,7 +369,7 @@ class Cluster:
             self.kv_evictions += 1
             self._leave(eng, victim, keep_cache=False)
             self._trace("evict", victim, eng.engine_id)
-            self._emit(TurnPreempted(victim, eng.engine_id, round(self.trajs[victim].turn_done)))
+            self._emit(TurnPreempted(victim, eng.engine_id, int(self.trajs[victim].turn_done)))
         for tid in eng.finished(due=kind == "done"):
             self._turn_done(eng, tid)
         self._fill(eng)

@@ -36,8 +36,9 @@ class Kernel:
 
     def at(self, time: float, fn: Callable[[], None], order: int = 0) -> Handle:
         """Run `fn` at `time` (not before now)."""
-        if time < self.now:
-            raise ValueError(f"cannot schedule in the past: {time} < now {self.now}")
+        if not time >= self.now:  # also rejects NaN, which would corrupt the heap order
+            raise ValueError(f"cannot schedule at {time}, in the past or not a time "
+                             f"(now is {self.now})")
         self._seq += 1
         h = Handle(time)
         heapq.heappush(self._heap, (time, order, self._seq, h, fn))
