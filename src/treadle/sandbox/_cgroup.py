@@ -21,6 +21,7 @@ import logging
 import os
 import secrets
 import signal
+import time
 from dataclasses import dataclass, field
 
 from treadle.sandbox.base import MIB, Limits
@@ -234,7 +235,28 @@ def _sweep(base: str) -> None:
             pass
         except PermissionError:
             continue
-        _rmdir_quiet(os.path.join(base, name))
+        _remove_dead_group(os.path.join(base, name))
+
+
+def _remove_dead_group(path: str, attempts: int = 50) -> None:
+    """Kill what is left in a dead owner's group and remove it. Its processes may
+    still be exiting (the kernel refuses rmdir until the group is empty), so this
+    retries for up to half a second; a group that outlasts that is left for the
+    next sweep."""
+    for _ in range(attempts):
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            if e.errno != errno.EBUSY:
+                return
+        with contextlib.suppress(OSError), open(os.path.join(path, "cgroup.procs")) as f:
+            for line in f:
+                with contextlib.suppress(OSError, ValueError):
+                    os.kill(int(line), signal.SIGKILL)
+        time.sleep(0.01)
 
 
 def _write(path: str, text: str) -> None:
