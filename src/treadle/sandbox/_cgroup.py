@@ -91,16 +91,9 @@ class ExecCgroup:
         await self.kill_all()
         for path in self.dirs.values():
             for _ in range(200):
-                try:
-                    os.rmdir(path)
+                if _try_rmdir(path):
                     break
-                except FileNotFoundError:
-                    break
-                except OSError as e:
-                    if e.errno != errno.EBUSY:
-                        log.warning("cannot remove cgroup %s: %s", path, e.strerror)
-                        break
-                    await asyncio.sleep(0.01)
+                await asyncio.sleep(0.01)
         self.dirs.clear()
 
 
@@ -240,23 +233,30 @@ def _sweep(base: str) -> None:
 
 def _remove_dead_group(path: str, attempts: int = 50) -> None:
     """Kill what is left in a dead owner's group and remove it. Its processes may
-    still be exiting (the kernel refuses rmdir until the group is empty), so this
-    retries for up to half a second; a group that outlasts that is left for the
-    next sweep."""
+    still be exiting, so this retries for up to half a second; a group that
+    outlasts that is left for the next sweep."""
     for _ in range(attempts):
-        try:
-            os.rmdir(path)
+        if _try_rmdir(path):
             return
-        except FileNotFoundError:
-            return
-        except OSError as e:
-            if e.errno != errno.EBUSY:
-                return
         with contextlib.suppress(OSError), open(os.path.join(path, "cgroup.procs")) as f:
             for line in f:
                 with contextlib.suppress(OSError, ValueError):
                     os.kill(int(line), signal.SIGKILL)
         time.sleep(0.01)
+
+
+def _try_rmdir(path: str) -> bool:
+    """Remove an empty group; False while the kernel says it is busy (processes
+    still exiting). Any other failure is logged and counts as done."""
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        return True
+    except OSError as e:
+        if e.errno == errno.EBUSY:
+            return False
+        log.warning("cannot remove cgroup %s: %s", path, e.strerror)
+    return True
 
 
 def _write(path: str, text: str) -> None:

@@ -24,7 +24,6 @@
 from __future__ import annotations
 
 import heapq
-from typing import Protocol
 
 from treadle.core.cost_model import CostModel
 from treadle.core.events import (
@@ -39,18 +38,10 @@ from treadle.core.events import (
 from treadle.core.placement import place
 from treadle.core.policies.layout import engine_slot, group_caps
 from treadle.core.predictor import Estimate
+from treadle.core.predictor_eval import LengthPredictor
 from treadle.core.scheduler import EngineState, Phase, TrajectoryScheduler, TrajState
 
-
-class WorkEstimator(Protocol):
-    """What the policies need of a predictor (`core.predictor.Predictor` fits)."""
-
-    def arrived(self, traj_id: str, group_id: str, prompt_tokens: int) -> None: ...
-    def turn_finished(self, traj_id: str, output_tokens: int) -> None: ...
-    def tool_finished(self, traj_id: str, latency_s: float) -> None: ...
-    def finished(self, traj_id: str) -> None: ...
-    def forget(self, traj_id: str) -> None: ...
-    def estimate(self, traj_id: str) -> Estimate: ...
+WorkEstimator = LengthPredictor  # what the policies need of a predictor
 
 
 class Progressive(TrajectoryScheduler):
@@ -182,25 +173,31 @@ class Progressive(TrajectoryScheduler):
         """Re-place every live trajectory; queue the unrouted, migrate those in tools."""
         self._next_replan = now + self.replan_s
         engines = self.placement_engines()
-        live = [t for t in self.trajs.values() if t.phase is not Phase.DONE]
+        live = sorted((t for t in self.trajs.values() if t.phase is not Phase.DONE),
+                      key=lambda t: t.traj_id)
         if not live or not engines:
             return
         self.replans += 1
-        live.sort(key=lambda t: t.traj_id)
+        self.target = self.plan(live, engines)
+        for t in sorted(self.unrouted.values(), key=lambda t: t.traj_id):
+            self._enqueue(t, self.target[t.traj_id], self.priority(t, now), now)
+        for t in live:
+            if t.phase is Phase.TOOL:
+                self._consider_migration(t, now)
+
+    def plan(self, live: list[TrajState], engines: list[EngineState]) -> dict[str, str]:
+        """Target engine of every live trajectory: Heddle's presorted partition
+        (`core.placement`) of predicted remaining lengths, each engine's group
+        capped by what its KV cache holds at the batch's mean context."""
         lengths = [max(1.0, self.remaining(t)) for t in live]
         context = max(256.0, sum(t.context_tokens for t in live) / len(live))
         caps = group_caps([e.kv_capacity_tokens for e in engines], context, len(live),
                           max(e.max_batch for e in engines), self.kv_watermark)
         slots = [engine_slot(self.cost, e.engine_id, e.tp, context, cap)
                  for e, cap in zip(engines, caps, strict=True)]
-        plan = place(lengths, slots)
-        for t, idx in zip(live, plan.engine_of, strict=True):
-            self.target[t.traj_id] = engines[idx].engine_id
-        for t in sorted(self.unrouted.values(), key=lambda t: t.traj_id):
-            self._enqueue(t, self.target[t.traj_id], self.priority(t, now), now)
-        for t in live:
-            if t.phase is Phase.TOOL:
-                self._consider_migration(t, now)
+        placement = place(lengths, slots)
+        return {t.traj_id: engines[idx].engine_id
+                for t, idx in zip(live, placement.engine_of, strict=True)}
 
     def _consider_migration(self, t: TrajState, now: float) -> None:
         dst = self.target.get(t.traj_id)

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from treadle.core.cost_model import TP_DEGREES, CostModel
 from treadle.core.policies.layout import Layout, homogeneous_pool, reduce_lengths
 from treadle.core.policies.progressive import Progressive, WorkEstimator
-from treadle.core.scheduler import EngineState, Phase, TrajState
+from treadle.core.scheduler import EngineState, TrajState
 
 TAIL_PER_ENGINE = 4  # trajectories per engine placed by exact evaluation
 # Layouts within this share of the best model score count as tied (and the one with
@@ -180,21 +180,10 @@ class Treadle(Progressive):
         return list(lpt_layout(gpus, self.prior_lengths, self.cost, self.typical_context,
                                self.max_batch))
 
-    def replan(self, now: float) -> None:
-        self._next_replan = now + self.replan_s
-        engines = self.placement_engines()
-        live = [t for t in self.trajs.values() if t.phase is not Phase.DONE]
-        if not live or not engines:
-            return
-        self.replans += 1
+    def plan(self, live: list[TrajState], engines: list[EngineState]) -> dict[str, str]:
         items = [(t.traj_id, max(1.0, self.remaining(t)), float(t.context_tokens))
                  for t in live]
-        self.target = lpt_placement(items, engines, self.cost)
-        for t in sorted(self.unrouted.values(), key=lambda t: t.traj_id):
-            self._enqueue(t, self.target[t.traj_id], self.priority(t, now), now)
-        for t in live:
-            if t.phase is Phase.TOOL:
-                self._consider_migration(t, now)
+        return lpt_placement(items, engines, self.cost)
 
     def should_migrate(self, t: TrajState, src: str, dst: str, now: float) -> bool:
         s, d = self.engines[src], self.engines[dst]
