@@ -4,16 +4,20 @@ Catch `TreadleError` to catch everything treadle raises on purpose; anything els
 escaping treadle is a bug. Each package owns a branch::
 
     TreadleError
-    └── SandboxError                    anything from treadle.sandbox
-        ├── SandboxStartError           a sandbox could not be created (may be retried)
-        │   └── SandboxUnavailable      the backend cannot run on this host at all
-        │                               (bwrap missing, user namespaces disabled);
-        │                               retrying will not help
-        ├── SandboxClosed               the sandbox or pool was closed before the call
-        ├── SandboxPathError            a path names something outside the work dir,
-        │                               or is malformed (also a ValueError)
-        └── SandboxFileError            a file in the work dir cannot be read or written
-            └── SandboxFileTooLarge     get_file found more than max_bytes
+    ├── SandboxError                    anything from treadle.sandbox
+    │   ├── SandboxStartError           a sandbox could not be created (may be retried)
+    │   │   └── SandboxUnavailable      the backend cannot run on this host at all
+    │   │                               (bwrap missing, user namespaces disabled);
+    │   │                               retrying will not help
+    │   ├── SandboxClosed               the sandbox or pool was closed before the call
+    │   ├── SandboxPathError            a path names something outside the work dir,
+    │   │                               or is malformed (also a ValueError)
+    │   └── SandboxFileError            a file in the work dir cannot be read or written
+    │       └── SandboxFileTooLarge     get_file found more than max_bytes
+    └── EnvError                        anything from treadle.envs (its classes live in
+        ├── TaskFormatError             treadle.envs.errors): a malformed task record,
+        ├── EnvConfigError              an environment set up wrongly by its caller,
+        └── ResourcesServerError        an external resources server that failed
 
 What a sandboxed command does is never an exception: a crash, a timeout, a
 memory or CPU kill or a truncated output comes back as an `ExecResult`. The tree is

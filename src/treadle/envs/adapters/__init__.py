@@ -1,0 +1,2 @@
+"""Adapters for environments users already have: NeMo Gym resources servers and
+gymnasium-style text environments."""

@@ -1,0 +1,1 @@
+"""The built-in task suites: math, code, swe, search, stem (one module each)."""
