@@ -1,4 +1,4 @@
-"""Command line: `treadle sim | bench | sandbox | demo`.
+"""Command line: `treadle sim | bench | sandbox | sandbox-server | demo`.
 
 Imports are lazy so that `--help` is instant. Bad input ends with one line on
 stderr naming what is wrong and exit code 2.
@@ -49,9 +49,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--sizes", default="1024,4096", help="batch sizes")
     b.add_argument("--workloads", default="coding,search,math,swe")
     b.add_argument("--seed", type=int, default=0)
+    from treadle.sandbox.bench import add_bench_parser
     from treadle.sandbox.cli import add_parser as add_sandbox_parser
+    from treadle.sandbox.cli import add_server_parser
 
+    add_bench_parser(bench_sub)
     add_sandbox_parser(sub)
+    add_server_parser(sub)
     demo = sub.add_parser("demo", help="the README's main job on its embedded default")
     demo.add_argument("--out", default="out", help="folder for the report files")
     return parser
@@ -62,6 +66,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "sim":
             return _sim(args)
+        if args.command in ("sandbox", "sandbox-server") or (
+                args.command == "bench" and args.bench == "sandbox"):
+            result: int = args.func(args)
+            return result
         if args.command == "bench":
             from treadle.sim.bench import run_bench
 
@@ -71,9 +79,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.command == "demo":
             return _demo(args)
-        if args.command == "sandbox":
-            result: int = args.func(args)
-            return result
     except UsageError as exc:
         print(f"treadle: error: {exc}", file=sys.stderr)
         return 2

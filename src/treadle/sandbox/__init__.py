@@ -1,6 +1,6 @@
 """Sandboxes for agent tools: run untrusted commands with limits, get a clean result.
 
-One interface (`Sandbox`, `SandboxBackend`, `Limits`, `ExecResult` in `base`), two
+One interface (`Sandbox`, `SandboxBackend`, `Limits`, `ExecResult` in `base`), three
 backends, and a pool:
 
 - `bwrap` (`BwrapBackend`): rootless bubblewrap. Own pid, network (loopback
@@ -10,6 +10,10 @@ backends, and a pool:
   backend for running model-written code.
 - `local` (`LocalBackend`): the same limits, timeout, output cap and tree kill on
   plain child processes. It isolates nothing; development only.
+- `remote` (`treadle.sandbox.remote.RemoteBackend`; needs the `server` extra, so
+  it is imported on first use, not here): sandboxes hosted by `treadle
+  sandbox-server` nodes (`treadle.sandbox.server`, bwrap behind them), reached
+  over HTTP with a bearer token and spread over a pool of servers.
 - `SandboxPool`: warm spares, a creation rate limit, a cap on live sandboxes and
   a cleanup that always runs.
 
