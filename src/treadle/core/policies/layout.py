@@ -7,17 +7,17 @@ completion C(g, e) = T_e · F_e(|g|) · max L over the presorted partition. The
 batch is represented by its length quantiles, reduced to at most `MAX_ITEMS`
 items of equal weight so that evaluating one layout costs about a millisecond.
 
-Two planners: `anneal_layout` (Heddle's resource manager: simulated annealing
-initialised from a homogeneous pool, moves that merge two equal engines or split
-one) and `best_layout` (exhaustive over every layout, which is cheap enough at the
-reduced batch size for up to a few hundred GPUs).
+`anneal_layout` is Heddle's resource manager: simulated annealing initialised
+from a homogeneous pool, with moves that merge two equal engines or split one.
+(treadle scores its candidate layouts with its own placement model instead; see
+`treadle_policy.lpt_layout`.)
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 from treadle.core.cost_model import TP_DEGREES, CostModel
 from treadle.core.placement import EngineSlot, place
@@ -76,39 +76,6 @@ def layout_makespan(layout: Layout, lengths: Sequence[float], cost: CostModel,
     if sum(s.max_batch for s in slots) < len(lengths):
         return math.inf
     return place(lengths, slots).makespan
-
-
-def all_layouts(gpus: int, min_tp: int = 1) -> Iterator[Layout]:
-    """Every multiset of TP degrees (≥ min_tp) that uses all `gpus`, largest first."""
-    degrees = [d for d in sorted(TP_DEGREES, reverse=True) if d >= min_tp]
-
-    def rec(i: int, left: int) -> Iterator[Layout]:
-        if left == 0:
-            yield ()
-            return
-        if i == len(degrees):
-            return
-        d = degrees[i]
-        for k in range(left // d, -1, -1):
-            for rest in rec(i + 1, left - k * d):
-                yield (d,) * k + rest
-
-    yield from rec(0, gpus)
-
-
-def best_layout(gpus: int, lengths: Sequence[float], cost: CostModel, context: float,
-                max_batch: int, min_tp: int = 1) -> Layout:
-    """Exhaustive search; ties go to the layout with fewer engines (less overhead)."""
-    reduced, weight = reduce_lengths(lengths)
-    best: tuple[float, int, Layout] | None = None
-    for layout in all_layouts(gpus, min_tp):
-        m = layout_makespan(layout, reduced, cost, context, max_batch, weight)
-        key = (m, len(layout), layout)
-        if best is None or key < best:
-            best = key
-    if best is None or math.isinf(best[0]):
-        raise ValueError(f"no layout of {gpus} GPUs holds {len(lengths)} trajectories")
-    return best[2]
 
 
 def anneal_layout(gpus: int, lengths: Sequence[float], cost: CostModel, context: float,

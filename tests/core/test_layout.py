@@ -1,0 +1,115 @@
+"""Layout planning (heddle's annealing, treadle's model-scored candidates) and
+treadle's interference-aware list placement."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from treadle.core.cost_model import CostModel
+from treadle.core.policies.layout import (
+    anneal_layout,
+    group_caps,
+    homogeneous_pool,
+    layout_makespan,
+    reduce_lengths,
+)
+from treadle.core.policies.treadle_policy import (
+    candidate_layouts,
+    lpt_layout,
+    lpt_makespan,
+    lpt_placement,
+)
+from treadle.core.scheduler import EngineState
+
+COST = CostModel.named("qwen3-14b", "h100")
+
+
+def _lengths(n: int, seed: int) -> list[float]:
+    rng = random.Random(seed)
+    return sorted((rng.lognormvariate(8.5, 1.0) for _ in range(n)), reverse=True)
+
+
+def _engines(layout: tuple[int, ...]) -> list[EngineState]:
+    return [EngineState(f"e{i:03d}", tp, 1024, COST.kv_capacity_tokens(tp))
+            for i, tp in enumerate(layout)]
+
+
+def test_homogeneous_pool_fills_the_budget_or_says_why() -> None:
+    assert homogeneous_pool(64, 8, "p") == [8] * 8
+    assert homogeneous_pool(10, 4, "p") == [4, 4]
+    with pytest.raises(ValueError, match="cannot hold one TP-8"):
+        homogeneous_pool(4, 8, "p")
+
+
+def test_reduce_lengths_keeps_the_distribution_and_the_weight() -> None:
+    lengths = _lengths(1000, 1)
+    reduced, weight = reduce_lengths(lengths, items=100)
+    assert weight == 10 and len(reduced) == 100
+    assert reduced == sorted(reduced, reverse=True)
+    assert reduced[0] == max(lengths)
+    small, w = reduce_lengths(lengths[:50], items=100)
+    assert w == 1 and len(small) == 50
+
+
+def test_group_caps_cover_the_batch_in_proportion_to_kv() -> None:
+    caps = group_caps([100_000, 200_000], context=1000, trajectories=10_000, max_batch=100_000)
+    assert sum(caps) >= 10_000
+    assert caps[1] == pytest.approx(2 * caps[0], rel=0.02)
+    roomy = group_caps([100_000], context=1000, trajectories=5, max_batch=1024)
+    assert roomy == [80]  # what 80% of the cache holds: nothing to scale up
+    assert group_caps([10**9], context=1, trajectories=5, max_batch=64) == [64]
+
+
+def test_annealing_is_deterministic_and_uses_every_gpu() -> None:
+    lengths = _lengths(256, 2)
+    a = anneal_layout(64, lengths, COST, 4000.0, 1024, start_tp=1, seed=3, iterations=150)
+    b = anneal_layout(64, lengths, COST, 4000.0, 1024, start_tp=1, seed=3, iterations=150)
+    assert a == b
+    assert sum(a) == 64 and all(tp in (1, 2, 4, 8) for tp in a)
+    start = layout_makespan((1,) * 64, reduce_lengths(lengths)[0], COST, 4000.0, 1024,
+                            reduce_lengths(lengths)[1])
+    found = layout_makespan(a, reduce_lengths(lengths)[0], COST, 4000.0, 1024,
+                            reduce_lengths(lengths)[1])
+    assert found <= start  # annealing keeps the best layout it saw
+
+
+def test_candidate_layouts_use_the_whole_budget_at_or_above_min_tp() -> None:
+    layouts = candidate_layouts(64, 2)
+    assert (8,) * 8 in layouts and (2,) * 32 in layouts
+    assert all(sum(layout) <= 64 and min(layout) >= 2 for layout in layouts)
+    assert len(set(layouts)) == len(layouts)
+
+
+def test_lpt_layout_returns_a_candidate() -> None:
+    layout = lpt_layout(64, _lengths(512, 4), COST, 4000.0, 1024)
+    assert layout in candidate_layouts(64, COST.min_tp())
+
+
+def test_lpt_placement_spreads_the_longest_one_per_engine() -> None:
+    engines = _engines((8,) * 6)
+    items = [(f"t{i:03d}", float(10_000 - i), 2000.0) for i in range(60)]
+    plan = lpt_placement(items, engines, COST)
+    assert set(plan) == {tid for tid, _, _ in items}
+    longest_six = [plan[f"t{i:03d}"] for i in range(6)]
+    assert len(set(longest_six)) == 6  # one per engine before any engine gets two
+    counts = [list(plan.values()).count(e.engine_id) for e in engines]
+    assert max(counts) - min(counts) <= 1  # equal lengths: an even spread
+    assert lpt_placement(items, engines, COST) == plan  # deterministic
+
+
+def test_lpt_placement_prefers_fast_engines_for_the_tail() -> None:
+    engines = _engines((2, 2, 4, 4, 8, 8))
+    items = [(f"t{i:03d}", float(10_000 - i), 2000.0) for i in range(60)]
+    plan = lpt_placement(items, engines, COST)
+    # A second long trajectory on a TP-8 engine is still faster than a TP-2 alone.
+    assert {plan[f"t{i:03d}"] for i in range(4)} <= {"e004", "e005"}
+
+
+def test_lpt_makespan_falls_with_more_engines_but_not_below_the_longest() -> None:
+    items = [(f"t{i}", length, 3000.0) for i, length in enumerate(_lengths(200, 5))]
+    one = lpt_makespan(items, _engines((8,)), COST)
+    eight = lpt_makespan(items, _engines((8,) * 8), COST)
+    longest = max(length for _, length, _ in items)
+    assert longest * COST.step_time(8, 1, 3000.0) <= eight < one
