@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
+from collections import Counter
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -56,6 +58,34 @@ def test_bundle_is_small_and_has_enough_distinct_tasks() -> None:
         assert bug["find"] != bug["replace"] and len(bug["issue"]) > 30, bug
     tasks = SUITE.tasks()
     assert len(tasks) == len(bugs) and len({t.task_id for t in tasks}) == len(bugs)
+
+
+def test_every_repo_is_a_small_stdlib_package_with_its_own_bugs() -> None:
+    repos, bugs = _bundle()
+    assert len(repos) >= 26 and len(bugs) >= 75, (len(repos), len(bugs))
+    per_repo = Counter(bug["repo"] for bug in bugs)
+    # Every repo has a bug, so the run below checks every repo's clean suite too.
+    assert set(per_repo) == set(repos) and max(per_repo.values()) <= 4, per_repo
+    for name, files in repos.items():
+        code = {p: text for p, text in files.items() if not p.startswith("tests/")}
+        assert all(p.startswith(name + "/") and p.endswith(".py") for p in code), name
+        assert f"{name}/__init__.py" in code and "tests/__init__.py" in files, name
+        assert any(p.startswith("tests/test_") for p in files), name
+        lines = sum(1 for text in code.values() for line in text.splitlines() if line.strip())
+        assert 25 <= lines <= 150, (name, lines)
+        for path, text in files.items():  # only the standard library and the repo itself
+            for node in ast.walk(ast.parse(text, path)):
+                if isinstance(node, ast.Import):
+                    roots = [alias.name.split(".")[0] for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    roots = [node.module.split(".")[0]]
+                else:
+                    continue
+                for root in roots:
+                    assert root in (name, "tests") or root in sys.stdlib_module_names, (path, root)
+    for bug in bugs:
+        assert not bug["file"].startswith("tests/"), bug
+        assert bug["find"].strip() not in bug["issue"], bug  # the issue must not quote the fix
 
 
 def test_every_bug_breaks_its_tests_and_every_reference_patch_fixes_them() -> None:

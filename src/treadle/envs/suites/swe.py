@@ -1,10 +1,13 @@
 """`swe`: fix a seeded bug in a small Python repository; reward = its test suite passes.
 
-The bundle (``data/swe``) holds 12 tiny packages (text utilities, a ledger, grid
+The bundle (``data/swe``) holds 28 tiny packages (text utilities, a ledger, grid
 search, a calendar, a CSV reader, statistics, geometry, an LRU cache, an
-expression evaluator, semantic versions, matrices, an inventory), each with a
-``unittest`` suite, and ``bugs.json``: 38 one-line mutations, each with an issue
-text written as a user's bug report. A task is one package with one bug applied.
+expression evaluator, semantic versions, matrices, an inventory, roman numerals,
+intervals, a Markdown stripper, rate limiters, a priority queue, unit conversion,
+a trie, run-length coding, word counts, a state machine, a topological sort, a
+ring buffer, money rounding, durations, check digits, cron schedules), each with a
+``unittest`` suite, and ``bugs.json``: 85 one-to-few-line mutations, each with an
+issue text written as a user's bug report. A task is one package with one bug applied.
 The tests need nothing but the standard library (``python3 -m unittest`` runs them).
 
 Episode: `setup` writes a fresh copy of the buggy repo into the sandbox work dir;
@@ -158,7 +161,7 @@ class SweSuite(Suite):
         self.grade_timeout_s = grade_timeout_s
 
     def tasks(self, n: int | None = None, seed: int = 0) -> list[Task]:
-        """`n` of the 38 bundled tasks (None: all) in a seeded order."""
+        """`n` of the 85 bundled tasks (None: all) in a seeded order."""
         records = bundled_records()
         rng_for(self.name, seed).shuffle(records)
         if n is not None and not 0 <= n <= len(records):
