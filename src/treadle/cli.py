@@ -1,4 +1,4 @@
-"""Command line: `treadle sim | bench | sandbox | sandbox-server | demo`.
+"""Command line: `treadle sim | bench | sandbox | sandbox-server | engine | demo`.
 
 Imports are lazy so that `--help` is instant. Bad input ends with one line on
 stderr naming what is wrong and exit code 2.
@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--sizes", default="1024,4096", help="batch sizes")
     b.add_argument("--workloads", default="coding,search,math,swe")
     b.add_argument("--seed", type=int, default=0)
+    from treadle.engines.cli import add_engine_parser
     from treadle.sandbox.bench import add_bench_parser
     from treadle.sandbox.cli import add_parser as add_sandbox_parser
     from treadle.sandbox.cli import add_server_parser
@@ -56,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_parser(bench_sub)
     add_sandbox_parser(sub)
     add_server_parser(sub)
+    add_engine_parser(sub)
     demo = sub.add_parser("demo", help="the README's main job on its embedded default")
     demo.add_argument("--out", default="out", help="folder for the report files")
     return parser
@@ -66,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "sim":
             return _sim(args)
-        if args.command in ("sandbox", "sandbox-server") or (
+        if args.command in ("sandbox", "sandbox-server", "engine") or (
                 args.command == "bench" and args.bench == "sandbox"):
             result: int = args.func(args)
             return result

@@ -1,0 +1,95 @@
+"""The engine interface: one LLM call in token ids, one result out.
+
+Contracts every implementation keeps:
+
+- Token in, token out: `prompt_ids` go to the engine as ids and `output_ids` are the
+  engine's sampled ids, never re-tokenized text. `logprobs` (when requested) has one
+  entry per output id, the engine's log-probability of that sampled token.
+- `generate` returns a `GenerateResult` for a finished or aborted request, and raises
+  only `EngineError` subclasses: `EngineUnavailable` (unreachable, 5xx),
+  `EngineTimeout` (past `timeout_s`), `EngineProtocolError` (malformed reply; the
+  message names the field), `EngineRequestError` (the engine rejected the request).
+- `abort(request_id)` ends an in-flight request: its `generate` returns
+  `finish_reason="abort"` with the tokens the engine reported so far (possibly none;
+  see each implementation), never raises. Aborting an unknown or finished request is
+  a no-op. Cancelling the `generate` task itself also aborts it on the engine, but
+  raises `CancelledError` as usual.
+- An engine object belongs to the event loop that first used it; `aclose` releases
+  its connections (in-flight requests are cancelled).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Literal
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateRequest:
+    """One LLM call. Validation of ranges is the engine's (a 4xx → EngineRequestError)."""
+
+    request_id: str  # caller-chosen, unique among in-flight requests of one engine; abort key
+    prompt_ids: list[int]  # the whole context as token ids (chat template already applied)
+    max_tokens: int  # upper bound on generated tokens; hitting it gives finish "length"
+    temperature: float = 1.0  # sampling temperature; 0 = greedy
+    top_p: float = 1.0  # nucleus sampling mass
+    stop_token_ids: list[int] = field(default_factory=list)  # ids that end generation ("stop")
+    priority: int = 0  # lower is served first by engines scheduling by priority
+    logprobs: bool = True  # ask for the sampled tokens' logprobs (RL needs them)
+    timeout_s: float | None = None  # wall-clock limit of the whole call; None = no limit
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateResult:
+    """What the engine produced for one request."""
+
+    request_id: str  # the request's id, echoed
+    output_ids: list[int]  # sampled token ids, in order (including a sampled stop token)
+    logprobs: list[float]  # one per output id when requested, else empty
+    finish_reason: FinishReason  # stop token / EOS, max_tokens, or aborted
+    prompt_tokens: int  # prompt length as the engine counted it
+    cached_tokens: int | None  # prompt tokens served from the prefix cache; None = not reported
+    queued_s: float | None  # time waiting before generation began; None = not reported
+    generating_s: float  # time from send to reply (or, if reported, prefill + decode)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """An engine's load right now, as its metrics report it."""
+
+    running: int  # requests in the running batch
+    waiting: int  # requests queued (or preempted) waiting for a slot
+    kv_usage: float  # fraction of KV cache in use, 0.0-1.0
+
+
+class Engine(ABC):
+    """One inference engine instance (one endpoint). See the module docstring."""
+
+    @abstractmethod
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        """Run one request to its end (or its abort)."""
+
+    @abstractmethod
+    async def abort(self, request_id: str) -> None:
+        """End an in-flight request; its `generate` returns finish "abort". Never raises."""
+
+    @abstractmethod
+    async def load(self) -> EngineLoad:
+        """Current load; EngineUnavailable / EngineProtocolError when it cannot be read."""
+
+    @abstractmethod
+    async def health(self) -> bool:
+        """Whether the engine answers its health check now. Never raises."""
+
+    @abstractmethod
+    async def aclose(self) -> None:
+        """Release connections and cancel in-flight requests. Idempotent."""
+
+    async def __aenter__(self) -> Engine:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.aclose()

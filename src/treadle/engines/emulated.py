@@ -1,0 +1,318 @@
+"""An emulated engine: continuous batching in wall-clock time under the cost model.
+
+`EmulatedEngine` holds one engine's state and runs one asyncio task (`run`) that
+wakes at each step boundary; `emulated_server` puts vLLM's HTTP API in front of it
+(`treadle engine emulate`). Tokens are synthetic; only the timing and the batching
+behaviour are modelled, so a runtime, a scheduler or a benchmark can be driven
+against "a 14B model on H100s" on a laptop.
+
+What it models (`treadle.core.cost_model.CostModel`):
+
+- Continuous batching: every running request gains one token per step; a step takes
+  `step_time(tp, batch, KV tokens of the batch) × time_scale`.
+- Prefill: a newly admitted request's uncached prompt tokens cost
+  `prefill_time(tp, new, cached) × time_scale`, stalling the batch (no chunked
+  prefill), as in `treadle.sim.engine`.
+- Admission: a priority queue (lower `priority` first, FCFS ties), at most
+  `max_num_seqs` running, and the KV capacity (`kv_capacity_tokens(tp)`, 5% kept
+  free as vLLM's watermark does). A batch that outgrows the KV cache preempts its
+  lowest-priority, latest request back to the queue (recompute, like vLLM).
+- A prefix cache of 16-token blocks, keyed by a chained hash of the token ids (as
+  vLLM's block hashes are), LRU, in the KV left over by the running batch; a hit
+  skips prefill of those tokens and is reported as `cached_tokens`.
+- Abort: `abort(id)` ends a request at once with its tokens so far; its slot is free
+  for the next step.
+
+What it does not model: real token content (ids and logprobs come from a seeded
+RNG), sampling parameters other than `max_tokens` and `stop_token_ids`, chunked
+prefill, speculative decoding, shared prompt blocks counted once in KV (each running
+request counts its whole context), CPU-side overheads of a real server. Timing is
+wall clock: when the event loop wakes late it catches up by running the missed steps
+at once, so long-run rates follow the model even where one step is shorter than the
+loop's timer resolution.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import heapq
+import itertools
+import random
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from treadle.core.cost_model import CostModel
+from treadle.engines.base import EngineLoad, FinishReason, GenerateResult
+
+BLOCK = 16  # prefix-cache block size in tokens (vLLM's default)
+VOCAB = 151_936  # Qwen3's vocabulary size: synthetic ids fall in [0, VOCAB)
+WATERMARK = 0.05  # share of KV kept free at admission (vLLM's watermark)
+_MAX_CATCH_UP_STEPS = 10_000  # steps run in one wake-up when far behind
+
+
+@dataclass(eq=False, slots=True)
+class _Seq:
+    request_id: str
+    prompt: list[int]
+    max_tokens: int
+    stop_ids: frozenset[int]
+    priority: int
+    arrival: int  # FCFS tie-break and preemption order
+    rng: random.Random
+    done: asyncio.Future[GenerateResult]
+    arrived_at: float  # clock time the request arrived
+    output: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    started_at: float | None = None  # clock time of its first admission
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
+
+    @property
+    def context(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+
+class PrefixCache:
+    """LRU set of block hashes; `match` gives how many leading tokens are cached."""
+
+    def __init__(self) -> None:
+        self._blocks: OrderedDict[bytes, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    @staticmethod
+    def hashes(ids: list[int]) -> list[bytes]:
+        """Chained hashes of the full blocks of `ids`: block k's hash covers blocks 0..k."""
+        out: list[bytes] = []
+        prev = b""
+        for start in range(0, len(ids) - BLOCK + 1, BLOCK):
+            block = ",".join(map(str, ids[start:start + BLOCK])).encode()
+            prev = hashlib.blake2b(prev + block, digest_size=16).digest()
+            out.append(prev)
+        return out
+
+    def match(self, ids: list[int]) -> int:
+        hits: list[bytes] = []
+        for h in self.hashes(ids):
+            if h not in self._blocks:
+                break
+            hits.append(h)
+        self._touch(hits)
+        return len(hits) * BLOCK
+
+    def insert(self, ids: list[int]) -> None:
+        hashes = self.hashes(ids)
+        for h in hashes:
+            self._blocks[h] = None
+        self._touch(hashes)
+
+    def _touch(self, chain: list[bytes]) -> None:
+        # Deepest block first, so a prefix's tail is evicted before its head (as vLLM
+        # frees blocks in reverse): an evicted head would orphan the blocks after it.
+        for h in reversed(chain):
+            self._blocks.move_to_end(h)
+
+    def trim(self, max_blocks: int) -> None:
+        while len(self._blocks) > max(0, max_blocks):
+            self._blocks.popitem(last=False)
+
+
+class EmulatedEngine:
+    """One emulated engine. Create, `start()` inside the event loop, then `submit`.
+
+    `time_scale` multiplies every modelled duration (0.05 = 20x faster than real).
+    `max_model_len` bounds prompt + max_tokens (default: the model's context).
+    All methods must be called from the loop that ran `start`.
+    """
+
+    def __init__(self, cost: CostModel, *, tp: int = 1, time_scale: float = 1.0,
+                 max_num_seqs: int = 256, max_model_len: int | None = None, seed: int = 0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if tp < 1 or time_scale <= 0 or max_num_seqs < 1:
+            raise ValueError("tp and max_num_seqs must be >= 1 and time_scale > 0")
+        self.cost = cost
+        self.tp = tp
+        self.time_scale = time_scale
+        self.max_num_seqs = max_num_seqs
+        self.kv_capacity = cost.kv_capacity_tokens(tp)
+        if self.kv_capacity <= 0:
+            raise ValueError(f"{cost.model.name} does not fit on {tp} x {cost.gpu.name}")
+        self.max_model_len = min(max_model_len or cost.model.max_context, self.kv_capacity)
+        self.seed = seed
+        self._clock = clock
+        self._waiting: list[tuple[int, int, _Seq]] = []  # heap (priority, arrival, seq)
+        self._running: dict[str, _Seq] = {}
+        self._known: dict[str, _Seq] = {}  # every unfinished request, by id
+        self._cache = PrefixCache()
+        self._arrivals = itertools.count()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.steps = 0  # decode steps run so far
+        self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
+        self.prefix_hits = 0  # of which found
+        self.preemptions = 0  # requests sent back to the queue because KV ran out
+
+    # -- public ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self.run())
+
+    async def stop(self) -> None:
+        """End the loop; every unfinished request ends with finish "abort"."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        for rid in list(self._known):
+            self.abort(rid)
+
+    def check(self, prompt: list[int], max_tokens: int) -> None:
+        """ValueError (with the reason) if this request can never run here."""
+        if not prompt:
+            raise ValueError("prompt must hold at least one token id")
+        if max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        bad = next((t for t in prompt if not 0 <= t < VOCAB), None)
+        if bad is not None:
+            raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {VOCAB})")
+        if len(prompt) + max_tokens > self.max_model_len:
+            raise ValueError(f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) "
+                             f"exceeds the maximum model length {self.max_model_len}")
+
+    def submit(self, request_id: str, prompt: list[int], max_tokens: int, *,
+               priority: int = 0, stop_token_ids: list[int] | None = None
+               ) -> asyncio.Future[GenerateResult]:
+        """Queue a request; the future resolves with its result (or abort)."""
+        self.check(prompt, max_tokens)
+        if request_id in self._known:
+            raise ValueError(f"request id {request_id!r} is already in flight")
+        arrival = next(self._arrivals)
+        # Seeded per engine and arrival order: the same seed and arrival sequence
+        # gives the same tokens, while GRPO siblings of one prompt still differ.
+        digest = hashlib.blake2b(f"{self.seed}:{arrival}:{len(prompt)}".encode(),
+                                 digest_size=8).digest()
+        seq = _Seq(request_id, list(prompt), max_tokens, frozenset(stop_token_ids or ()),
+                   priority, arrival, random.Random(int.from_bytes(digest, "big")),
+                   asyncio.get_running_loop().create_future(), self._clock())
+        self._known[request_id] = seq
+        heapq.heappush(self._waiting, (priority, arrival, seq))
+        self._wake.set()
+        return seq.done
+
+    def abort(self, request_id: str) -> bool:
+        """End a request now with its tokens so far; False if it is not in flight."""
+        seq = self._known.get(request_id)
+        if seq is None:
+            return False
+        self._finish(seq, "abort")
+        self._wake.set()
+        return True
+
+    def load(self) -> EngineLoad:
+        return EngineLoad(len(self._running), len(self._known) - len(self._running),
+                          self._kv_used() / self.kv_capacity)
+
+    # -- the loop -------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Admit, prefill, step, finish; sleep until the next step boundary."""
+        next_t = self._clock()
+        while True:
+            stall = self._admit()
+            if not self._running:
+                self._wake.clear()
+                await self._wake.wait()
+                next_t = self._clock()
+                continue
+            next_t = max(next_t, self._clock() - 1.0)  # forget debts older than 1 s
+            next_t += stall
+            steps = 0
+            # Run every step whose boundary has passed (catch-up), at least one.
+            while self._running and steps < _MAX_CATCH_UP_STEPS:
+                next_t += self._step_duration()
+                self._step()
+                steps += 1
+                if next_t > self._clock() or self._waiting_can_join():
+                    break
+            # An arrival does not cut a step short; it is admitted at the boundary.
+            # Sleep even when behind (0 s), or HTTP handlers would starve.
+            await asyncio.sleep(max(0.0, next_t - self._clock()))
+
+    def _step_duration(self) -> float:
+        return self.cost.step_time(self.tp, len(self._running), self._kv_used()) \
+            * self.time_scale
+
+    def _step(self) -> None:
+        self.steps += 1
+        for seq in list(self._running.values()):
+            token = seq.rng.randrange(VOCAB)
+            seq.output.append(token)
+            seq.logprobs.append(-seq.rng.expovariate(1.5))  # ≤ 0, mean -0.67
+            if token in seq.stop_ids:
+                self._finish(seq, "stop")
+            elif len(seq.output) >= seq.max_tokens:
+                self._finish(seq, "length")
+        self._preempt_if_full()
+
+    def _kv_used(self) -> int:
+        return sum(s.context for s in self._running.values())
+
+    def _waiting_can_join(self) -> bool:
+        return bool(self._waiting) and len(self._running) < self.max_num_seqs
+
+    def _admit(self) -> float:
+        """Move waiting requests into the batch while they fit; the prefill time (scaled)."""
+        limit = self.kv_capacity * (1.0 - WATERMARK)
+        used = self._kv_used()
+        prefill = 0.0
+        while self._waiting and len(self._running) < self.max_num_seqs:
+            _, _, seq = self._waiting[0]
+            if self._known.get(seq.request_id) is not seq:  # aborted while waiting
+                heapq.heappop(self._waiting)
+                continue
+            if used + seq.context > limit and self._running:
+                break  # the head waits for room; nothing overtakes it (no starvation)
+            heapq.heappop(self._waiting)
+            ids = seq.prompt + seq.output
+            # vLLM always computes at least the last token, so a full hit is capped.
+            cached = min(self._cache.match(ids), (len(ids) - 1) // BLOCK * BLOCK)
+            if seq.started_at is None:
+                seq.started_at = self._clock()
+                seq.cached_tokens = cached
+                self.prefix_queries += len(ids)
+                self.prefix_hits += cached
+            prefill += self.cost.prefill_time(self.tp, len(ids) - cached, cached)
+            self._cache.insert(ids)
+            self._running[seq.request_id] = seq
+            used += seq.context
+        self._trim_cache()
+        return prefill * self.time_scale
+
+    def _preempt_if_full(self) -> None:
+        while len(self._running) > 1 and self._kv_used() > self.kv_capacity:
+            victim = max(self._running.values(), key=lambda s: (s.priority, s.arrival))
+            del self._running[victim.request_id]
+            self.preemptions += 1
+            heapq.heappush(self._waiting, (victim.priority, victim.arrival, victim))
+        self._trim_cache()
+
+    def _trim_cache(self) -> None:
+        self._cache.trim((self.kv_capacity - self._kv_used()) // BLOCK)
+
+    def _finish(self, seq: _Seq, reason: FinishReason) -> None:
+        self._known.pop(seq.request_id, None)
+        self._running.pop(seq.request_id, None)  # a waiting entry is skipped when popped
+        if reason != "abort":
+            self._cache.insert(seq.prompt + seq.output)  # the turn's KV stays cached
+        now = self._clock()
+        started = seq.started_at if seq.started_at is not None else now
+        if not seq.done.done():
+            seq.done.set_result(GenerateResult(
+                request_id=seq.request_id, output_ids=list(seq.output),
+                logprobs=list(seq.logprobs), finish_reason=reason,
+                prompt_tokens=len(seq.prompt), cached_tokens=seq.cached_tokens,
+                queued_s=started - seq.arrived_at, generating_s=now - started))

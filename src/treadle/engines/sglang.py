@@ -1,0 +1,147 @@
+"""Client for SGLang's native server API: `POST /generate` with `input_ids`.
+
+    engine = SGLangEngine("http://127.0.0.1:30000")
+    result = await engine.generate(GenerateRequest("t1-turn0", prompt_ids, max_tokens=512))
+
+Wire format (SGLang's documented native API): the request carries `input_ids`,
+`sampling_params{max_new_tokens, temperature, top_p, stop_token_ids}`,
+`return_logprob`, `rid` (the request id) and `priority`; the reply carries
+`output_ids` and `meta_info{prompt_tokens, cached_tokens, finish_reason{type},
+output_token_logprobs: [[logprob, token_id, text], ...]}`. The logprob entries'
+token ids must match `output_ids` (checked).
+
+`abort` posts `/abort_request {"rid"}`: SGLang then ends the pending `/generate`
+with finish type "abort" and the output so far, which `generate` returns. If the
+engine does not answer within `abort_grace_s` (unreachable, or the abort overtook
+the request), the HTTP call is cancelled instead and the result has no tokens.
+Load comes from `/metrics` (`sglang:num_running_reqs`, `sglang:num_queue_reqs`,
+`sglang:token_usage`; the server needs `--enable-metrics`). `priority` needs
+`--enable-priority-scheduling`. `queued_s` is None; `generating_s` is the wall time,
+or `meta_info.e2e_latency` when reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, ConfigDict
+
+from treadle.engines._http import HttpEngine, parse_prometheus, validate
+from treadle.engines.base import EngineLoad, FinishReason, GenerateRequest, GenerateResult
+from treadle.engines.errors import EngineError, EngineProtocolError
+
+_METRICS = {
+    "sglang:num_running_reqs": "running",
+    "sglang:num_queue_reqs": "waiting",
+    "sglang:token_usage": "kv",
+}
+_ABORT_TIMEOUT_S = 5.0
+
+
+class _Reply(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class FinishInfo(_Reply):
+    type: FinishReason
+
+
+class MetaInfo(_Reply):
+    prompt_tokens: int
+    cached_tokens: int | None = None
+    finish_reason: FinishInfo | None
+    # [[logprob, token_id, token_text_or_null], ...]
+    output_token_logprobs: list[tuple[float | None, int, str | None]] | None = None
+    e2e_latency: float | None = None
+
+
+class GenerateReply(_Reply):
+    output_ids: list[int]
+    meta_info: MetaInfo
+
+
+def generate_body(request: GenerateRequest) -> dict[str, Any]:
+    """The `/generate` body for one request."""
+    params: dict[str, Any] = {
+        "max_new_tokens": request.max_tokens,
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "skip_special_tokens": False,
+    }
+    if request.stop_token_ids:
+        params["stop_token_ids"] = list(request.stop_token_ids)
+    body: dict[str, Any] = {
+        "input_ids": request.prompt_ids,
+        "sampling_params": params,
+        "return_logprob": request.logprobs,
+        "rid": request.request_id,
+        "stream": False,
+    }
+    if request.priority:
+        body["priority"] = request.priority
+    return body
+
+
+def parse_generate(data: Any, request: GenerateRequest, elapsed_s: float) -> GenerateResult:
+    """A `/generate` reply as a result; EngineProtocolError names a bad field."""
+    reply = validate(GenerateReply, data, "/generate reply")
+    meta = reply.meta_info
+    if meta.finish_reason is None:
+        raise EngineProtocolError("/generate reply: field 'meta_info.finish_reason' is null "
+                                  "(the request did not finish)")
+    finish = meta.finish_reason.type
+    logprobs: list[float] = []
+    if request.logprobs:
+        entries = meta.output_token_logprobs
+        if entries is None:
+            raise EngineProtocolError("/generate reply: field 'meta_info.output_token_logprobs'"
+                                      " is missing although return_logprob was set")
+        if [e[1] for e in entries] != reply.output_ids or any(e[0] is None for e in entries):
+            raise EngineProtocolError("/generate reply: field 'meta_info.output_token_logprobs'"
+                                      " does not match 'output_ids' (ids or null logprobs)")
+        logprobs = [float(e[0]) for e in entries if e[0] is not None]
+    return GenerateResult(
+        request_id=request.request_id, output_ids=list(reply.output_ids), logprobs=logprobs,
+        finish_reason=finish, prompt_tokens=meta.prompt_tokens,
+        cached_tokens=meta.cached_tokens, queued_s=None,
+        generating_s=meta.e2e_latency if meta.e2e_latency is not None else elapsed_s)
+
+
+class SGLangEngine(HttpEngine):
+    """One SGLang server (`python -m sglang.launch_server`). `api_key`: `--api-key`."""
+
+    def __init__(self, base_url: str, *, api_key: str | None = None,
+                 client: httpx.AsyncClient | None = None, connect_timeout_s: float = 10.0,
+                 abort_grace_s: float = 2.0) -> None:
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        super().__init__(base_url, client=client, headers=headers,
+                         connect_timeout_s=connect_timeout_s)
+        self.abort_grace_s = abort_grace_s
+
+    async def _call(self, request: GenerateRequest, started: float) -> GenerateResult:
+        data = await self._post_json("/generate", generate_body(request))
+        return parse_generate(data, request, time.monotonic() - started)
+
+    async def abort(self, request_id: str) -> None:
+        task = self._inflight.get(request_id)
+        if task is None or task.done():
+            return
+        with contextlib.suppress(EngineError, TimeoutError):
+            await asyncio.wait_for(self._raw(lambda: self._client.post(
+                "/abort_request", json={"rid": request_id})), _ABORT_TIMEOUT_S)
+        # The engine's own abort returns the tokens so far through the pending call.
+        await asyncio.wait({task}, timeout=self.abort_grace_s)
+        if not task.done():
+            await super().abort(request_id)
+
+    async def load(self) -> EngineLoad:
+        values = parse_prometheus(await self._get_text("/metrics"), _METRICS)
+        missing = [name for name, key in _METRICS.items() if key not in values]
+        if missing:
+            raise EngineProtocolError(f"/metrics: field {missing[0]!r} is missing "
+                                      "(is the server run with --enable-metrics?)")
+        return EngineLoad(int(values["running"]), int(values["waiting"]), values["kv"])

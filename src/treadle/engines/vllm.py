@@ -1,0 +1,172 @@
+"""Client for vLLM's OpenAI-compatible server: `POST /v1/completions` with token ids.
+
+    engine = VLLMEngine("http://127.0.0.1:8000", model="Qwen/Qwen3-8B")
+    result = await engine.generate(GenerateRequest("t1-turn0", prompt_ids, max_tokens=512))
+
+The request sends the prompt as a token-id list with `return_token_ids: true` (vLLM
+≥ 0.10.2) and `logprobs: 1`, so output ids and logprobs come back as the engine
+sampled them: nothing is re-tokenized. Older replies that carry `token_ids` per
+choice without being asked are read the same way; a reply without output token ids
+is an EngineProtocolError (text cannot be turned back into ids faithfully).
+
+The request id goes in the `X-Request-Id` header and the body's `request_id`
+(vLLM prefixes it, e.g. `cmpl-<id>`). `priority` only matters when the server runs
+with `--scheduling-policy priority` (lower first); other servers reject a non-zero
+priority with a 400 (EngineRequestError).
+
+Limits: non-streaming. `abort` closes the HTTP connection, which vLLM turns into an
+engine-side abort, so an aborted result carries no tokens (the partial output never
+reaches the client). `cached_tokens` is reported only when the server runs with
+`--enable-prompt-tokens-details`; else None. `queued_s` is None (vLLM does not
+report it per request); `generating_s` is the call's wall time. Load comes from
+`/metrics` (vLLM ≥ 0.10 names `vllm:kv_cache_usage_perc`, older ones
+`vllm:gpu_cache_usage_perc`; both are fractions 0-1 despite the name).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, ConfigDict
+
+from treadle.engines._http import HttpEngine, parse_prometheus, validate
+from treadle.engines.base import EngineLoad, FinishReason, GenerateRequest, GenerateResult
+from treadle.engines.errors import EngineProtocolError
+
+_METRICS = {
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:kv_cache_usage_perc": "kv",
+    "vllm:gpu_cache_usage_perc": "kv_old",
+}
+
+
+class _Reply(BaseModel):  # what the client reads: unknown fields (newer servers) ignored
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class Logprobs(_Reply):
+    token_logprobs: list[float | None]
+
+
+class Choice(_Reply):
+    index: int = 0
+    finish_reason: FinishReason | None
+    token_ids: list[int] | None = None  # with return_token_ids (vLLM ≥ 0.10.2)
+    prompt_token_ids: list[int] | None = None
+    logprobs: Logprobs | None = None
+
+
+class PromptTokensDetails(_Reply):
+    cached_tokens: int | None = None
+
+
+class Usage(_Reply):
+    prompt_tokens: int
+    completion_tokens: int | None = None
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+
+class CompletionReply(_Reply):
+    id: str | None = None
+    model: str | None = None
+    choices: list[Choice]
+    usage: Usage | None = None
+    # Not vLLM: the emulated engine's timing split, read when present.
+    treadle_timing: dict[str, float] | None = None
+
+
+def completion_body(request: GenerateRequest, model: str) -> dict[str, Any]:
+    """The `/v1/completions` body for one request (also what the emulator reads)."""
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": request.prompt_ids,
+        "max_tokens": request.max_tokens,
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "return_token_ids": True,
+        "request_id": request.request_id,
+        "skip_special_tokens": False,
+    }
+    if request.logprobs:
+        body["logprobs"] = 1  # top-1 alternatives; the sampled token's logprob is always in
+    if request.stop_token_ids:
+        body["stop_token_ids"] = list(request.stop_token_ids)
+    if request.priority:
+        body["priority"] = request.priority
+    return body
+
+
+def parse_completion(data: Any, request: GenerateRequest, elapsed_s: float) -> GenerateResult:
+    """A `/v1/completions` reply as a result; EngineProtocolError names a bad field."""
+    reply = validate(CompletionReply, data, "/v1/completions reply")
+    if len(reply.choices) != 1:
+        raise EngineProtocolError(f"/v1/completions reply: field 'choices': expected 1 "
+                                  f"choice, got {len(reply.choices)}")
+    choice = reply.choices[0]
+    if choice.token_ids is None:
+        raise EngineProtocolError("/v1/completions reply: field 'choices.0.token_ids' is "
+                                  "missing (vLLM < 0.10.2 ignores return_token_ids)")
+    finish = choice.finish_reason
+    if finish is None:
+        raise EngineProtocolError("/v1/completions reply: field 'choices.0.finish_reason' "
+                                  "is null (the request did not finish)")
+    logprobs: list[float] = []
+    if request.logprobs:
+        if choice.logprobs is None:
+            raise EngineProtocolError("/v1/completions reply: field 'choices.0.logprobs' is "
+                                      "missing although logprobs were requested")
+        values = choice.logprobs.token_logprobs
+        if len(values) != len(choice.token_ids) or any(v is None for v in values):
+            raise EngineProtocolError(
+                "/v1/completions reply: field 'choices.0.logprobs.token_logprobs': "
+                f"{len(values)} values (or nulls) for {len(choice.token_ids)} tokens")
+        logprobs = [float(v) for v in values if v is not None]
+    if reply.usage is not None:
+        prompt_tokens = reply.usage.prompt_tokens
+        details = reply.usage.prompt_tokens_details
+        cached = details.cached_tokens if details is not None else None
+    elif choice.prompt_token_ids is not None:
+        prompt_tokens, cached = len(choice.prompt_token_ids), None
+    else:
+        raise EngineProtocolError("/v1/completions reply: field 'usage' is missing")
+    timing = reply.treadle_timing or {}
+    return GenerateResult(
+        request_id=request.request_id, output_ids=list(choice.token_ids), logprobs=logprobs,
+        finish_reason=finish, prompt_tokens=prompt_tokens, cached_tokens=cached,
+        queued_s=timing.get("queued_s"),
+        generating_s=timing.get("generating_s", elapsed_s))
+
+
+class VLLMEngine(HttpEngine):
+    """One vLLM server (`vllm serve` / `vllm.entrypoints.openai.api_server`).
+
+    `model` must be the served model name (`--served-model-name`, else the path).
+    `api_key` is sent as a bearer token (`--api-key`).
+    """
+
+    def __init__(self, base_url: str, model: str, *, api_key: str | None = None,
+                 client: httpx.AsyncClient | None = None,
+                 connect_timeout_s: float = 10.0) -> None:
+        headers: Mapping[str, str] = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        super().__init__(base_url, client=client, headers=headers,
+                         connect_timeout_s=connect_timeout_s)
+        self.model = model
+
+    async def _call(self, request: GenerateRequest, started: float) -> GenerateResult:
+        data = await self._post_json("/v1/completions", completion_body(request, self.model),
+                                     headers={"x-request-id": request.request_id})
+        return parse_completion(data, request, time.monotonic() - started)
+
+    async def load(self) -> EngineLoad:
+        values = parse_prometheus(await self._get_text("/metrics"), _METRICS)
+        if "running" not in values or "waiting" not in values:
+            raise EngineProtocolError("/metrics: field 'vllm:num_requests_running' or "
+                                      "'vllm:num_requests_waiting' is missing")
+        kv = values.get("kv", values.get("kv_old"))
+        if kv is None:
+            raise EngineProtocolError("/metrics: field 'vllm:kv_cache_usage_perc' is missing")
+        return EngineLoad(int(values["running"]), int(values["waiting"]), kv)
