@@ -14,10 +14,15 @@ escaping treadle is a bug. Each package owns a branch::
     │   │                               or is malformed (also a ValueError)
     │   └── SandboxFileError            a file in the work dir cannot be read or written
     │       └── SandboxFileTooLarge     get_file found more than max_bytes
-    └── EnvError                        anything from treadle.envs (its classes live in
-        ├── TaskFormatError             treadle.envs.errors): a malformed task record,
-        ├── EnvConfigError              an environment set up wrongly by its caller,
-        └── ResourcesServerError        an external resources server that failed
+    ├── EnvError                        anything from treadle.envs (its classes live in
+    │   ├── TaskFormatError             treadle.envs.errors): a malformed task record,
+    │   ├── EnvConfigError              an environment set up wrongly by its caller,
+    │   └── ResourcesServerError        an external resources server that failed
+    └── EngineError                     anything from treadle.engines (classes in
+        ├── EngineUnavailable           treadle.engines.errors): engine down or
+        ├── EngineTimeout               unreachable, a request past its deadline,
+        ├── EngineProtocolError         a malformed reply (names the field), a
+        └── EngineRequestError          request the engine rejected (also a ValueError)
 
 What a sandboxed command does is never an exception: a crash, a timeout, a
 memory or CPU kill or a truncated output comes back as an `ExecResult`. The tree is
