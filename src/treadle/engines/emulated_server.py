@@ -27,9 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-import socket
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -44,8 +41,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from treadle.engines.base import GenerateResult
 from treadle.engines.emulated import EmulatedEngine
+from treadle.served import loopback_socket, serving_in_thread
 
-log = logging.getLogger(__name__)
 
 
 class CompletionRequest(BaseModel):
@@ -246,32 +243,9 @@ def serve_in_thread(engine: EmulatedEngine, served_model: str, *,
 
     On exit it shuts down and the thread is joined; RuntimeError if it does not start.
     """
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock = loopback_socket()
     port = sock.getsockname()[1]
     server = _server(engine, served_model, "127.0.0.1", port, "warning")
-    failure: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            asyncio.run(server.serve([sock]))
-        except BaseException as e:  # reported to the starting thread
-            failure.append(e)
-
-    thread = threading.Thread(target=target, name=f"emulated-engine-{port}", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + startup_timeout_s
-    try:
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the emulated engine did not start") from (
-                    failure[0] if failure else None)
-            time.sleep(0.01)
+    with serving_in_thread(server, sock, name=f"emulated-engine-{port}",
+                           startup_timeout_s=startup_timeout_s):
         yield RunningEngine(f"http://127.0.0.1:{port}", served_model, engine)
-    finally:
-        server.should_exit = True
-        thread.join(30.0)
-        sock.close()
-        if thread.is_alive():
-            log.error("emulated engine thread on port %d did not stop", port)

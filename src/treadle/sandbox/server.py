@@ -28,7 +28,6 @@ import contextlib
 import hmac
 import logging
 import socket
-import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
@@ -43,6 +42,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from treadle.errors import SandboxClosed, SandboxError, SandboxStartError
 from treadle.sandbox import remote as wire
 from treadle.sandbox.base import DEFAULT_MAX_GET_BYTES, ExecResult, Limits, Sandbox, SandboxBackend
+from treadle.served import loopback_socket, serving_in_thread
 
 log = logging.getLogger(__name__)
 
@@ -461,37 +461,12 @@ def serve_in_thread(backend: SandboxBackend, token: str, *, max_live: int = 64,
     SIGTERM (every sandbox closed) and the thread is joined. RuntimeError if it
     does not start. `backend` must not be used by any other event loop.
     """
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
+    sock = loopback_socket()
     port = sock.getsockname()[1]
     host = SandboxHost(backend, max_live=max_live, idle_ttl_s=idle_ttl_s)
     server = _Server(host, token, bind="127.0.0.1", port=port, max_body_bytes=max_body_bytes,
                      log_level="warning")
-    failure: list[BaseException] = []
-
-    async def main() -> None:
-        await probe_backend(backend)
-        await server.serve([sock])
-
-    def target() -> None:
-        try:
-            asyncio.run(main())
-        except BaseException as e:  # reported to the starting thread
-            failure.append(e)
-
-    thread = threading.Thread(target=target, name=f"sandbox-server-{port}", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + startup_timeout_s
-    try:
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the sandbox server did not start") from (
-                    failure[0] if failure else None)
-            time.sleep(0.01)
+    with serving_in_thread(server, sock, name=f"sandbox-server-{port}",
+                           startup_timeout_s=startup_timeout_s, join_timeout_s=60.0,
+                           before=lambda: probe_backend(backend)):
         yield RunningServer(url=f"http://127.0.0.1:{port}", host=host)
-    finally:
-        server.should_exit = True
-        thread.join(60.0)
-        sock.close()
-        if thread.is_alive():
-            log.error("sandbox server thread on port %d did not stop", port)
