@@ -44,7 +44,6 @@ from treadle.engines.emulated import EmulatedEngine
 from treadle.served import loopback_socket, serving_in_thread
 
 
-
 class CompletionRequest(BaseModel):
     """The `/v1/completions` fields the emulator reads; others are ignored, as vLLM does."""
 
