@@ -103,6 +103,12 @@ class Scheduler(ABC):
     """The interface every driver uses."""
 
     name: str = "abstract"
+    preemptions: int = 0  # pauses it has decided so far (drivers report it)
+    migrations: int = 0  # KV moves it has decided so far
+
+    def initial_pool(self, gpus: int) -> list[int]:
+        """TP degree of each engine the driver starts with, within `gpus`."""
+        raise NotImplementedError(f"{self.name} does not plan an engine pool")
 
     @abstractmethod
     def on_event(self, event: Event, now: float) -> None:

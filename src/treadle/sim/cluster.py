@@ -134,7 +134,6 @@ class Cluster:
         makespan = max(s.finished_at or 0.0 for s in self.trajs.values())
         longest = max(self.trajs.values(),
                       key=lambda s: (s.spec.output_tokens, s.spec.traj_id))
-        stats = getattr(self.sched, "preemptions", 0), getattr(self.sched, "migrations", 0)
         infos = []
         for e in self.all_engines:
             life = self._engine_span[e.engine_id]
@@ -147,8 +146,8 @@ class Cluster:
             engine_gpu_busy_s=sum(e.busy_s * e.tp for e in self.all_engines),
             longest_traj_id=longest.spec.traj_id,
             longest_queue_s=longest.queue_s,
-            preemptions=int(stats[0]), kv_evictions=self.kv_evictions,
-            migrations=int(stats[1]), reconfigurations=self.reconfigurations,
+            preemptions=self.sched.preemptions, kv_evictions=self.kv_evictions,
+            migrations=self.sched.migrations, reconfigurations=self.reconfigurations,
             events=self.kernel.fired, trace_digest=self._hash.hexdigest(),
             spans=self.spans, engines=infos,
         )

@@ -74,7 +74,7 @@ def simulate(workload: Workload, spec: PolicySpec | str, cost: CostModel, gpus: 
                                           strict=True)} if spec.name == "oracle" else None
     policy = build_policy(spec, cost, batch_size=len(workload.trajectories), history=history,
                           truth=truth, layout=layout, seed=seed, max_batch=MAX_BATCH)
-    pool: list[int] = policy.initial_pool(gpus)  # type: ignore[attr-defined]
+    pool = policy.initial_pool(gpus)
     cluster = Cluster(cost, gpus, policy, list(workload.trajectories), pool,
                       max_batch=MAX_BATCH, record_spans=record_spans)
     result = cluster.run()

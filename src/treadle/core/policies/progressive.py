@@ -166,13 +166,10 @@ class Progressive(TrajectoryScheduler):
 
     # -- placement -----------------------------------------------------------------------
 
-    def placement_engines(self) -> list[EngineState]:
-        return self.live_engines()
-
     def replan(self, now: float) -> None:
         """Re-place every live trajectory; queue the unrouted, migrate those in tools."""
         self._next_replan = now + self.replan_s
-        engines = self.placement_engines()
+        engines = self.live_engines()
         live = sorted((t for t in self.trajs.values() if t.phase is not Phase.DONE),
                       key=lambda t: t.traj_id)
         if not live or not engines:
