@@ -34,6 +34,17 @@ class TrajectoryStatus(enum.Enum):
         return self not in (TrajectoryStatus.PENDING, TrajectoryStatus.RUNNING)
 
 
+class FailureStage(enum.Enum):
+    """Which boundary an infrastructure failure (status ERROR) came from, as in
+    ProRL Agent's init/run/eval stages. An agent's own mistakes are not failures."""
+
+    INIT = "init"  # the sandbox or the task's setup could not be brought up
+    ENGINE = "engine"  # the inference engines failed (unreachable, timeouts, none left)
+    TOOL = "tool"  # a tool's infrastructure failed (dead sandbox, unreachable server)
+    EVAL = "eval"  # the reward function's infrastructure failed
+    RUNTIME = "runtime"  # treadle itself (a bug or a lost process); the reason says what
+
+
 @dataclass(frozen=True, slots=True)
 class GroupKey:
     """Identifies one trajectory inside its GRPO group."""
@@ -127,9 +138,17 @@ class Trajectory:
     segments: list[TokenSegment] = field(default_factory=list)  # token-exact record (live runs)
     status: TrajectoryStatus = TrajectoryStatus.PENDING  # see TrajectoryStatus
     reason: str | None = None  # why it ended, for any status but COMPLETED
+    failure_stage: FailureStage | None = None  # set exactly when status is ERROR
     reward: float | None = None  # None until scored; never invented for an ERROR
+    metrics: dict[str, float] = field(default_factory=dict)  # reward parts, e.g. exact_match
     attempt: int = 0  # retries after an infrastructure failure
     timings: Timings = field(default_factory=Timings)  # split of wall time
+    task_id: str = ""  # the task it samples (a group id may be job-qualified)
+
+    @property
+    def infra_failure(self) -> bool:
+        """True for an infrastructure failure: a trainer drops it, it is no reward 0."""
+        return self.status is TrajectoryStatus.ERROR
 
     @property
     def output_tokens(self) -> int:
