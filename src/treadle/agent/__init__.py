@@ -1,0 +1,1 @@
+"""The agent loop: token-in-token-out multi-turn trajectories (`chat`: the format)."""
