@@ -265,10 +265,28 @@ def test_least_loaded_ties_go_to_the_first_engine_in_id_order() -> None:
     assert s.least_loaded() == "e0"
 
 
-def test_least_loaded_raises_without_a_live_engine() -> None:
+def test_turns_wait_unrouted_without_a_live_engine_until_one_comes_up() -> None:
     s = FakeFifoScheduler()
-    with pytest.raises(RuntimeError, match="no live engine"):
-        s.least_loaded()
+    assert s.least_loaded() is None
+    arrive(s, "a", now=0.0)
+    arrive(s, "b", now=1.0)
+    assert s.decide(1.0) == [] and set(s.unrouted) == {"a", "b"}
+    add_engine(s, "e0", now=5.0)
+    assert admits(s.decide(5.0)) == [("a", "e0"), ("b", "e0")]
+    assert not s.unrouted
+    assert s.trajs["a"].queue_time_s == pytest.approx(5.0)
+    assert s.trajs["b"].queue_time_s == pytest.approx(4.0)
+
+
+def test_the_last_engine_failing_leaves_its_turns_unrouted() -> None:
+    s = FakeFifoScheduler()
+    add_engine(s, "e0")
+    arrive(s, "a")
+    s.decide(0.0)
+    s.on_event(EngineFailed("e0", "gone"), 1.0)
+    assert s.decide(1.0) == [] and set(s.unrouted) == {"a"}
+    s.on_event(TrajectoryEnded("a", "no engine left"), 2.0)
+    assert not s.unrouted and s.trajs["a"].phase is Phase.DONE
 
 
 # -- engine-side surprises ------------------------------------------------------------------
@@ -359,6 +377,51 @@ def test_trajectory_ended_drops_queued_and_running_turns() -> None:
     assert admits(s.decide(1.0)) == [("c", "e0")]
     assert s.trajs["a"].phase is Phase.DONE and s.trajs["b"].phase is Phase.DONE
     assert s.engines["e0"].running == {"c"} and s.engines["e0"].queued == 0
+
+
+def test_a_turn_that_finishes_before_its_preemption_lands_leaves_no_queue_entry() -> None:
+    """Live engines only: the scheduler preempted a turn that had already ended."""
+    s = FakeFifoScheduler(cap=1)
+    add_engine(s, "e0")
+    arrive(s, "a")
+    arrive(s, "b")
+    s.decide(0.0)
+    s._preempt(s.trajs["a"], 1.0)  # a back in the queue in front of b
+    assert s.engines["e0"].queued == 2
+    s.on_event(TurnFinished("a", "e0", 50, 150, final=False), 1.0)  # a's reply arrives
+    assert s.engines["e0"].queued == 1 and s.trajs["a"].phase is Phase.TOOL
+    assert admits(s.decide(1.0)) == [("b", "e0")]
+    s.on_event(TurnPreempted("b", "e0", 3), 1.6)  # an engine-side retry of b
+    s.on_event(TurnPreempted("b", "e0", 3), 1.6)  # reported twice: requeued once
+    assert s.engines["e0"].queued == 1 and s.trajs["b"].phase is Phase.QUEUED
+
+
+def test_a_final_tool_call_ends_the_trajectory_without_another_turn() -> None:
+    s = FakeFifoScheduler()
+    add_engine(s, "e0")
+    arrive(s, "a")
+    s.decide(0.0)
+    finish_turn(s, "a", 1.0, final=False)
+    s.on_event(ToolCallFinished("a", 0.1, 0, final=True), 1.1)
+    assert s.decide(1.1) == [] and s.trajs["a"].phase is Phase.DONE
+    assert s.engines["e0"].load == 0
+
+
+def test_forget_drops_only_finished_trajectories_and_stale_entries_are_skipped() -> None:
+    s = FakeFifoScheduler(cap=1)
+    add_engine(s, "e0")
+    for tid in ("a", "b", "c"):
+        arrive(s, tid)
+    s.decide(0.0)
+    s.on_event(TrajectoryEnded("b", "cancelled"), 1.0)  # its heap entry goes stale
+    s.forget("b")
+    s.forget("a")  # still running: kept
+    s.forget("nobody")
+    assert "b" not in s.trajs and "a" in s.trajs
+    finish_turn(s, "a", 2.0, final=True)
+    assert admits(s.decide(2.0)) == [("c", "e0")]
+    s.forget("a")
+    assert set(s.trajs) == {"c"}
 
 
 # -- drain -------------------------------------------------------------------------------------

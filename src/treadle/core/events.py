@@ -45,11 +45,12 @@ class ToolCallStarted:
 
 @dataclass(frozen=True, slots=True)
 class ToolCallFinished:
-    """The tool returned; the next turn is ready to run."""
+    """The tool returned; the next turn is ready to run (unless `final`)."""
 
     traj_id: str
     latency_s: float  # how long the call took
     output_tokens: int  # observation tokens appended to the context
+    final: bool = False  # True: the tool ended the episode (an answer); no turn follows
 
 
 @dataclass(frozen=True, slots=True)

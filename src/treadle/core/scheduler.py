@@ -122,6 +122,10 @@ class Scheduler(ABC):
         """Next time the scheduler wants `decide` called without an event, or None."""
         return None
 
+    def forget(self, traj_id: str) -> None:  # noqa: B027 - optional for a driver
+        """Drop what is kept of a trajectory that sends no more events, so a
+        long-lived driver's memory stays bounded. Unknown ids are ignored."""
+
 
 class TrajectoryScheduler(Scheduler):
     """Shared bookkeeping; subclasses implement the policy hooks."""
@@ -178,6 +182,10 @@ class TrajectoryScheduler(Scheduler):
             self._ready(t, now)
         elif isinstance(event, TurnFinished):
             t = self.trajs[event.traj_id]
+            if t.phase is Phase.QUEUED:
+                # A preemption lost the race: the turn ended before the engine heard
+                # of it (live engines only). Its queue entry goes stale.
+                self._dequeue(t)
             self._leave_engine(t)
             t.output_tokens += event.output_tokens
             t.context_tokens = event.context_tokens
@@ -189,13 +197,22 @@ class TrajectoryScheduler(Scheduler):
             t = self.trajs[event.traj_id]
             t.tool_time_s += event.latency_s
             t.context_tokens += event.output_tokens
-            self._ready(t, now)
+            if event.final:
+                t.phase = Phase.DONE
+            else:
+                self._ready(t, now)
         elif isinstance(event, TurnPreempted):
             t = self.trajs[event.traj_id]
-            self._leave_engine(t)
-            # Re-queued on the same engine with its old sequence number: an evicted
-            # turn goes back to the front of its class, as in vLLM.
-            self._enqueue(t, event.engine_id, t.priority, now, seq=t.seq)
+            if t.phase is Phase.RUNNING:  # else the scheduler preempted it already
+                self._leave_engine(t)
+                # Re-queued on the same engine with its old sequence number: an evicted
+                # turn goes back to the front of its class, as in vLLM.
+                eid = event.engine_id if event.engine_id in self.engines else None
+                if eid is None:
+                    t.engine_id = None
+                    self._ready(t, now)
+                else:
+                    self._enqueue(t, eid, t.priority, now, seq=t.seq)
         elif isinstance(event, TrajectoryEnded):
             t = self.trajs[event.traj_id]
             self._leave_engine(t)
@@ -207,6 +224,7 @@ class TrajectoryScheduler(Scheduler):
             # Keep engines in id order: routing ties go to the first, on any driver.
             self.engines = dict(sorted(self.engines.items()))
             self._dirty.add(event.engine_id)
+            self._route_unrouted(now)
         elif isinstance(event, EngineRemoved):
             self.engines.pop(event.engine_id, None)
         elif isinstance(event, EngineFailed):
@@ -225,9 +243,29 @@ class TrajectoryScheduler(Scheduler):
 
     # -- primitives for policies ---------------------------------------------------
 
+    def forget(self, traj_id: str) -> None:
+        t = self.trajs.get(traj_id)
+        if t is not None and t.phase is Phase.DONE:
+            del self.trajs[traj_id]  # heap entries naming it are skipped as stale
+
+    def _live(self, tid: str, eid: str, seq: int) -> TrajState | None:
+        """The trajectory of a heap entry, if the entry is still current."""
+        t = self.trajs.get(tid)
+        if t is None or t.engine_id != eid or t.seq != seq:
+            return None
+        return t
+
+    def _route_unrouted(self, now: float) -> None:
+        """Give deferred turns another chance at routing (an engine came up)."""
+        for t in sorted(self.unrouted.values(), key=lambda t: t.traj_id):
+            eid = self.route(t, now)
+            if eid is not None:
+                self._enqueue(t, eid, self.priority(t, now), now)
+
     def _ready(self, t: TrajState, now: float) -> None:
-        """The trajectory's next turn can run: route it and queue it."""
-        eid = self.route(t, now)
+        """The trajectory's next turn can run: route it and queue it; with no engine
+        to route to (none live, or the policy defers), it waits in `unrouted`."""
+        eid = self.route(t, now) if self.live_engines() else None
         if eid is None:
             t.phase, t.engine_id, t.queued_at = Phase.QUEUED, None, now
             self.unrouted[t.traj_id] = t
@@ -274,8 +312,8 @@ class TrajectoryScheduler(Scheduler):
         budget = self.kv_budget(e)
         while e.queue and len(e.running) < cap:
             prio, seq, tid = e.queue[0]
-            t = self.trajs[tid]
-            if t.phase is not Phase.QUEUED or t.engine_id != e.engine_id or t.seq != seq:
+            t = self._live(tid, e.engine_id, seq)
+            if t is None or t.phase is not Phase.QUEUED:
                 heapq.heappop(e.queue)
                 continue  # stale entry
             need = self.kv_need(t) if budget is not None else 0
@@ -317,8 +355,8 @@ class TrajectoryScheduler(Scheduler):
             return
         e.draining = True
         self._out.append(DrainEngine(eid))
-        stranded = [self.trajs[tid] for _, seq, tid in sorted(e.queue)
-                    if self.trajs[tid].seq == seq]  # in (priority, FCFS) order
+        stranded = [t for _, seq, tid in sorted(e.queue)
+                    if (t := self._live(tid, eid, seq)) is not None]  # (priority, FCFS)
         e.queue.clear()
         e.queued = 0
         for t in stranded:
@@ -331,7 +369,7 @@ class TrajectoryScheduler(Scheduler):
         e = self.engines.pop(eid, None)
         if e is None:
             return
-        queued = [tid for _, seq, tid in sorted(e.queue) if self.trajs[tid].seq == seq]
+        queued = [tid for _, seq, tid in sorted(e.queue) if self._live(tid, eid, seq)]
         for tid in sorted(e.running) + queued:
             t = self.trajs[tid]
             if t.engine_id == eid and t.phase in (Phase.RUNNING, Phase.QUEUED):
@@ -349,9 +387,8 @@ class TrajectoryScheduler(Scheduler):
         """The running turn with the largest (priority, seq): the one to pause first."""
         while e.by_importance:
             neg_prio, neg_seq, tid = e.by_importance[0]
-            t = self.trajs[tid]
-            if (tid in e.running and t.engine_id == e.engine_id and t.seq == -neg_seq
-                    and t.priority == -neg_prio):
+            t = self._live(tid, e.engine_id, -neg_seq)
+            if t is not None and tid in e.running and t.priority == -neg_prio:
                 return t
             heapq.heappop(e.by_importance)
         return None
@@ -360,13 +397,11 @@ class TrajectoryScheduler(Scheduler):
         """Engines accepting work, in id order (deterministic)."""
         return [e for e in self.engines.values() if not e.draining]
 
-    def least_loaded(self) -> str:
+    def least_loaded(self) -> str | None:
         """The live engine with the fewest outstanding requests per GPU-share of
-        capacity; ties go to the first in id order."""
+        capacity; ties go to the first in id order. None when no engine is live."""
         best: EngineState | None = None
         for e in self.live_engines():
             if best is None or e.load * best.max_batch < best.load * e.max_batch:
                 best = e
-        if best is None:
-            raise RuntimeError("no live engine to route to")
-        return best.engine_id
+        return None if best is None else best.engine_id

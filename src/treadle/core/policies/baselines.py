@@ -45,7 +45,7 @@ class Baseline(TrajectoryScheduler):
     def admission_cap(self, e: EngineState) -> int:
         return min(e.max_batch, PAPER_CONCURRENCY * max(1, e.tp // self.paper_tp))
 
-    def route(self, t: TrajState, now: float) -> str:
+    def route(self, t: TrajState, now: float) -> str | None:
         return self.least_loaded()
 
 
@@ -56,7 +56,7 @@ class Slime(Baseline):
 class Verl(Baseline):
     name = "verl"
 
-    def route(self, t: TrajState, now: float) -> str:
+    def route(self, t: TrajState, now: float) -> str | None:
         if t.engine_id is not None and t.engine_id in self.engines \
                 and not self.engines[t.engine_id].draining:
             return t.engine_id
@@ -67,7 +67,7 @@ class VerlStar(Verl):
     name = "verl-star"
     imbalance_ratio = 32.0  # the paper's switch-over threshold
 
-    def route(self, t: TrajState, now: float) -> str:
+    def route(self, t: TrajState, now: float) -> str | None:
         loads = [e.load for e in self.live_engines()]
         if loads and max(loads) > self.imbalance_ratio * max(1, min(loads)):
             return self.least_loaded()

@@ -89,18 +89,24 @@ class Progressive(TrajectoryScheduler):
         elif isinstance(event, TurnFinished):
             self.est.turn_finished(event.traj_id, event.output_tokens)
             if event.final:
-                self.est.finished(event.traj_id)
-                self.est.forget(event.traj_id)
-                self.target.pop(event.traj_id, None)
-                self._memo.pop(event.traj_id, None)
+                self._finished(event.traj_id)
         elif isinstance(event, ToolCallFinished):
             self.est.tool_finished(event.traj_id, event.latency_s)
+            if event.final:
+                self._finished(event.traj_id)
         elif isinstance(event, ToolCallStarted) and t is not None:
             self._consider_migration(t, now)
         elif isinstance(event, TrajectoryEnded):
             self.est.forget(event.traj_id)
             self.target.pop(event.traj_id, None)
             self._memo.pop(event.traj_id, None)
+
+    def _finished(self, traj_id: str) -> None:
+        """The trajectory ended on its own: teach the estimator, drop its state."""
+        self.est.finished(traj_id)
+        self.est.forget(traj_id)
+        self.target.pop(traj_id, None)
+        self._memo.pop(traj_id, None)
 
     # -- policy hooks -----------------------------------------------------------------
 
@@ -230,8 +236,8 @@ class Progressive(TrajectoryScheduler):
     def _queue_head(self, e: EngineState) -> TrajState | None:
         while e.queue:
             _, seq, tid = e.queue[0]
-            t = self.trajs[tid]
-            if t.phase is Phase.QUEUED and t.engine_id == e.engine_id and t.seq == seq:
+            t = self._live(tid, e.engine_id, seq)
+            if t is not None and t.phase is Phase.QUEUED:
                 return t
             heapq.heappop(e.queue)  # stale
         return None
