@@ -20,9 +20,11 @@ escaping treadle is a bug. Each package owns a branch::
     │   └── ResourcesServerError        an external resources server that failed
     └── EngineError                     anything from treadle.engines (classes in
         ├── EngineUnavailable           treadle.engines.errors): engine down or
-        ├── EngineTimeout               unreachable, a request past its deadline,
-        ├── EngineProtocolError         a malformed reply (names the field), a
-        └── EngineRequestError          request the engine rejected (also a ValueError)
+        │   ├── EngineStartError        unreachable (an engine that did not start, no
+        │   └── NoEngineAvailable       engine left at all), a request past its
+        ├── EngineTimeout               deadline, a malformed reply (names the
+        ├── EngineProtocolError         field), a request the engine rejected (also
+        └── EngineRequestError          a ValueError)
 
 What a sandboxed command does is never an exception: a crash, a timeout, a
 memory or CPU kill or a truncated output comes back as an `ExecResult`. The tree is

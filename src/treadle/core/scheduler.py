@@ -34,6 +34,7 @@ from treadle.core.events import (
     Decision,
     DrainEngine,
     EngineAdded,
+    EngineDraining,
     EngineFailed,
     EngineRemoved,
     Event,
@@ -225,6 +226,9 @@ class TrajectoryScheduler(Scheduler):
             self.engines = dict(sorted(self.engines.items()))
             self._dirty.add(event.engine_id)
             self._route_unrouted(now)
+        elif isinstance(event, EngineDraining):
+            if event.engine_id in self.engines:
+                self._drain(event.engine_id, now)
         elif isinstance(event, EngineRemoved):
             self.engines.pop(event.engine_id, None)
         elif isinstance(event, EngineFailed):
