@@ -46,16 +46,20 @@ async def replay(spec: TrajectorySpec, turns: TurnRunner, clock: Clock) -> Repla
     sampled = 0
     queued = 0.0
     last = len(spec.turns) - 1
-    for index, turn in enumerate(spec.turns):
-        out = await turns.generate(context, turn.output_tokens, Sampling(), [])
-        context += out.output_ids
-        sampled += len(out.output_ids)
-        queued += out.queued_s
-        turns.turn_finished(len(out.output_ids), len(context), final=index == last)
-        if index == last:
-            break
-        turns.tool_started()
-        await clock.sleep(turn.tool_latency_s)
-        context += _ids(rng, turn.tool_output_tokens)
-        turns.tool_finished(turn.tool_latency_s, turn.tool_output_tokens, final=False)
+    try:
+        for index, turn in enumerate(spec.turns):
+            out = await turns.generate(context, turn.output_tokens, Sampling(), [])
+            context += out.output_ids
+            sampled += len(out.output_ids)
+            queued += out.queued_s
+            turns.turn_finished(len(out.output_ids), len(context), final=index == last)
+            if index == last:
+                break
+            turns.tool_started()
+            await clock.sleep(turn.tool_latency_s)
+            context += _ids(rng, turn.tool_output_tokens)
+            turns.tool_finished(turn.tool_latency_s, turn.tool_output_tokens, final=False)
+    except BaseException as e:
+        turns.ended(f"replay stopped: {type(e).__name__}")  # a no-op after the final event
+        raise
     return ReplayResult(spec.traj_id, sampled, clock.now(), queued, len(spec.turns))
