@@ -50,11 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--workloads", default="coding,search,math,swe")
     b.add_argument("--seed", type=int, default=0)
     from treadle.engines.cli import add_engine_parser
+    from treadle.runtime.bench import add_live_bench_parser
     from treadle.sandbox.bench import add_bench_parser
     from treadle.sandbox.cli import add_parser as add_sandbox_parser
     from treadle.sandbox.cli import add_server_parser
 
     add_bench_parser(bench_sub)
+    add_live_bench_parser(bench_sub)
     add_sandbox_parser(sub)
     add_server_parser(sub)
     add_engine_parser(sub)
@@ -69,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "sim":
             return _sim(args)
         if args.command in ("sandbox", "sandbox-server", "engine") or (
-                args.command == "bench" and args.bench == "sandbox"):
+                args.command == "bench" and args.bench in ("sandbox", "live")):
             result: int = args.func(args)
             return result
         if args.command == "bench":

@@ -106,6 +106,7 @@ class Scheduler(ABC):
     name: str = "abstract"
     preemptions: int = 0  # pauses it has decided so far (drivers report it)
     migrations: int = 0  # KV moves it has decided so far
+    replans: int = 0  # whole-batch re-placements so far (the costly decisions)
 
     def initial_pool(self, gpus: int) -> list[int]:
         """TP degree of each engine the driver starts with, within `gpus`."""

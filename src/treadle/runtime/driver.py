@@ -61,6 +61,7 @@ from treadle.core.events import (
     Event,
     Migrate,
     Preempt,
+    TurnFinished,
 )
 from treadle.core.scheduler import Scheduler
 from treadle.engines.base import Engine
@@ -90,22 +91,47 @@ class EngineSlot:
     health_failures: int = 0  # consecutive failed background checks
 
 
+def _samples() -> deque[float]:
+    return deque(maxlen=_CONTROL_SAMPLES)
+
+
 @dataclass(slots=True)
 class ControlStats:
-    """What the control plane cost: one sample per `decide`, with the `on_event`
-    calls since the previous one (the scheduler's work for that instant)."""
+    """What the control plane cost. One sample per `decide`: its CPU time plus that
+    of the `on_event` calls since the previous one (the scheduler's work for that
+    instant: a turn's end, a tool's return, and whatever it set off). CPU time of
+    the thread, not wall time: on a loaded machine the operating system's own
+    preemption would otherwise be counted as the scheduler's. Samples in
+    which the scheduler re-placed the whole batch (`Scheduler.replans` went up: at
+    arrivals and periodically) are kept apart from the others, so that both costs
+    are seen. Under load one decision covers the events of several turns, so each
+    plain sample is also divided by the turns that ended in it (at least one) for
+    the cost per turn. The latest `_CONTROL_SAMPLES` of each are kept."""
 
-    seconds: deque[float] = field(default_factory=lambda: deque(maxlen=_CONTROL_SAMPLES))
+    plain: deque[float] = field(default_factory=_samples)  # decisions without a re-plan
+    replans: deque[float] = field(default_factory=_samples)  # decisions with one
+    per_turn: deque[float] = field(default_factory=_samples)  # plain ones / turns ended
     decisions: int = 0  # decide() calls
     events: int = 0  # on_event() calls
     max_live: int = 0  # most trajectories alive at once
 
-    def percentile_ms(self, q: float) -> float:
-        """The q-quantile (0-1) of the samples kept, in milliseconds (0 with none)."""
-        if not self.seconds:
+    def record(self, seconds: float, turns: int, replanned: bool) -> None:
+        self.decisions += 1
+        if replanned:
+            self.replans.append(seconds)
+        else:
+            self.plain.append(seconds)
+            self.per_turn.append(seconds / max(1, turns))
+
+    def percentile_ms(self, q: float, which: str = "all") -> float:
+        """The q-quantile (0-1) in milliseconds (0 with no samples) of "plain",
+        "replans", "per_turn" or "all" (plain and replans together)."""
+        samples = ([*self.plain, *self.replans] if which == "all"
+                   else list(getattr(self, which)))
+        if not samples:
             return 0.0
-        ordered = sorted(self.seconds)
-        return 1000.0 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+        samples.sort()
+        return 1000.0 * samples[min(len(samples) - 1, int(q * len(samples)))]
 
 
 class Runtime:
@@ -133,6 +159,7 @@ class Runtime:
         self._launching = 0
         self._gpus_used = 0
         self._pending_control = 0.0
+        self._pending_turns = 0
         self._decide_soon = False
         self._wake: asyncio.TimerHandle | None = None
         self._wake_at: float | None = None
@@ -254,9 +281,10 @@ class Runtime:
     # -- the scheduler ----------------------------------------------------------------------
 
     def _emit(self, event: Event) -> None:
-        started = time.perf_counter()
+        started = time.thread_time()
         self.scheduler.on_event(event, self.clock.now())
-        self._pending_control += time.perf_counter() - started
+        self._pending_control += time.thread_time() - started
+        self._pending_turns += isinstance(event, TurnFinished)
         self.control.events += 1
         if not self._decide_soon and not self._closed:
             self._decide_soon = True
@@ -266,11 +294,12 @@ class Runtime:
         self._decide_soon = False
         if self._closed:
             return
-        started = time.perf_counter()
+        replans = self.scheduler.replans
+        started = time.thread_time()
         decisions = self.scheduler.decide(self.clock.now())
-        self.control.seconds.append(time.perf_counter() - started + self._pending_control)
-        self._pending_control = 0.0
-        self.control.decisions += 1
+        self.control.record(time.thread_time() - started + self._pending_control,
+                            self._pending_turns, self.scheduler.replans != replans)
+        self._pending_control, self._pending_turns = 0.0, 0
         for d in decisions:
             self._apply(d)
         self._plan_wakeup()
