@@ -24,13 +24,15 @@ raises `EngineStartError` (with the tail of the engine's log) if it exits or is 
 healthy within `ready_timeout_s`; the process it started is then gone. `stop` ends
 the engine's whole process group (SIGTERM, then SIGKILL after `stop_timeout_s`) and
 is idempotent. Processes run in their own session, so a Ctrl-C of the runtime does
-not reach them; the runtime stops them on close.
+not reach them; the runtime stops them on close, and on Linux they get SIGTERM if
+the runtime's process dies without closing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import re
 import signal
@@ -213,7 +215,7 @@ class LocalLauncher(EngineLauncher):
             proc = await asyncio.create_subprocess_exec(
                 *self.spec.command(tp, port, index), stdout=log, stderr=asyncio.subprocess.STDOUT,
                 stdin=asyncio.subprocess.DEVNULL, env={**os.environ, **self.spec.env()},
-                start_new_session=True)
+                start_new_session=True, preexec_fn=_die_with_parent)
         url = f"http://127.0.0.1:{port}"
         client = self.spec.client(url)
         stopped = False
@@ -264,6 +266,16 @@ async def _end_process_group(proc: asyncio.subprocess.Process, timeout_s: float)
     # Children the engine spawned (vLLM's engine core) share its process group.
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when the runtime's process dies (Linux's
+    PR_SET_PDEATHSIG), so a crashed runtime leaves no engine behind."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the runtime's close() is then the only cleanup
 
 
 def _free_port() -> int:
