@@ -64,7 +64,7 @@ from treadle.store.record import dumps_record, trajectory_to_record
 from treadle.store.schema import migrate
 from treadle.types import FailureStage, GroupKey, Timings, Trajectory, TrajectoryStatus
 
-_UNFINISHED = (TrajectoryStatus.PENDING.value, TrajectoryStatus.RUNNING.value)
+_STATE_COLUMNS = "trajectory_id, group_id, task_id, repetition, status, attempts, seq"
 _PAGE = 500  # rows per internal batch when cancelling or failing a large job
 
 
@@ -73,6 +73,8 @@ class Store:
 
     def __init__(self, path: str | os.PathLike[str], *, clock: Callable[[], float] = time.time,
                  synchronous: Literal["NORMAL", "FULL"] = "NORMAL") -> None:
+        if synchronous not in ("NORMAL", "FULL"):
+            raise ValueError(f"synchronous must be NORMAL or FULL, got {synchronous!r}")
         self.path = str(path)
         self._clock = clock
         self._lock = threading.Lock()
@@ -80,6 +82,7 @@ class Store:
         self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
             self._conn.execute("PRAGMA busy_timeout = 10000")
+            # "wal" for a file; SQLite keeps "memory" for ":memory:".
             self.journal_mode = str(self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
             self._conn.execute(f"PRAGMA synchronous = {synchronous}")
             self._conn.execute("PRAGMA foreign_keys = ON")
@@ -103,7 +106,8 @@ class Store:
     def create_job(self, job_id: str, spec: Mapping[str, Any],
                    planned: Sequence[PlannedTrajectory]) -> JobInfo:
         """Store a job and its plan in one transaction; StoreConflict if the id is taken
-        or two planned trajectories share an id. A job with an empty plan is completed."""
+        or two planned trajectories share an id (ValueError/TypeError if `spec` is not
+        JSON). A job with an empty plan is completed at once."""
         spec_json = json.dumps(spec, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
         ids = [p.trajectory_id for p in planned]
         if len(set(ids)) != len(ids):
@@ -263,23 +267,19 @@ class Store:
         with self._read():
             self._require_job(job_id)
             rows = self._conn.execute(
-                "SELECT trajectory_id, group_id, task_id, repetition, status, attempts, seq "
-                "FROM trajectories WHERE job_id = ? AND seq IS NULL ORDER BY pos",
-                (job_id,)).fetchall()
-        return [TrajectoryState(r[0], r[1], r[2], int(r[3]), TrajectoryStatus(r[4]),
-                                int(r[5]), None) for r in rows]
+                f"SELECT {_STATE_COLUMNS} FROM trajectories WHERE job_id = ? AND seq IS NULL "
+                "ORDER BY pos", (job_id,)).fetchall()
+        return [_state(r) for r in rows]
 
     def trajectory_state(self, job_id: str, trajectory_id: str) -> TrajectoryState:
         """One trajectory's bookkeeping; NotFound if the job has no such trajectory."""
         with self._lock:
-            r = self._conn.execute(
-                "SELECT trajectory_id, group_id, task_id, repetition, status, attempts, seq "
-                "FROM trajectories WHERE job_id = ? AND trajectory_id = ?",
-                (job_id, trajectory_id)).fetchone()
-        if r is None:
+            row = self._conn.execute(
+                f"SELECT {_STATE_COLUMNS} FROM trajectories "
+                "WHERE job_id = ? AND trajectory_id = ?", (job_id, trajectory_id)).fetchone()
+        if row is None:
             raise NotFound(f"job {job_id!r} has no trajectory {trajectory_id!r}")
-        return TrajectoryState(r[0], r[1], r[2], int(r[3]), TrajectoryStatus(r[4]),
-                               int(r[5]), None if r[6] is None else int(r[6]))
+        return _state(row)
 
     # -- events -------------------------------------------------------------------------
 
@@ -407,3 +407,10 @@ class Store:
              json.dumps(dict(payload), ensure_ascii=False, allow_nan=False, separators=(",", ":")),
              now))
         return int(cur.lastrowid or 0)
+
+
+def _state(row: tuple[Any, ...]) -> TrajectoryState:
+    """A TrajectoryState from a row of _STATE_COLUMNS."""
+    tid, group_id, task_id, repetition, status, attempts, seq = row
+    return TrajectoryState(tid, group_id, task_id, int(repetition), TrajectoryStatus(status),
+                           int(attempts), None if seq is None else int(seq))

@@ -103,7 +103,7 @@ def trajectory_to_record(t: Trajectory) -> dict[str, Any]:
     Raises RecordError if `t` breaks an invariant the reader checks: a failure stage
     without status ERROR (or the reverse), a reward on an ERROR, a malformed segment.
     """
-    _check_invariants(t, "")
+    _check_invariants(t)
     for i, seg in enumerate(t.segments):
         try:
             seg.validate()
@@ -172,7 +172,7 @@ def trajectory_from_record(record: Mapping[str, Any]) -> Trajectory:
             finished_at=tm.opt_number("finished_at")),
         task_id=r.text("task_id"),
     )
-    _check_invariants(t, "")
+    _check_invariants(t)
     if r.boolean("infra_failure") != t.infra_failure:
         raise RecordError(f"infra_failure: must be {t.infra_failure} for status "
                           f"{t.status.value!r}")
@@ -199,14 +199,14 @@ def loads_record(text: str) -> Trajectory:
     return trajectory_from_record(value)
 
 
-def _check_invariants(t: Trajectory, path: str) -> None:
+def _check_invariants(t: Trajectory) -> None:
     error = t.status is TrajectoryStatus.ERROR
     if error != (t.failure_stage is not None):
-        raise RecordError(f"{path}failure_stage: must be set exactly when status is 'error' "
+        raise RecordError(f"failure_stage: must be set exactly when status is 'error' "
                           f"(status {t.status.value!r}, failure_stage "
                           f"{None if t.failure_stage is None else t.failure_stage.value!r})")
     if error and t.reward is not None:
-        raise RecordError(f"{path}reward: must be null for status 'error' (an infrastructure "
+        raise RecordError(f"reward: must be null for status 'error' (an infrastructure "
                           f"failure has no reward), got {t.reward!r}")
 
 
