@@ -11,13 +11,7 @@ which loses the partial output. If the engine does not answer the abort within
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-
-from treadle.engines.errors import EngineError
 from treadle.engines.vllm import VLLMEngine
-
-_ABORT_TIMEOUT_S = 5.0
 
 
 class EmulatedEngineClient(VLLMEngine):
@@ -26,12 +20,5 @@ class EmulatedEngineClient(VLLMEngine):
     abort_grace_s = 5.0  # how long the pending call may take to return after an abort
 
     async def abort(self, request_id: str) -> None:
-        task = self._inflight.get(request_id)
-        if task is None or task.done():
-            return
-        with contextlib.suppress(EngineError, TimeoutError):
-            await asyncio.wait_for(self._raw(lambda: self._client.post(
-                "/abort_request", json={"request_id": request_id})), _ABORT_TIMEOUT_S)
-        await asyncio.wait({task}, timeout=self.abort_grace_s)
-        if not task.done():
-            await super().abort(request_id)
+        await self._abort_by_endpoint(request_id, "/abort_request",
+                                      {"request_id": request_id}, self.abort_grace_s)
