@@ -37,7 +37,6 @@ _METRICS = {
     "sglang:num_queue_reqs": "waiting",
     "sglang:token_usage": "kv",
 }
-_ABORT_TIMEOUT_S = 5.0
 
 
 class _Reply(BaseModel):

@@ -164,7 +164,8 @@ class ScheduledTurns:
 
     def ended(self, reason: str) -> None:
         if not self.done:
-            self._rt._emit(TrajectoryEnded(self.traj_id, reason))
+            if self._arrived:  # the scheduler never heard of one that never asked for a turn
+                self._rt._emit(TrajectoryEnded(self.traj_id, reason))
             self._end()
 
     # -- what the runtime tells it ------------------------------------------------------
