@@ -45,7 +45,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -114,9 +114,12 @@ class ControlStats:
     decisions: int = 0  # decide() calls
     events: int = 0  # on_event() calls
     max_live: int = 0  # most trajectories alive at once
+    observer: Callable[[float], None] | None = None  # told every sample (e.g. metrics)
 
     def record(self, seconds: float, turns: int, replanned: bool) -> None:
         self.decisions += 1
+        if self.observer is not None:
+            self.observer(seconds)
         if replanned:
             self.replans.append(seconds)
         else:
@@ -271,6 +274,10 @@ class Runtime:
             for runner in list(self._runners.values()):
                 runner._abort_for_pause()
         await self._idle.wait()
+
+    @property
+    def paused(self) -> bool:
+        return not self._gate.is_set()
 
     def resume(self, policy_version: int | None = None) -> None:
         """Let calls go again, stamping `policy_version` (if given) from now on."""

@@ -1,0 +1,283 @@
+"""The HTTP API (FastAPI): rollouts as a service.
+
+    POST /v1/jobs                        submit a job → 201 {job_id, planned}
+    GET  /v1/jobs/{id}                   status, counts by trajectory status, progress
+    GET  /v1/jobs/{id}/trajectories      finished trajectories as NDJSON, in completion
+                                         order: ?after=SEQ resumes after a sequence
+                                         number, ?follow=true waits for the rest
+    POST /v1/jobs/{id}/cancel            cancel: unfinished trajectories become aborted
+    POST /v1/rollouts                    one trajectory, answered when it ends
+    GET  /v1/engines                     the engine pool
+    POST /v1/engines                     register a running engine (health-checked)
+    POST /v1/engines/{id}/drain          send it nothing more; removed once idle
+    DELETE /v1/engines/{id}              remove it now (its turns move elsewhere)
+    GET  /v1/weights                     the policy version and whether paused
+    POST /v1/weights/pause               hold new engine calls ("wait" or "abort" those
+                                         in flight); returns once none is in flight
+    POST /v1/weights/resume              the engines serve `policy_version` now; go on
+    GET  /healthz                        liveness (no auth)
+    GET  /metrics                        Prometheus text
+
+Each NDJSON line is ``{"seq": n, "trajectory": <record>}`` (the record:
+`treadle.store.record`). Every route but `/healthz` needs ``Authorization: Bearer
+<token>`` when the service has a token (401 otherwise). A body over
+`max_body_bytes` is a 413; more than `max_requests` requests at once (streams
+counted apart, up to `max_streams`) a 503 with Retry-After. Bad input is a 422
+whose ``detail`` lists ``{"loc", "msg", "type"}`` per bad field; an unknown job or
+engine a 404; a job id already taken a 409. No route runs code: tools run in the
+service's sandboxes, and only suites registered in the process can be named.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from treadle.runtime.driver import EngineSlot
+from treadle.service.jobs import RequestRefused
+from treadle.service.schemas import (
+    EngineRequest,
+    EngineView,
+    JobCreated,
+    JobRequest,
+    JobView,
+    PauseRequest,
+    ResumeRequest,
+    RolloutRequest,
+    WeightsView,
+)
+from treadle.service.state import Service, engine_client
+from treadle.store.errors import NotFound, StoreConflict
+from treadle.store.jobs import JobInfo
+
+
+def create_app(service: Service) -> FastAPI:
+    """The ASGI app over `service`; its lifespan starts and closes the service."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await service.start()
+        try:
+            yield
+        finally:
+            await service.close()
+
+    app = FastAPI(title="treadle", version="1", lifespan=lifespan,
+                  description="Rollouts for agentic RL: jobs of tasks in, token-exact "
+                              "trajectories out.")
+    auth = Depends(_authorizer(service.token))
+
+    @app.exception_handler(NotFound)
+    async def not_found(_r: Request, e: NotFound) -> Response:
+        return JSONResponse({"detail": str(e)}, 404)
+
+    @app.exception_handler(StoreConflict)
+    async def conflict(_r: Request, e: StoreConflict) -> Response:
+        return JSONResponse({"detail": str(e)}, 409)
+
+    @app.exception_handler(RequestRefused)
+    async def refused(_r: Request, e: RequestRefused) -> Response:
+        field, _, msg = str(e).partition(": ")
+        return JSONResponse({"detail": [{"loc": ["body", *field.split(".")], "msg": msg or field,
+                                         "type": "value_error"}]}, 422)
+
+    @app.get("/healthz", include_in_schema=True)
+    async def healthz() -> dict[str, Any]:
+        return {"status": "ok", "engines": len(service.runtime.engines()),
+                "policy_version": service.runtime.policy_version}
+
+    @app.get("/metrics", dependencies=[auth], response_class=PlainTextResponse)
+    async def metrics() -> str:
+        return service.metrics_text()
+
+    @app.post("/v1/jobs", dependencies=[auth], status_code=201)
+    async def submit(request: JobRequest) -> JobCreated:
+        info = await service.rollouts.submit(request)
+        return JobCreated(job_id=info.job_id, planned=info.planned)
+
+    @app.get("/v1/jobs/{job_id}", dependencies=[auth])
+    async def job(job_id: str) -> JobView:
+        info, running, queued = await service.rollouts.job(job_id)
+        return _job_view(info, running, queued)
+
+    @app.get("/v1/jobs/{job_id}/trajectories", dependencies=[auth],
+             response_class=StreamingResponse,
+             responses={200: {"content": {"application/x-ndjson": {}}}})
+    async def trajectories(job_id: str, after: int = Query(0, ge=0),
+                           follow: bool = Query(False)) -> StreamingResponse:
+        await service.rollouts.job(job_id)  # 404 before the stream starts
+
+        async def lines() -> AsyncIterator[bytes]:
+            async for d in service.rollouts.results(job_id, after, follow=follow):
+                yield f'{{"seq":{d.seq},"trajectory":{d.record_json}}}\n'.encode()
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+    @app.post("/v1/jobs/{job_id}/cancel", dependencies=[auth])
+    async def cancel(job_id: str) -> JobView:
+        await service.rollouts.cancel(job_id)
+        info, running, queued = await service.rollouts.job(job_id)
+        return _job_view(info, running, queued)
+
+    @app.post("/v1/rollouts", dependencies=[auth])
+    async def rollout(request: RolloutRequest) -> dict[str, Any]:
+        return await service.rollouts.rollout(request)
+
+    @app.get("/v1/engines", dependencies=[auth])
+    async def engines() -> list[EngineView]:
+        return [_engine_view(s) for s in service.runtime.engines()]
+
+    @app.post("/v1/engines", dependencies=[auth], status_code=201)
+    async def register(request: EngineRequest) -> EngineView:
+        engine = engine_client(request)
+        if not await engine.health():
+            await engine.aclose()
+            return JSONResponse(  # type: ignore[return-value]
+                {"detail": [{"loc": ["body", "url"], "msg": f"no healthy engine at "
+                             f"{request.url}", "type": "value_error"}]}, 422)
+        eid = service.runtime.register_engine(
+            engine, tp=request.tp, max_batch=request.max_batch,
+            kv_capacity_tokens=request.kv_capacity_tokens, label=request.url)
+        return _engine_view(_slot(service, eid))
+
+    @app.post("/v1/engines/{engine_id}/drain", dependencies=[auth])
+    async def drain(engine_id: str) -> EngineView:
+        slot = _slot(service, engine_id)
+        service.runtime.drain_engine(engine_id)
+        return _engine_view(slot)
+
+    @app.delete("/v1/engines/{engine_id}", dependencies=[auth], status_code=204)
+    async def remove(engine_id: str) -> Response:
+        _slot(service, engine_id)
+        service.runtime.remove_engine(engine_id, "removed through the API")
+        return Response(status_code=204)
+
+    @app.get("/v1/weights", dependencies=[auth])
+    async def weights() -> WeightsView:
+        return service.weights_view()
+
+    @app.post("/v1/weights/pause", dependencies=[auth])
+    async def pause(request: PauseRequest) -> WeightsView:
+        await service.runtime.pause(request.mode)
+        return service.weights_view()
+
+    @app.post("/v1/weights/resume", dependencies=[auth])
+    async def resume(request: ResumeRequest) -> WeightsView:
+        service.runtime.resume(request.policy_version)
+        service.rollouts.policy_version_changed()
+        return service.weights_view()
+
+    app.add_middleware(_Limits, service=service)
+    return app
+
+
+def _authorizer(token: str | None) -> Callable[[Request], Awaitable[None]]:
+    expected = f"Bearer {token}".encode() if token else None
+
+    async def check(request: Request) -> None:
+        if expected is None:
+            return
+        given = request.headers.get("authorization", "").encode()
+        if not hmac.compare_digest(given, expected):
+            from fastapi import HTTPException
+
+            raise HTTPException(401, "missing or wrong bearer token",
+                                headers={"WWW-Authenticate": "Bearer"})
+    return check
+
+
+def _job_view(info: JobInfo, running: int, queued: int) -> JobView:
+    return JobView(job_id=info.job_id, status=info.status.value, reason=info.reason,
+                   planned=info.planned, delivered=info.delivered,
+                   counts={s.value: n for s, n in info.counts.items()},
+                   progress=info.delivered / info.planned if info.planned else 1.0,
+                   created_at=info.created_at, started_at=info.started_at,
+                   finished_at=info.finished_at, running=running, queued=queued)
+
+
+def _engine_view(slot: EngineSlot) -> EngineView:
+    return EngineView(engine_id=slot.engine_id, label=slot.label, tp=slot.tp,
+                      max_batch=slot.max_batch, kv_capacity_tokens=slot.kv_capacity_tokens,
+                      calls_in_flight=slot.calls, draining=slot.draining)
+
+
+def _slot(service: Service, engine_id: str) -> EngineSlot:
+    for slot in service.runtime.engines():
+        if slot.engine_id == engine_id:
+            return slot
+    raise NotFound(f"no engine {engine_id!r}")
+
+
+class _Limits:
+    """ASGI middleware: body size, concurrent requests and streams, API latency."""
+
+    def __init__(self, app: ASGIApp, service: Service) -> None:
+        self.app = app
+        self.service = service
+        self.requests = 0
+        self.streams = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] == "/healthz":
+            await self.app(scope, receive, send)
+            return
+        svc = self.service
+        stream = scope["path"].endswith("/trajectories")
+        if (stream and self.streams >= svc.max_streams) or \
+                (not stream and self.requests >= svc.max_requests):
+            await _reply(send, 503, b'{"detail":"too many requests at once; retry"}',
+                         [(b"retry-after", b"1")])
+            return
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > svc.max_body_bytes:
+            await _reply(send, 413, b'{"detail":"request body too large"}')
+            return
+        received = 0
+
+        async def limited() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > svc.max_body_bytes:
+                    raise _TooLarge
+            return message
+
+        started = time.perf_counter()
+        if stream:
+            self.streams += 1
+        else:
+            self.requests += 1
+        try:
+            await self.app(scope, limited, send)
+        except _TooLarge:
+            await _reply(send, 413, b'{"detail":"request body too large"}')
+        finally:
+            if stream:
+                self.streams -= 1
+            else:
+                self.requests -= 1
+            route = scope.get("route")
+            name = getattr(route, "path", "other")
+            svc.rollouts.metrics.api_latency.observe(time.perf_counter() - started, name)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _reply(send: Send, status: int, body: bytes,
+                 headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), *(headers or [])]})
+    await send({"type": "http.response.body", "body": body})
+
+
+__all__ = ["create_app"]

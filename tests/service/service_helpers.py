@@ -1,0 +1,24 @@
+"""A real service on loopback (uvicorn in a thread) for the service tests."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import uvicorn
+
+from treadle.served import loopback_socket, serving_in_thread
+from treadle.service.app import create_app
+from treadle.service.state import ServiceConfig, build_service
+
+
+@contextlib.contextmanager
+def running_service(config: ServiceConfig) -> Iterator[str]:
+    """The service's base URL while the block runs."""
+    sock = loopback_socket()
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(build_service(config)), log_level="warning",
+                                           lifespan="on", access_log=False))
+    with serving_in_thread(server, sock, name=f"treadle-service-{port}",
+                           startup_timeout_s=60):
+        yield f"http://127.0.0.1:{port}"
