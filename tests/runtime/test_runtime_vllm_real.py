@@ -9,6 +9,7 @@ weights in transformers, fp32, on the whole context.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from treadle.engines.base import Engine, EngineLoad, GenerateRequest, GenerateRe
 from treadle.engines.vllm import VLLMEngine
 from treadle.runtime.driver import Runtime
 from treadle.types import TokenSegment
-from vllm_server import VLLMServer
+from vllm_server import VLLMServer, serve_vllm
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 FMT = HermesFormat()
@@ -57,7 +58,7 @@ def teacher_forced(model_dir: Path, prompt: list[int], response: list[int]) -> l
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.eval()
     ids = torch.tensor([prompt + response])
     with torch.no_grad():
@@ -122,3 +123,65 @@ def test_a_multi_turn_trajectory_is_what_vllm_returned(vllm_server: VLLMServer) 
     deltas = [abs(f - lp) for f, lp, m in zip(forced, seg.logprobs, seg.loss_mask, strict=True)
               if m]
     assert deltas and max(deltas) < 1e-3, f"max |delta| {max(deltas):.2e}"
+
+
+@pytest.fixture(scope="module")
+def dev_server(vllm_server: VLLMServer, tmp_path_factory: pytest.TempPathFactory
+               ) -> Iterator[tuple[VLLMServer, Path]]:
+    """A second vLLM with the RL endpoints (dev mode), and a perturbed copy of the
+    weights to load into it.
+
+    The embeddings are untied first: vLLM's CPU build (0.32) reloads a model with
+    `tie_word_embeddings` in place into logprobs that match neither the old nor the
+    new weights (its output projection keeps a stale packed copy), while an untied
+    model reloads exactly.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    work = tmp_path_factory.mktemp("vllm-dev")
+    model_dir, updated = work / "v0", work / "v1"
+    model = AutoModelForCausalLM.from_pretrained(vllm_server.model_dir, dtype=torch.float32)
+    model.config.tie_word_embeddings = False
+    model.lm_head.weight = torch.nn.Parameter(model.model.embed_tokens.weight.detach().clone())
+    model.save_pretrained(model_dir)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (model_dir / name).write_bytes((vllm_server.model_dir / name).read_bytes())
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    model.save_pretrained(updated)
+    with serve_vllm(model_dir, work, extra_env={"VLLM_SERVER_DEV_MODE": "1"}) as server:
+        yield server, updated
+
+
+def test_a_weight_update_changes_the_logprobs_and_stamps_the_version(
+        dev_server: tuple[VLLMServer, Path]) -> None:
+    server, updated = dev_server
+    tok = HFTokenizer(server.model_dir)
+    prompt = tok.encode(FMT.prompt_text("the agent calls a tool"))
+
+    async def main() -> tuple[Any, Any, str | None]:
+        engine = VLLMEngine(server.url, server.model)
+        rt = Runtime(Slime(1, 1))
+        rt.register_engine(engine, max_batch=16, kv_capacity_tokens=16_384)
+        await rt.start()
+        try:
+            before = await rt.turns("a", "g").generate(prompt, 12, Sampling(temperature=0.0),
+                                                       [])
+            await rt.update_weights(str(updated), policy_version=5)
+            after = await rt.turns("b", "g").generate(prompt, 12, Sampling(temperature=0.0),
+                                                      [])
+            version = await engine.weight_version()
+        finally:
+            await rt.close()
+        return before, after, version
+
+    before, after, version = asyncio.run(asyncio.wait_for(main(), 120))
+    assert before.policy_versions == [0] * 12 and after.policy_versions == [5] * 12
+    assert version == "5"
+    forced = teacher_forced(updated, prompt, after.output_ids)
+    assert max(abs(f - lp) for f, lp in zip(forced, after.logprobs, strict=True)) < 1e-3
+    old = teacher_forced(server.model_dir, prompt, after.output_ids)
+    assert max(abs(f - lp) for f, lp in zip(old, after.logprobs, strict=True)) > 1e-2

@@ -275,6 +275,28 @@ class Runtime:
                 runner._abort_for_pause()
         await self._idle.wait()
 
+    async def update_weights(self, weights_path: str, policy_version: int,
+                             mode: Literal["wait", "abort"] = "wait") -> None:
+        """The weight-update barrier: pause (`mode`), load `weights_path` into every
+        engine, resume stamping `policy_version`. ValueError (before pausing) if an
+        engine cannot load weights; an engine that fails to load them is failed (its
+        turns move to the others, which serve the new weights) so that no token of
+        the old weights is stamped with the new version."""
+        slots = list(self._slots.values())
+        unable = [s.label for s in slots if not hasattr(s.engine, "update_weights")]
+        if unable:
+            raise ValueError(f"engines cannot load weights: {', '.join(unable)}")
+        await self.pause(mode)
+        try:
+            results = await asyncio.gather(
+                *(s.engine.update_weights(weights_path, policy_version)  # type: ignore[attr-defined]
+                  for s in slots), return_exceptions=True)
+            for slot, result in zip(slots, results, strict=True):
+                if isinstance(result, BaseException):
+                    self._fail_engine(slot, f"weight update failed: {result}")
+        finally:
+            self.resume(policy_version)
+
     @property
     def paused(self) -> bool:
         return not self._gate.is_set()

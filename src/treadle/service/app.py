@@ -15,6 +15,8 @@
     POST /v1/weights/pause               hold new engine calls ("wait" or "abort" those
                                          in flight); returns once none is in flight
     POST /v1/weights/resume              the engines serve `policy_version` now; go on
+    POST /v1/weights/update              pause, every engine loads `weights_path`, resume
+                                         with `policy_version` (vLLM in dev mode)
     GET  /healthz                        liveness (no auth)
     GET  /metrics                        Prometheus text
 
@@ -52,6 +54,7 @@ from treadle.service.schemas import (
     ResumeRequest,
     RolloutRequest,
     WeightsView,
+    WeightUpdateRequest,
 )
 from treadle.service.state import Service, engine_client
 from treadle.store.errors import NotFound, StoreConflict
@@ -166,6 +169,16 @@ def create_app(service: Service) -> FastAPI:
     @app.post("/v1/weights/pause", dependencies=[auth])
     async def pause(request: PauseRequest) -> WeightsView:
         await service.runtime.pause(request.mode)
+        return service.weights_view()
+
+    @app.post("/v1/weights/update", dependencies=[auth])
+    async def update(request: WeightUpdateRequest) -> WeightsView:
+        try:
+            await service.runtime.update_weights(request.weights_path, request.policy_version,
+                                                 request.mode)
+        except ValueError as e:
+            raise RequestRefused(f"weights_path: {e}") from None
+        service.rollouts.policy_version_changed()
         return service.weights_view()
 
     @app.post("/v1/weights/resume", dependencies=[auth])

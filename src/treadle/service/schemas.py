@@ -164,6 +164,15 @@ class ResumeRequest(_Strict):
     policy_version: int = Field(ge=0)
 
 
+class WeightUpdateRequest(_Strict):
+    """`POST /v1/weights/update`: the whole barrier in one call — pause, every engine
+    loads `weights_path` (a directory of safetensors it can read), resume."""
+
+    policy_version: int = Field(ge=0)
+    weights_path: str = Field(min_length=1, max_length=4096)
+    mode: Literal["wait", "abort"] = "wait"
+
+
 class WeightsView(BaseModel):
     policy_version: int
     paused: bool
