@@ -5,9 +5,11 @@
 
 One job of `--groups` x 16 trajectories, each with one segment of `--tokens`
 response tokens, in a file store in a
-temporary directory. Each measurement runs `--repeats` times on a fresh file; the
-report gives the median and the spread of each rate. Seeded: the same arguments
-write the same records.
+temporary directory, and the record's JSON encoding and decoding on their own
+(`encode`: trajectory_to_record + dumps_record; `json_loads`: plain json.loads;
+`loads_record`: json.loads + the strict reader). Each measurement runs `--repeats`
+times (store ones on a fresh file); the report gives the median and the spread of
+each rate. Seeded: the same arguments write the same records.
 """
 
 from __future__ import annotations
@@ -22,7 +24,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from treadle.store import PlannedTrajectory, Store, dumps_record, trajectory_to_record
+from treadle.store import (
+    PlannedTrajectory,
+    Store,
+    dumps_record,
+    loads_record,
+    trajectory_to_record,
+)
 from treadle.store.export import export_jsonl, export_parquet
 from treadle.types import GroupKey, TokenSegment, Trajectory, TrajectoryStatus
 
@@ -47,37 +55,46 @@ def _plan(ts: list[Trajectory]) -> list[PlannedTrajectory]:
             for t in ts]
 
 
-def _rate(n: int, fn: Callable[[], Any]) -> float:
+def _timed(rates: dict[str, list[float]], name: str, n: int, fn: Callable[[], Any]) -> Any:
+    """Run `fn` once, add n / seconds to rates[name], return what `fn` returned."""
     start = time.perf_counter()
-    fn()
-    return n / (time.perf_counter() - start)
+    value = fn()
+    rates.setdefault(name, []).append(n / (time.perf_counter() - start))
+    return value
+
+
+def _codec(ts: list[Trajectory], rates: dict[str, list[float]]) -> None:
+    n = len(ts)
+    texts = _timed(rates, "encode_per_s", n,
+                   lambda: [dumps_record(trajectory_to_record(t)) for t in ts])
+    _timed(rates, "json_loads_per_s", n, lambda: [json.loads(x) for x in texts])
+    _timed(rates, "loads_record_per_s", n, lambda: [loads_record(x) for x in texts])
+
+
+def _store(ts: list[Trajectory], tmp: Path, sync: str, rates: dict[str, list[float]]) -> None:
+    n = len(ts)
+    with Store(tmp / f"{sync}.db", synchronous=sync) as store:  # type: ignore[arg-type]
+        store.create_job("j", {}, _plan(ts))
+        _timed(rates, f"finish_per_s[{sync}]", n, lambda: [store.finish("j", t) for t in ts])
+        if sync != "NORMAL":
+            return
+        _timed(rates, "results_per_s", n, lambda: sum(1 for _ in store.iter_results("j")))
+        _timed(rates, "decode_per_s", n,
+               lambda: [d.trajectory() for d in store.iter_results("j")])
+        _timed(rates, "export_jsonl_per_s", n,
+               lambda: export_jsonl(store, "j", tmp / "x.jsonl"))
+        _timed(rates, "export_parquet_per_s", n,
+               lambda: export_parquet(store, "j", tmp / "x.parquet"))
 
 
 def run(groups: int, tokens: int, repeats: int) -> dict[str, Any]:
     ts = _trajectories(groups, tokens, seed=0)
     rates: dict[str, list[float]] = {}
     for rep in range(repeats):
-        with tempfile.TemporaryDirectory() as tmp:
-            for sync in ("NORMAL", "FULL"):
-                path = Path(tmp) / f"{sync}.db"
-                with Store(path, synchronous=sync) as store:  # type: ignore[arg-type]
-                    store.create_job("j", {}, _plan(ts))
-
-                    def finish_all(store: Store = store) -> None:
-                        for t in ts:
-                            store.finish("j", t)
-                    rates.setdefault(f"finish_per_s[{sync}]", []).append(
-                        _rate(len(ts), finish_all))
-                    if sync == "NORMAL":
-                        rates.setdefault("results_per_s", []).append(_rate(
-                            len(ts), lambda s=store: sum(1 for _ in s.iter_results("j"))))
-                        rates.setdefault("decode_per_s", []).append(_rate(
-                            len(ts), lambda s=store: [d.trajectory()
-                                                      for d in s.iter_results("j")]))
-                        rates.setdefault("export_jsonl_per_s", []).append(_rate(
-                            len(ts), lambda s=store: export_jsonl(s, "j", Path(tmp) / "x.jsonl")))
-                        rates.setdefault("export_parquet_per_s", []).append(_rate(
-                            len(ts), lambda s=store: export_parquet(s, "j", Path(tmp) / "x.pq")))
+        _codec(ts, rates)
+        for sync in ("NORMAL", "FULL"):
+            with tempfile.TemporaryDirectory() as tmp:
+                _store(ts, Path(tmp), sync, rates)
         print(f"repeat {rep + 1}/{repeats} done", flush=True)
     record_bytes = statistics.mean(len(dumps_record(trajectory_to_record(t)).encode())
                                    for t in ts[:16])

@@ -8,8 +8,9 @@ change the field names and the containers.
 the policy, so it is never training data and never gets a reward: not 0, not
 anything. A converter either drops it (``drop_failed=True``, the default) or, where
 the trainer's format is positional and cannot lose a row, keeps it as a masked row
-(loss mask all 0, reward None) flagged as excluded. Either way `Batch.exclusions`
-lists it with the reason.
+(loss mask all 0, reward None) flagged as excluded; where neither is possible
+(SkyRL without step-wise training) it raises ConversionError. `Batch.exclusions`
+and `Converted.exclusions` list what was left out, with the reason.
 
 **Its group.** By default the rest of the group is kept (``drop_group_on_failure=
 False``): infrastructure failures are rare and mostly unrelated to what the model
