@@ -225,7 +225,7 @@ def add_live_bench_parser(bench_subparsers: argparse._SubParsersAction[Any]) -> 
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--control-trajectories", type=int, default=2048,
                    help="trajectories live at once in the control-plane phase (0: skip)")
-    p.add_argument("--control-seconds", type=float, default=120.0,
+    p.add_argument("--control-seconds", type=float, default=600.0,
                    help="modelled seconds the control-plane phase runs")
     p.add_argument("--json", action="store_true", help="print the JSON report")
     p.add_argument("--out", default="benchmarks/live.json", help="where to write the report")
