@@ -47,6 +47,7 @@ class ServiceConfig:
     tokenizer: str | None = None  # tokenizer.json directory; None: replay tasks only
     sandbox: SandboxBackend | None = None  # for suites that run code
     max_live: int = 4096  # trajectories running at once
+    max_queued: int = 262_144  # trajectories waiting for a slot (a fuller submit is a 503)
     max_body_bytes: int = 64 << 20  # request body limit
     max_requests: int = 256  # API requests at once (streams apart)
     max_streams: int = 256  # NDJSON streams at once
@@ -112,7 +113,8 @@ def build_service(config: ServiceConfig) -> Service:
     store = AsyncStore(Store(config.db))
     tokenizer = HFTokenizer(config.tokenizer) if config.tokenizer else None
     rollouts = Rollouts(runtime, store, tokenizer=tokenizer, sandbox_backend=config.sandbox,
-                        max_live=config.max_live)
+                        max_live=config.max_live, max_queued=config.max_queued,
+                        max_context=cost.model.max_context)
     runtime.control.observer = rollouts.metrics.decisions.observe
     return Service(config, runtime, store, rollouts)
 
