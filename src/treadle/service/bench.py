@@ -20,7 +20,8 @@ this process, as the service's client:
   every few seconds (time to first byte, time to the last line).
 
 Per job: the service's CPU (user + system seconds from /proc, and as % of one
-core over the job's wall time), the engines' CPU the same way, this client's CPU,
+core over the job's wall time) and the part of it its scheduler took (the
+decisions' histogram in /metrics), the engines' CPU the same way, this client's CPU,
 how busy the whole machine was, the service's resident memory after the job, and
 the simulator's makespan for the same workload, policy and GPUs beside the live
 one (modelled seconds: wall / time scale); a live/simulated ratio near 1 says the
@@ -272,6 +273,15 @@ async def run_job(client: httpx.AsyncClient, job: str, body: dict[str, Any], n: 
             "stream_full": probes.stream_full.summary()}
 
 
+async def _scheduler_cpu_s(client: httpx.AsyncClient) -> float:
+    """The scheduler's CPU seconds so far (its decisions' histogram in /metrics)."""
+    text = (await client.get("/metrics")).text
+    for line in text.splitlines():
+        if line.startswith("treadle_scheduler_decision_seconds_sum "):
+            return float(line.split()[1])
+    return 0.0
+
+
 # -- the report ----------------------------------------------------------------------------
 
 
@@ -307,6 +317,7 @@ def run_service_bench(*, trajectories: int, jobs: int, workload: str, policy: st
                         job = f"bench-{k}"
                         body = {"tasks": {"workload": workload, "trajectories": trajectories,
                                           "seed": seed + k}}
+                        decisions = await _scheduler_cpu_s(c)
                         before = (time.perf_counter(), _cpu_s(proc.pid),
                                   _tree_cpu_s(engine_pids), time.process_time(),
                                   _machine_ticks())
@@ -315,6 +326,7 @@ def run_service_bench(*, trajectories: int, jobs: int, workload: str, policy: st
                         wall = time.perf_counter() - before[0]
                         busy, total = _machine_ticks()
                         service_cpu = _cpu_s(proc.pid) - before[1]
+                        scheduler_cpu = await _scheduler_cpu_s(c) - decisions
                         engines_cpu = _tree_cpu_s(engine_pids) - before[2]
                         sim, _ = simulate(generate(workload, trajectories, seed=seed + k,
                                                    max_context=cost.model.max_context),
@@ -331,6 +343,7 @@ def run_service_bench(*, trajectories: int, jobs: int, workload: str, policy: st
                             "service_cpu_s": service_cpu,
                             "service_cpu_pct_of_core": 100.0 * service_cpu / wall,
                             "service_cpu_ms_per_turn": 1000.0 * service_cpu / turns,
+                            "scheduler_cpu_s": scheduler_cpu,
                             "engines_cpu_s": engines_cpu,
                             "engines_cpu_pct_of_core": 100.0 * engines_cpu / wall,
                             "client_cpu_s": time.process_time() - before[3],
