@@ -54,10 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
     from treadle.sandbox.bench import add_bench_parser
     from treadle.sandbox.cli import add_parser as add_sandbox_parser
     from treadle.sandbox.cli import add_server_parser
+    from treadle.service.bench import add_service_bench_parser
     from treadle.service.cli import add_serve_parser
 
     add_bench_parser(bench_sub)
     add_live_bench_parser(bench_sub)
+    add_service_bench_parser(bench_sub)
     add_sandbox_parser(sub)
     add_server_parser(sub)
     add_engine_parser(sub)
@@ -73,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "sim":
             return _sim(args)
         if args.command in ("sandbox", "sandbox-server", "engine", "serve") or (
-                args.command == "bench" and args.bench in ("sandbox", "live")):
+                args.command == "bench" and args.bench in ("sandbox", "live", "service")):
             result: int = args.func(args)
             return result
         if args.command == "bench":

@@ -33,6 +33,12 @@ escaping treadle is a bug. Each package owns a branch::
     │   ├── StoreConflict               what is stored (a job id taken, a result for
     │   │                               the wrong group), a database file from a newer
     │   └── SchemaError                 treadle or not a treadle store at all
+    ├── RequestRefused                  treadle.service.jobs: a job the service cannot
+    │                                   run (unknown suite, no tokenizer, a trace line
+    │                                   past the model's window; names the field; the
+    │                                   API's 422; also a ValueError)
+    ├── ServiceBusy                     treadle.service.jobs: too many trajectories
+    │                                   queued to take the job now (the API's 503)
     └── ClientError                     anything from treadle.client (classes in
         └── ConversionError             treadle.client.errors): trajectories a trainer
                                         format cannot express (unscored, several

@@ -95,3 +95,21 @@ def test_cancel_aborts_what_is_unfinished(tmp_path: Path) -> None:
         assert {t["status"] for t in records} <= {"completed", "aborted"}
         assert any(t["status"] == "aborted" for t in records)
         assert client.get("/v1/jobs/c1").json()["running"] == 0
+
+
+def test_with_emulated_engines_tool_latencies_run_on_the_scaled_clock(tmp_path: Path) -> None:
+    # The runtime's clock was the wall clock whatever --time-scale said: a replayed
+    # tool slept its modelled seconds in real seconds (here 200 s, not 4 s).
+    line = {"id": "t", "group": "g", "prompt_tokens": 16, "turns": [
+        {"output_tokens": 8, "tool_latency_s": 200.0, "tool_output_tokens": 8},
+        {"output_tokens": 8, "tool_latency_s": 0, "tool_output_tokens": 0}]}
+    with running_service(_config(tmp_path)) as url, \
+            httpx.Client(base_url=url, headers=AUTH, timeout=30) as client:
+        r = client.post("/v1/jobs", json={"tasks": {"trace": [line]}, "job_id": "slow-tool"})
+        assert r.status_code == 201, r.text
+        with client.stream("GET", "/v1/jobs/slow-tool/trajectories",
+                           params={"follow": "true"}, timeout=60) as stream:
+            [record] = [json.loads(x)["trajectory"] for x in stream.iter_lines() if x]
+        assert record["status"] == "completed"
+        timings = record["timings"]
+        assert timings["finished_at"] - timings["started_at"] >= 200.0  # modelled seconds

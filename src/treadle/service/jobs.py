@@ -15,6 +15,14 @@ every unfinished job again; their attempt count goes up. A result stored twice (
 duplicate after a crash) keeps its first delivery, so nothing is delivered twice.
 Results live in the store, not here: memory holds only the queued and running work.
 
+Limits: a job plans at most `MAX_TRAJECTORIES_PER_JOB` trajectories (tasks times
+samples); a replayed trace line may not need more context than `max_context` (the
+served model's window: the replay builds that many synthetic ids); a job that would
+queue more than `max_queued` trajectories in this process is refused with
+`ServiceBusy`, which bounds the memory of queued work. Planning (generating a
+workload, parsing tasks) runs on a worker thread, not the event loop, so a large
+job's submission does not stall the trajectories already running.
+
 Cancel: the job's unfinished trajectories are stored as aborted (and delivered),
 queued ones are dropped and running ones cancelled.
 
@@ -46,8 +54,14 @@ from treadle.runtime.rollout import replay_task, run_task
 from treadle.sandbox.base import SandboxBackend
 from treadle.sandbox.pool import SandboxPool
 from treadle.service.metrics import Metrics
-from treadle.service.schemas import JobRequest, ReplayTasks, RolloutRequest, SuiteTasks
-from treadle.sim.trace import spec_from_record
+from treadle.service.schemas import (
+    MAX_TRAJECTORIES_PER_JOB,
+    JobRequest,
+    ReplayTasks,
+    RolloutRequest,
+    SuiteTasks,
+)
+from treadle.sim.trace import TraceError, spec_from_record
 from treadle.sim.workload import TrajectorySpec, generate
 from treadle.store.aio import AsyncStore
 from treadle.store.errors import NotFound
@@ -60,6 +74,11 @@ log = logging.getLogger(__name__)
 class RequestRefused(TreadleError, ValueError):
     """A job the service cannot run (unknown suite, bad task record, no tokenizer):
     the message says which field and why; the API answers 422."""
+
+
+class ServiceBusy(TreadleError):
+    """The service holds `max_queued` trajectories not yet started: a job that would
+    pass it is refused whole (nothing stored); the API answers 503 with Retry-After."""
 
 
 @dataclass(slots=True)
@@ -91,6 +110,7 @@ class Rollouts:
 
     def __init__(self, runtime: Runtime, store: AsyncStore, *, tokenizer: Tokenizer | None,
                  sandbox_backend: SandboxBackend | None, max_live: int = 4096,
+                 max_queued: int = 262_144, max_context: int = 40_960,
                  sandbox_warm: int = 2, sandbox_max_live: int = 64,
                  metrics: Metrics | None = None) -> None:
         self.runtime = runtime
@@ -98,6 +118,8 @@ class Rollouts:
         self.tokenizer = tokenizer
         self.sandbox_backend = sandbox_backend
         self.max_live = max_live  # trajectories running at once in this process
+        self.max_queued = max_queued  # trajectories waiting for a slot, all jobs together
+        self.max_context = max_context  # tokens a replayed trajectory may reach
         self.sandbox_warm = sandbox_warm
         self.sandbox_max_live = sandbox_max_live
         self.metrics = metrics or Metrics()
@@ -148,9 +170,12 @@ class Rollouts:
 
     async def submit(self, request: JobRequest) -> JobInfo:
         """Plan, store and queue a job; RequestRefused for what cannot run here,
-        StoreConflict if `job_id` is taken."""
+        ServiceBusy if the queue is full, StoreConflict if `job_id` is taken."""
         job_id = request.job_id or uuid.uuid4().hex[:16]
-        work = self._resolve(job_id, request)
+        work = await asyncio.to_thread(self._resolve, job_id, request)
+        if self.queued + len(work) > self.max_queued:
+            raise ServiceBusy(f"{self.queued} trajectories are queued here and the job adds "
+                              f"{len(work)}, over the limit of {self.max_queued}; retry later")
         info = await self.store.call(self.store.store.create_job, job_id,
                                      {"request": request.model_dump(mode="json")},
                                      [w.planned for w in work])
@@ -229,7 +254,7 @@ class Rollouts:
         out: list[_Work] = []
         if isinstance(tasks, ReplayTasks):
             members: dict[str, int] = {}
-            for spec in _replay_specs(tasks):
+            for spec in _replay_specs(tasks, self.max_context):
                 repetition = members.get(spec.group_id, 0)  # order within its group
                 members[spec.group_id] = repetition + 1
                 planned = PlannedTrajectory(f"{job_id}/{spec.traj_id}",
@@ -238,6 +263,11 @@ class Rollouts:
                 out.append(_Work(job_id, planned, spec, None, sampling, limits,
                                  request.min_policy_version))
             return out
+        n_tasks = tasks.count if tasks.count is not None else len(tasks.tasks or [])
+        if n_tasks * request.samples_per_task > MAX_TRAJECTORIES_PER_JOB:
+            raise RequestRefused(f"samples_per_task: {n_tasks} tasks x "
+                                 f"{request.samples_per_task} samples is over the "
+                                 f"{MAX_TRAJECTORIES_PER_JOB} trajectories a job may plan")
         if self.tokenizer is None:
             raise RequestRefused("tasks.suite: this service has no tokenizer for its model "
                                  "(start it with --tokenizer), so it can run replay tasks only")
@@ -390,26 +420,33 @@ def _suite_tasks(suite: Suite, tasks: SuiteTasks) -> list[Task]:
     return out
 
 
-def _replay_specs(tasks: ReplayTasks) -> list[TrajectorySpec]:
+def _replay_specs(tasks: ReplayTasks, max_context: int) -> list[TrajectorySpec]:
     if tasks.workload is not None:
         assert tasks.trajectories is not None
         try:
             return list(generate(tasks.workload, tasks.trajectories, seed=tasks.seed,
-                                 group_size=tasks.group_size).trajectories)
+                                 group_size=tasks.group_size,
+                                 max_context=max_context).trajectories)
         except ValueError as e:
             raise RequestRefused(f"tasks.trajectories: {e}") from None
     specs = []
     seen: set[str] = set()
     for i, line in enumerate(tasks.trace or []):
         try:
-            spec = spec_from_record(line, source="tasks.trace", line=i)
-        except ValueError as e:
-            raise RequestRefused(str(e)) from None
+            spec = spec_from_record(line.model_dump(), source="tasks.trace", line=i)
+        except TraceError as e:
+            raise RequestRefused(f"tasks.trace.{i}{'.' if e.field else ''}{e.field}: "
+                                 f"{e.problem}") from None
         if spec.traj_id in seen:
             raise RequestRefused(f"tasks.trace.{i}: duplicate id {spec.traj_id!r}")
+        context = spec.prompt_tokens + sum(t.output_tokens + t.tool_output_tokens
+                                           for t in spec.turns)
+        if context > max_context:
+            raise RequestRefused(f"tasks.trace.{i}: the trajectory needs {context} tokens of "
+                                 f"context, over the served model's {max_context}")
         seen.add(spec.traj_id)
         specs.append(spec)
     return specs
 
 
-__all__ = ["RequestRefused", "Rollouts"]
+__all__ = ["RequestRefused", "Rollouts", "ServiceBusy"]

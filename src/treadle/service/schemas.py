@@ -1,23 +1,36 @@
 """The service's wire schemas (pydantic): what a client sends and gets back.
 
 Requests are strict — unknown fields are refused (a typo must not be silently
-ignored) and every range is checked — so a bad request is a 422 whose ``detail``
-names each bad field (``body.tasks.count``: "Input should be greater than 0").
+ignored), a value must have its JSON type (``"8"`` or ``false`` is not an integer)
+and every range is checked — so a bad request is a 422 whose ``detail`` names each
+bad field (``body.tasks.count``: "Input should be greater than 0"). Integers that
+reach the store (seeds, policy versions, token counts) are bounded by SQLite's
+and Parquet's 64-bit integers.
 Finished trajectories are not modelled here: they travel as the store's record
 (`treadle.store.record`, documented there), one JSON object per NDJSON line.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+import httpx
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
-MAX_TRAJECTORIES_PER_JOB = 65_536
+MAX_TRAJECTORIES_PER_JOB = 65_536  # planned trajectories in one job, samples included
+MAX_INT64 = (1 << 63) - 1  # the store's and the exports' integers
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class SuiteTasks(_Strict):
@@ -27,7 +40,7 @@ class SuiteTasks(_Strict):
     suite: str = Field(min_length=1, max_length=64, description="math, code, swe, search, stem")
     count: int | None = Field(default=None, gt=0, le=MAX_TRAJECTORIES_PER_JOB,
                               description="generate this many tasks")
-    seed: int = Field(default=0, ge=0, description="seed of the generated tasks")
+    seed: int = Field(default=0, ge=0, le=MAX_INT64, description="seed of the generated tasks")
     tasks: list[dict[str, Any]] | None = Field(
         default=None, min_length=1, max_length=MAX_TRAJECTORIES_PER_JOB,
         description="task records in the suite's format")
@@ -41,16 +54,39 @@ class SuiteTasks(_Strict):
         return self
 
 
+class TraceTurn(BaseModel):
+    """One turn of a trace line: `treadle.sim.trace`'s format (the last turn's tool
+    fields are 0; unknown keys are ignored, as in a trace file)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    output_tokens: int = Field(ge=1, le=1 << 40)
+    tool_latency_s: float = Field(ge=0.0, le=7 * 86400.0, allow_inf_nan=False)
+    tool_output_tokens: int = Field(ge=0, le=1 << 40)
+
+
+class TraceLine(BaseModel):
+    """One trajectory of a trace (`treadle.sim.trace`); its whole context (prompt,
+    outputs, observations) must fit the served model's window."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    id: str = Field(min_length=1, max_length=256)
+    group: str = Field(min_length=1, max_length=256)
+    prompt_tokens: int = Field(ge=1, le=1 << 40)
+    turns: list[TraceTurn] = Field(min_length=1, max_length=4096)
+
+
 class ReplayTasks(_Strict):
     """Workload trajectories replayed on the engines (counts only, synthetic tokens):
     a built-in workload (`workload`, `trajectories`, `seed`) or trace lines (`trace`)."""
 
     workload: Literal["coding", "search", "math", "swe"] | None = None
     trajectories: int | None = Field(default=None, gt=0, le=MAX_TRAJECTORIES_PER_JOB)
-    seed: int = Field(default=0, ge=0)
+    seed: int = Field(default=0, ge=0, le=MAX_INT64)
     group_size: int = Field(default=16, gt=0, le=1024)
-    trace: list[dict[str, Any]] | None = Field(default=None, min_length=1,
-                                               max_length=MAX_TRAJECTORIES_PER_JOB)
+    trace: list[TraceLine] | None = Field(default=None, min_length=1,
+                                          max_length=MAX_TRAJECTORIES_PER_JOB)
 
     @model_validator(mode="after")
     def _one_source(self) -> ReplayTasks:
@@ -59,6 +95,14 @@ class ReplayTasks(_Strict):
         if self.workload is not None and self.trajectories is None:
             raise ValueError("'workload' needs 'trajectories'")
         return self
+
+
+def _task_source(value: Any) -> str:
+    """Which kind of tasks: a ``suite`` key means suite tasks, anything else a replay
+    (so a bad request's errors name the fields of the kind it meant)."""
+    if isinstance(value, SuiteTasks) or (isinstance(value, dict) and "suite" in value):
+        return "suite"
+    return "replay"
 
 
 class SamplingParams(_Strict):
@@ -76,13 +120,26 @@ class LimitParams(_Strict):
 class JobRequest(_Strict):
     """`POST /v1/jobs`."""
 
-    tasks: SuiteTasks | ReplayTasks
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"tasks": {"workload": "math", "trajectories": 32, "group_size": 16}},
+        {"tasks": {"trace": [{"id": "t1", "group": "g1", "prompt_tokens": 812, "turns": [
+            {"output_tokens": 240, "tool_latency_s": 0.4, "tool_output_tokens": 31},
+            {"output_tokens": 90, "tool_latency_s": 0, "tool_output_tokens": 0}]}]},
+         "priority": 5},
+        {"tasks": {"suite": "math", "count": 64, "seed": 3}, "samples_per_task": 16,
+         "limits": {"max_turns": 4, "max_total_tokens": 8192}},
+    ]})
+
+    tasks: Annotated[Annotated[SuiteTasks, Tag("suite")] | Annotated[ReplayTasks, Tag("replay")],
+                     Discriminator(_task_source)]
     samples_per_task: int = Field(default=1, ge=1, le=1024,
-                                  description="the GRPO group size (suite tasks)")
+                                  description="the GRPO group size (suite tasks); tasks "
+                                              "times samples is at most 65,536")
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     limits: LimitParams = Field(default_factory=LimitParams)
     min_policy_version: int = Field(
-        default=0, ge=0, description="start no trajectory before the engines serve "
+        default=0, ge=0, le=MAX_INT64,
+        description="start no trajectory before the engines serve "
                                      "this policy version (set by a weight update)")
     priority: int = Field(default=0, ge=-1000, le=1000,
                           description="higher starts first when trajectories queue")
@@ -139,7 +196,19 @@ class EngineRequest(_Strict):
                        description="the served model name")
     tp: int = Field(default=1, ge=1, le=64)
     max_batch: int = Field(default=256, ge=1, le=65_536)
-    kv_capacity_tokens: int = Field(default=1 << 20, ge=1)
+    kv_capacity_tokens: int = Field(default=1 << 20, ge=1, le=1 << 40)
+
+    @field_validator("url")
+    @classmethod
+    def _parses(cls, url: str) -> str:
+        # What the engine client will parse; a URL it cannot is a field error, not a crash.
+        try:
+            parsed = httpx.URL(url)
+        except (httpx.InvalidURL, ValueError) as e:
+            raise ValueError(f"not a valid URL: {e}") from None
+        if not parsed.host:
+            raise ValueError("the URL has no host")
+        return url
 
 
 class EngineView(BaseModel):
@@ -161,14 +230,14 @@ class PauseRequest(_Strict):
 class ResumeRequest(_Strict):
     """`POST /v1/weights/resume`: the engines now serve `policy_version`."""
 
-    policy_version: int = Field(ge=0)
+    policy_version: int = Field(ge=0, le=MAX_INT64)
 
 
 class WeightUpdateRequest(_Strict):
     """`POST /v1/weights/update`: the whole barrier in one call — pause, every engine
     loads `weights_path` (a directory of safetensors it can read), resume."""
 
-    policy_version: int = Field(ge=0)
+    policy_version: int = Field(ge=0, le=MAX_INT64)
     weights_path: str = Field(min_length=1, max_length=4096)
     mode: Literal["wait", "abort"] = "wait"
 
@@ -176,3 +245,17 @@ class WeightUpdateRequest(_Strict):
 class WeightsView(BaseModel):
     policy_version: int
     paused: bool
+
+
+class FieldError(BaseModel):
+    """One bad field of a 422."""
+
+    loc: list[str | int]  # where: ["body", "tasks", "count"], ["query", "after"]
+    msg: str
+    type: str
+
+
+class ErrorReply(BaseModel):
+    """Every error answer: a message, or (422) one entry per bad field."""
+
+    detail: str | list[FieldError]

@@ -21,6 +21,7 @@ from treadle.agent.chat import HFTokenizer
 from treadle.core.cost_model import CostModel
 from treadle.core.policies import build_policy, parse_policy
 from treadle.engines.base import Engine
+from treadle.runtime.clock import ScaledClock, WallClock
 from treadle.runtime.driver import Runtime
 from treadle.runtime.launcher import EmulatedProcess, EngineLauncher, LocalLauncher
 from treadle.sandbox.base import SandboxBackend
@@ -43,10 +44,11 @@ class ServiceConfig:
     gpu: str = "h100"  # cost-model entry
     engines: list[EngineRequest] = field(default_factory=list)  # registered at start
     emulate: int = 0  # GPUs of emulated engines to start (0: none)
-    time_scale: float = 1.0  # of the emulated engines
+    time_scale: float = 1.0  # of the emulated engines, and then of the runtime's clock
     tokenizer: str | None = None  # tokenizer.json directory; None: replay tasks only
     sandbox: SandboxBackend | None = None  # for suites that run code
     max_live: int = 4096  # trajectories running at once
+    max_queued: int = 262_144  # trajectories waiting for a slot (a fuller submit is a 503)
     max_body_bytes: int = 64 << 20  # request body limit
     max_requests: int = 256  # API requests at once (streams apart)
     max_streams: int = 256  # NDJSON streams at once
@@ -106,13 +108,18 @@ def build_service(config: ServiceConfig) -> Service:
     if config.emulate:
         launcher = LocalLauncher(EmulatedProcess(config.model, config.gpu,
                                                  time_scale=config.time_scale))
-    runtime = Runtime(scheduler, launcher=launcher, gpus=config.emulate,
+    # Emulated engines run `time_scale` times real; the scheduler and the replays'
+    # tool latencies must see the same modelled seconds, or a replay sleeps its tools
+    # in real seconds between turns that run 1/time_scale times faster.
+    clock = ScaledClock(config.time_scale) if config.emulate else WallClock()
+    runtime = Runtime(scheduler, launcher=launcher, gpus=config.emulate, clock=clock,
                       request_timeout_s=config.request_timeout_s,
                       engine_wait_s=config.engine_wait_s)
     store = AsyncStore(Store(config.db))
     tokenizer = HFTokenizer(config.tokenizer) if config.tokenizer else None
     rollouts = Rollouts(runtime, store, tokenizer=tokenizer, sandbox_backend=config.sandbox,
-                        max_live=config.max_live)
+                        max_live=config.max_live, max_queued=config.max_queued,
+                        max_context=cost.model.max_context)
     runtime.control.observer = rollouts.metrics.decisions.observe
     return Service(config, runtime, store, rollouts)
 
