@@ -17,6 +17,11 @@ Endpoints (vLLM's shapes, so `VLLMEngine` drives it unchanged):
   `vllm:prefix_cache_hits_total`.
 - `GET /health`, `GET /v1/models`; and, not in vLLM, `POST /abort_request
   {"request_id"}` ending a request with its tokens so far (its caller gets them).
+- vLLM's RL endpoints (`POST /pause`, `/resume`, `/collective_rpc` with
+  `reload_weights`, `/update_weight_version`, `GET /weight_info`), so a weight
+  update runs against the emulator as against vLLM in dev mode: it has no weights,
+  so reloading does nothing and pause/resume hold no request; the version label is
+  kept and read back.
 
 Bad requests get 400 (422 never: validation errors are reported as 400, as vLLM
 does) with `{"error": {"message", "type", "code"}}`; an unknown model gets 404.
@@ -61,6 +66,17 @@ class CompletionRequest(BaseModel):
     return_token_ids: bool = False
     n: int = 1
     stream: bool = False
+
+
+class RpcRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    method: str
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class VersionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    new_version: str
 
 
 class AbortRequest(BaseModel):
@@ -156,6 +172,44 @@ def create_app(engine: EmulatedEngine, served_model: str) -> FastAPI:
             f"vllm:prefix_cache_hits_total{label} {engine.prefix_hits}",
         ]
         return PlainTextResponse("\n".join(lines) + "\n")
+
+    # vLLM's RL endpoints (served with VLLM_SERVER_DEV_MODE=1), so that a weight update
+    # runs against the emulator as against vLLM. It has no weights: reload is a no-op,
+    # the version label is kept, and pause/resume hold nothing (the caller's runtime
+    # has stopped sending requests before it pauses).
+    weight: dict[str, str | None] = {"version": None}
+
+    @app.post("/pause")
+    async def pause() -> Response:
+        return JSONResponse({"status": "paused"})
+
+    @app.post("/resume")
+    async def resume() -> Response:
+        return JSONResponse({"status": "resumed"})
+
+    @app.post("/collective_rpc")
+    async def collective_rpc(request: Request) -> Response:
+        try:
+            body = RpcRequest.model_validate_json(await request.body())
+        except ValidationError as e:
+            return _error(400, f"invalid collective_rpc: {e.errors(include_url=False)!r:.500}")
+        if body.method != "reload_weights":
+            return _error(400, f"the emulated engine has no method {body.method!r}")
+        return JSONResponse({"results": [None]})
+
+    @app.post("/update_weight_version")
+    async def update_weight_version(request: Request) -> Response:
+        try:
+            body = VersionRequest.model_validate_json(await request.body())
+        except ValidationError as e:
+            return _error(400, f"invalid update_weight_version: "
+                               f"{e.errors(include_url=False)!r:.500}")
+        weight["version"] = body.new_version
+        return JSONResponse({"success": True, "new_version": body.new_version})
+
+    @app.get("/weight_info")
+    async def weight_info() -> Response:
+        return JSONResponse({"weight_version": weight["version"]})
 
     @app.post("/abort_request")
     async def abort(request: Request) -> Response:
