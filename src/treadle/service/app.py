@@ -83,10 +83,16 @@ def create_app(service: Service) -> FastAPI:
         finally:
             await service.close()
 
-    app = FastAPI(title="treadle", version="1", lifespan=lifespan,
+    # The schema is served behind the token like every route but /healthz (no docs UI).
+    app = FastAPI(title="treadle", version="1", lifespan=lifespan, openapi_url=None,
+                  docs_url=None, redoc_url=None,
                   description="Rollouts for agentic RL: jobs of tasks in, token-exact "
                               "trajectories out.")
     auth = Depends(_authorizer(service.token))
+
+    @app.get("/openapi.json", dependencies=[auth], include_in_schema=False)
+    async def openapi() -> JSONResponse:
+        return JSONResponse(app.openapi())
     # The errors every authorised route can answer; routes add their own below.
     common = _errors(*((401,) if service.token else ()), 413, 503)
 
