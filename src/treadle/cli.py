@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from treadle.reports import log as _log
+
 DEFAULT_POLICIES = "slime,verl,verl-star,heddle,treadle,oracle"
 
 
@@ -91,10 +93,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"treadle: error: {exc}", file=sys.stderr)
         return 2
     return 2
-
-
-def _log(message: str) -> None:
-    print(f"treadle: {message}", file=sys.stderr, flush=True)
 
 
 def load_workload(name: str, trajectories: int, seed: int, max_context: int) -> Any:

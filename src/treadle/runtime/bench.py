@@ -32,18 +32,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import platform
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from treadle.core.cost_model import CostModel
 from treadle.core.policies import PolicySpec, build_policy, parse_policy
 from treadle.core.predictor import Outcome
+from treadle.reports import log, write_report
 from treadle.runtime.clock import ScaledClock
 from treadle.runtime.driver import Runtime
 from treadle.runtime.launcher import EmulatedProcess, LocalLauncher
@@ -262,18 +261,10 @@ def run_live_bench_command(args: argparse.Namespace) -> int:
                                 gpus=args.engines, time_scale=args.time_scale,
                                 history=history, seed=args.seed, control=control,
                                 control_seconds=args.control_seconds,
-                                control_history=control_history or [], log=_log)
+                                control_history=control_history or [], log=log)
     except (UsageError, KeyError, ValueError) as e:
         print(f"treadle bench live: {str(e).strip(chr(39))}", file=sys.stderr)
         return 2
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    _log(f"live bench: report written to {out}")
-    if args.json:
-        print(json.dumps(report, indent=2))
+    write_report(report, args.out, name="live bench", echo=args.json)
     return 0
 
-
-def _log(message: str) -> None:
-    print(f"treadle: {message}", file=sys.stderr, flush=True)

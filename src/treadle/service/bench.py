@@ -57,6 +57,8 @@ from typing import Any
 
 import httpx
 
+from treadle.reports import log, write_report
+
 Log = Callable[[str], None]
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _TOKEN = "bench-token"
@@ -428,18 +430,10 @@ def run_service_bench_command(args: argparse.Namespace) -> int:
             trajectories=args.trajectories, jobs=args.jobs, workload=args.workload,
             policy=args.policy, engines=args.engines, time_scale=args.time_scale,
             model=args.model, gpu=args.gpu, seed=args.seed,
-            status_interval_s=args.status_interval, log=_log)
+            status_interval_s=args.status_interval, log=log)
     except (KeyError, ValueError) as e:
         print(f"treadle bench service: {str(e).strip(chr(39))}", file=sys.stderr)
         return 2
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    _log(f"service bench: report written to {out}")
-    if args.json:
-        print(json.dumps(report, indent=2))
+    write_report(report, args.out, name="service bench", echo=args.json)
     return 0
 
-
-def _log(message: str) -> None:
-    print(f"treadle: {message}", file=sys.stderr, flush=True)
