@@ -36,7 +36,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import uvicorn
 from fastapi import FastAPI, Request, Response
@@ -82,6 +82,17 @@ class VersionRequest(BaseModel):
 class AbortRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     request_id: str
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+async def _body(model: type[_M], request: Request) -> _M | Response:
+    """The request's body as `model`, or the 400 reply saying which field is wrong."""
+    try:
+        return model.model_validate_json(await request.body())
+    except ValidationError as e:
+        return _error(400, f"invalid {model.__name__}: {e.errors(include_url=False)!r:.500}")
 
 
 def _error(status: int, message: str) -> Response:
@@ -189,21 +200,18 @@ def create_app(engine: EmulatedEngine, served_model: str) -> FastAPI:
 
     @app.post("/collective_rpc")
     async def collective_rpc(request: Request) -> Response:
-        try:
-            body = RpcRequest.model_validate_json(await request.body())
-        except ValidationError as e:
-            return _error(400, f"invalid collective_rpc: {e.errors(include_url=False)!r:.500}")
+        body = await _body(RpcRequest, request)
+        if isinstance(body, Response):
+            return body
         if body.method != "reload_weights":
             return _error(400, f"the emulated engine has no method {body.method!r}")
         return JSONResponse({"results": [None]})
 
     @app.post("/update_weight_version")
     async def update_weight_version(request: Request) -> Response:
-        try:
-            body = VersionRequest.model_validate_json(await request.body())
-        except ValidationError as e:
-            return _error(400, f"invalid update_weight_version: "
-                               f"{e.errors(include_url=False)!r:.500}")
+        body = await _body(VersionRequest, request)
+        if isinstance(body, Response):
+            return body
         weight["version"] = body.new_version
         return JSONResponse({"success": True, "new_version": body.new_version})
 
@@ -213,19 +221,16 @@ def create_app(engine: EmulatedEngine, served_model: str) -> FastAPI:
 
     @app.post("/abort_request")
     async def abort(request: Request) -> Response:
-        try:
-            body = AbortRequest.model_validate_json(await request.body())
-        except ValidationError as e:
-            return _error(400, f"invalid AbortRequest: {e.errors(include_url=False)!r:.500}")
+        body = await _body(AbortRequest, request)
+        if isinstance(body, Response):
+            return body
         return JSONResponse({"aborted": engine.abort(body.request_id)})
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        try:
-            body = CompletionRequest.model_validate_json(await request.body())
-        except ValidationError as e:
-            return _error(400, f"invalid completion request: "
-                               f"{e.errors(include_url=False)!r:.500}")
+        body = await _body(CompletionRequest, request)
+        if isinstance(body, Response):
+            return body
         if body.model is not None and body.model != served_model:
             return _error(404, f"The model `{body.model}` does not exist; this server "
                                f"serves `{served_model}`")

@@ -49,9 +49,10 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from treadle.runtime.driver import EngineSlot
+from treadle.served import declared_too_large, limit_body
 from treadle.service.jobs import RequestRefused, ServiceBusy
 from treadle.service.schemas import (
     MAX_INT64,
@@ -321,22 +322,12 @@ class _Limits:
             await _reply(send, 503, b'{"detail":"too many requests at once; retry"}',
                          [(b"retry-after", b"1")])
             return
-        length = dict(scope["headers"]).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > svc.max_body_bytes:
+        if declared_too_large(dict(scope["headers"]), svc.max_body_bytes):
             await _reply(send, 413, b'{"detail":"request body too large"}')
             return
-        received = 0
-
-        async def limited() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > svc.max_body_bytes:
-                    # An HTTPException, so that FastAPI's body reader passes it on
-                    # (it turns any other error into a 400) and answers the 413.
-                    raise _TooLarge
-            return message
+        # An HTTPException, so that FastAPI's body reader passes it on (it turns any
+        # other error into a 400) and answers the 413.
+        limited = limit_body(receive, svc.max_body_bytes, _TooLarge)
 
         started = time.perf_counter()
         if stream:
