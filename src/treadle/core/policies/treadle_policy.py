@@ -29,7 +29,7 @@ Mechanisms, in the order they act:
    the KV transfer its tool call does not hide (`should_migrate`). Charging the
    whole transfer instead kept trajectories on overloaded engines behind long test
    runs that would have hidden it: on swe at 4,096 trajectories the hidden-part
-   price finished 4–10% sooner over seeds 0–2, within ±1.5% elsewhere.
+   price finished 4–10% sooner over seeds 0–2, within ±1.8% elsewhere.
 """
 
 from __future__ import annotations
