@@ -413,7 +413,6 @@ def _pinned_schedules(n: int, layout: tuple[int, ...]) -> list[tuple[tuple[int, 
 tiny_turn = st.tuples(st.integers(1, 40000), st.floats(0.0, 30.0), st.integers(0, 3000))
 
 
-@pytest.mark.slow
 @settings(max_examples=12, deadline=None)
 @given(shapes=st.lists(st.tuples(st.integers(1, 4000), st.lists(tiny_turn, min_size=1,
                                                                  max_size=3)),
