@@ -122,12 +122,12 @@ def test_abort_frees_the_engine(vllm_url: str) -> None:
         async with VLLMEngine(vllm_url, MODEL) as engine:
             task = asyncio.create_task(engine.generate(
                 req("long", max_tokens=MAX_MODEL_LEN - len(PROMPT), stop_token_ids=[])))
-            for _ in range(200):  # until the engine runs it
-                if (await engine.load()).running:
-                    break
+            deadline = asyncio.get_running_loop().time() + 60  # a loaded machine is slow
+            while not (await engine.load()).running:
+                if task.done() or asyncio.get_running_loop().time() > deadline:
+                    pytest.fail("the long request never showed as running in /metrics "
+                                f"(finished first: {task.done()})")
                 await asyncio.sleep(0.05)
-            else:
-                pytest.fail("the long request never showed as running in /metrics")
             await engine.abort("long")
             r = await task
             assert (r.finish_reason, r.output_ids, r.request_id) == ("abort", [], "long")
