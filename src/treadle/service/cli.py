@@ -37,7 +37,8 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--emulate", type=int, default=0, metavar="GPUS",
                    help="start emulated engines on this many (modelled) GPUs")
     p.add_argument("--time-scale", type=float, default=1.0,
-                   help="of the emulated engines (0.1 = 10x faster than modelled)")
+                   help="of the emulated engines and the runtime's clock (0.1 = 10x faster "
+                        "than modelled; trajectory timings stay in modelled seconds)")
     p.add_argument("--tokenizer", default=None, metavar="DIR",
                    help="the served model's tokenizer.json directory (needed for suite tasks)")
     p.add_argument("--sandbox", default="bwrap", choices=("bwrap", "local", "remote", "none"),

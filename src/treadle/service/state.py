@@ -7,9 +7,11 @@
 `Service` owns one store (SQLite, its calls on one worker thread), one runtime
 (the scheduler of `policy` over the engine pool) and the job runner. Engines come
 from `engines` (already running, registered at start), `emulate` (emulated engine
-processes the runtime starts, laid out by the policy on that many GPUs), or later
-through `POST /v1/engines`. Suite tasks need `tokenizer` (the served model's
-`tokenizer.json` directory) and, for suites that run code, a sandbox backend.
+processes the runtime starts, laid out by the policy on that many GPUs; the
+runtime's clock then runs at their `time_scale`, so trajectory timings are modelled
+seconds, as in `treadle bench live`), or later through `POST /v1/engines`. Suite
+tasks need `tokenizer` (the served model's `tokenizer.json` directory) and, for
+suites that run code, a sandbox backend.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from treadle.agent.chat import HFTokenizer
 from treadle.core.cost_model import CostModel
 from treadle.core.policies import build_policy, parse_policy
 from treadle.engines.base import Engine
+from treadle.runtime.clock import ScaledClock
 from treadle.runtime.driver import Runtime
 from treadle.runtime.launcher import EmulatedProcess, EngineLauncher, LocalLauncher
 from treadle.sandbox.base import SandboxBackend
@@ -43,7 +46,7 @@ class ServiceConfig:
     gpu: str = "h100"  # cost-model entry
     engines: list[EngineRequest] = field(default_factory=list)  # registered at start
     emulate: int = 0  # GPUs of emulated engines to start (0: none)
-    time_scale: float = 1.0  # of the emulated engines
+    time_scale: float = 1.0  # of the emulated engines and, with them, the runtime's clock
     tokenizer: str | None = None  # tokenizer.json directory; None: replay tasks only
     sandbox: SandboxBackend | None = None  # for suites that run code
     max_live: int = 4096  # trajectories running at once
@@ -106,7 +109,11 @@ def build_service(config: ServiceConfig) -> Service:
     if config.emulate:
         launcher = LocalLauncher(EmulatedProcess(config.model, config.gpu,
                                                  time_scale=config.time_scale))
-    runtime = Runtime(scheduler, launcher=launcher, gpus=config.emulate,
+    # Emulated engines run `time_scale` times the modelled durations; the runtime's
+    # clock must run at the same speed, or replayed tool latencies (slept on it) and the
+    # scheduler's time would stay at modelled speed while the engines do not.
+    clock = ScaledClock(config.time_scale) if config.emulate else None
+    runtime = Runtime(scheduler, launcher=launcher, gpus=config.emulate, clock=clock,
                       request_timeout_s=config.request_timeout_s,
                       engine_wait_s=config.engine_wait_s)
     store = AsyncStore(Store(config.db))

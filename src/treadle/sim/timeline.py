@@ -178,7 +178,7 @@ def render_timeline(spans: Sequence[Span], engines: Sequence[EngineInfo], *, tit
                          round(s.end, 2), round(x1, 1), round(y1, 1), round(x2, 1), round(y2, 1)])
     svg.append(f'<g class="mig">{"".join(arrows)}</g>')
     height = y + 4.0
-    ticks = _ticks(t0, t1)
+    ticks = time_ticks(t0, t1)
     grid = "".join(f'<path class="grid" d="M{fr.x(v):.1f} {OV_TOP}V{height:.1f}"/>'
                    for v, _ in ticks)
     axis = "".join(f'<path class="grid" d="M{fr.x(v):.1f} 16v6"/><text class="tk" '
@@ -407,7 +407,7 @@ def _draw_stay(st: _Stay, fr: _Frame, bars: list[str], tools: list[str], pre: li
                 out.append(f"M{a:.1f} {st.y:.1f}h{max(MIN_BAR_PX, b - a):.1f}")
 
 
-def _ticks(t0: float, t1: float) -> list[tuple[float, str]]:
+def time_ticks(t0: float, t1: float) -> list[tuple[float, str]]:
     """About ten round tick values (1, 2 or 5 times a power of ten), with labels."""
     raw = (t1 - t0) / 10.0
     step = min(m * 10.0 ** math.ceil(math.log10(raw / m) - 1e-9) for m in (1.0, 2.0, 5.0))
@@ -441,19 +441,25 @@ def _summary(spans: Sequence[Span], tids: list[str], last: list[float],
     )
 
 
+def html_page(title: str, body: str, css: str = "") -> str:
+    """A complete self-contained document: `title` (escaped) as its heading, the
+    page style (`PAGE_CSS`, shared with `treadle run`'s report) plus `css`, `body`."""
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>'
+            f"{html.escape(title)}</title><style>{PAGE_CSS}{css}</style></head><body><h1>"
+            f"{html.escape(title)}</h1>{body}</body></html>\n")
+
+
 def _page(title: str, body: str, lane_h: float) -> str:
     bar = lane_h - (0.5 if lane_h < 4 else 1.0)  # bars leave a sliver between lanes
     bars = ",".join(f"#tl .{c}" for c in _CLASSES if c != "tool")
     colours = "".join(f".c{i}{{stroke:{c}}}" for i, (_, c, _) in enumerate(PALETTE))
-    css = (f"{_CSS}{bars}{{fill:none;stroke-width:{bar:.2f}}}{colours}.cu{{stroke:"
-           f"{UNKNOWN_COLOUR}}}#tl .tool{{fill:none;stroke:#8d949e;stroke-width:"
-           f"{max(0.6, lane_h / 4):.2f}}}#tl .pre{{stroke:url(#hatch)}}")
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>'
-            f"{html.escape(title)}</title><style>{css}</style></head><body><h1>"
-            f"{html.escape(title)}</h1>{body}</body></html>\n")
+    return html_page(title, body, (
+        f"{bars}{{fill:none;stroke-width:{bar:.2f}}}{colours}.cu{{stroke:"
+        f"{UNKNOWN_COLOUR}}}#tl .tool{{fill:none;stroke:#8d949e;stroke-width:"
+        f"{max(0.6, lane_h / 4):.2f}}}#tl .pre{{stroke:url(#hatch)}}"))
 
 
-_CSS = """body{font:13px/1.45 system-ui,sans-serif;margin:14px 18px;color:#222}
+PAGE_CSS = """body{font:13px/1.45 system-ui,sans-serif;margin:14px 18px;color:#222}
 h1{font-size:18px;margin:0 0 2px}.sum{margin:0 0 4px;color:#333}.empty{color:#666}
 .legend{display:flex;flex-wrap:wrap;gap:2px 12px;font-size:12px;color:#444;margin-bottom:4px}
 .legend i{display:inline-block;width:14px;height:9px;margin-right:4px;vertical-align:middle}
