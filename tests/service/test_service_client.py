@@ -295,3 +295,22 @@ def test_the_async_client(url: str) -> None:
             assert e.value.status == 422
 
     asyncio.run(main())
+
+
+def test_emulated_engines_and_replayed_tool_calls_share_one_time_scale(
+        client: RolloutClient) -> None:
+    # The module's service emulates at time scale 0.005: a 100 s tool call of the trace
+    # is slept 0.5 s, and the record keeps the trace's (modelled) seconds.
+    trace = [{"id": "t", "group": "g", "prompt_tokens": 64, "turns": [
+        {"output_tokens": 32, "tool_latency_s": 100.0, "tool_output_tokens": 16},
+        {"output_tokens": 32, "tool_latency_s": 0, "tool_output_tokens": 0}]}]
+    job = client.submit(tasks=replay_tasks(trace=trace))
+    assert job.group_size == {f"{job.job_id}/g": 1}
+    ((group),) = list(client.groups(job))
+    (t,) = group.trajectories
+    call = t.turns[0].tool_call
+    assert call is not None and call.latency_s == pytest.approx(100.0, rel=0.05)
+    assert t.timings.tool_s == call.latency_s
+    state = client.job(job.job_id)
+    assert state.finished_at is not None
+    assert state.finished_at - state.created_at < 50.0  # real seconds: far under 100
