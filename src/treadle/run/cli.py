@@ -260,6 +260,7 @@ def _service(args: argparse.Namespace,
     engines = (f"emulated engines on {emulate} GPU{'s' * (emulate != 1)} at time scale "
                f"{args.time_scale:g} (timings in modelled seconds)" if emulate
                else f"{len(args.engine)} engine{'s' * (len(args.engine) != 1)}")
+    print(f"treadle run: starting a service here with {engines}", file=sys.stderr, flush=True)
     with serving_in_thread(server, sock, name=f"treadle-run-service-{port}",
                            startup_timeout_s=180):
         yield f"http://127.0.0.1:{port}", None, f"a service started here with {engines}"
