@@ -175,26 +175,19 @@ def job_request(args: argparse.Namespace) -> tuple[dict[str, Any], list[int]]:
 
 def read_jsonl(path: str, what: str) -> tuple[list[dict[str, Any]], list[int]]:
     """The JSON objects of a JSONL file (blank lines skipped) and their line numbers."""
+    from treadle.envs.errors import TaskFormatError
+    from treadle.envs.records import read_jsonl as read_lines
+
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        pairs = list(read_lines(path))
+    except TaskFormatError as e:
+        raise BadInput(str(e)) from None
     except (OSError, UnicodeDecodeError) as e:
         raise BadInput(f"{what} {path}: cannot read it ({getattr(e, 'strerror', None) or e})"
                        ) from None
-    records, lines = [], []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise BadInput(f"{path}:{number}: not JSON ({e.msg})") from None
-        if not isinstance(value, dict):
-            raise BadInput(f"{path}:{number}: must be a JSON object")
-        records.append(value)
-        lines.append(number)
-    if not records:
+    if not pairs:
         raise BadInput(f"{path}: no records")
-    return records, lines
+    return [record for _, record in pairs], [number for number, _ in pairs]
 
 
 def _json_object(text: str, what: str) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """`treadle run`'s HTML report: the batch's summary and a per-trajectory timeline.
 
 One self-contained page (no network, no libraries; the page shell, style, time axis
-and tooltip box are the simulator's timeline's, `treadle.sim.timeline`): a summary
+and tooltip are those of the simulator's timeline, `treadle.sim.page`): a summary
 line, the summary table by status, a legend, then one row per trajectory, in start
 order, and a table of why trajectories ended other than completed.
 
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from treadle.sim.timeline import PLOT_W, WIDTH, X0, html_page, time_ticks
+from treadle.sim.page import PLOT_W, WIDTH, X0, hover_script, html_page, time_ticks
 from treadle.types import Trajectory
 
 _K = TypeVar("_K", str, tuple[str, str])
@@ -251,16 +251,11 @@ _CSS = (".note{color:#555;font-size:12px;max-width:70em;margin:2px 0 6px}"
         "#tl .life{fill:none;stroke:#c9ced6;stroke-width:1}.rl{font-size:9px;fill:#555}")
 
 # Hover: the row under the pointer, from its drawing coordinates and the JSON table.
-_JS = r"""(()=>{const D=JSON.parse(document.getElementById('tl-data').textContent),
-svg=document.getElementById('tl'),tip=document.getElementById('tip'),s=v=>v.toFixed(2)+' s';
-svg.addEventListener('mousemove',ev=>{const p=new DOMPoint(ev.clientX,ev.clientY).matrixTransform(
- svg.getScreenCTM().inverse()),r=D.rows[Math.floor((p.y-D.top)/D.h)];tip.style.display=r?'block':'none';
- if(!r)return;tip.textContent=[r[0],r[1]+(r[2]==null?'':'  reward '+r[2])
- +(r[10]?'  ('+r[10]+')':''),r[3]+' tokens, '+r[4]+' turns',
- 'generating '+s(r[5])+', tool '+s(r[6])+', queued '+s(r[7]),
- 'from '+s(r[8])+' to '+s(r[9])].join('\n');tip.style.top=ev.clientY+14+'px';
- tip.style.left=Math.min(ev.clientX+14,innerWidth-tip.offsetWidth-8)+'px';});
-svg.addEventListener('mouseleave',()=>{tip.style.display='none';});})();"""
+_JS = hover_script(r"""const s=v=>v.toFixed(2)+' s';
+function find(x,y){const r=D.rows[Math.floor((y-D.top)/D.h)];if(!r)return null;
+ return[r[0],r[1]+(r[2]==null?'':'  reward '+r[2])+(r[10]?'  ('+r[10]+')':''),
+  r[3]+' tokens, '+r[4]+' turns','generating '+s(r[5])+', tool '+s(r[6])+', queued '+s(r[7]),
+  'from '+s(r[8])+' to '+s(r[9])];}""")
 
 
 __all__ = ["TrajectoryRow", "render_report", "spans", "trajectory_row", "write_report"]
