@@ -117,5 +117,5 @@ def test_clients_iterating_across_a_kill_9_and_restart_get_every_trajectory_once
     assert any(d.trajectory.attempt >= 1 for d in got[16:])  # re-run after the kill
     assert from_async and [(d.seq, d.trajectory.trajectory_id) for d in from_async[0]] == [
         (d.seq, d.trajectory.trajectory_id) for d in got]
-    retries = [r.getMessage() for r in caplog.records if "reconnecting" in r.getMessage()]
+    retries = [r.getMessage() for r in caplog.records if "retrying" in r.getMessage()]
     assert any("ConnectError" in m for m in retries), retries  # it waited out the downtime

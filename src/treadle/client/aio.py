@@ -152,7 +152,7 @@ class AsyncRolloutClient:
                               max_batch: int | None = None,
                               kv_capacity_tokens: int | None = None) -> EngineState:
         return await self._do(wire.register_engine_call(url, kind, model, tp, max_batch,
-                                                kv_capacity_tokens))
+                                                        kv_capacity_tokens))
 
     async def drain_engine(self, engine_id: str) -> EngineState:
         return await self._do(wire.drain_engine_call(engine_id))

@@ -186,7 +186,7 @@ class RolloutClient:
         """Add a running engine (vllm, sglang or emulated) to the pool; the service
         checks its health first (422 if it is not healthy)."""
         return self._do(wire.register_engine_call(url, kind, model, tp, max_batch,
-                                          kv_capacity_tokens))
+                                                  kv_capacity_tokens))
 
     def drain_engine(self, engine_id: str) -> EngineState:
         """Send the engine nothing more; it leaves the pool once idle."""

@@ -81,7 +81,7 @@ class Retries:
                 f"{'s' * (self.failures != 1)}: {describe(cause)}",
                 attempts=self.failures, cause=cause) from cause
         wait = self.policy.delay(self.failures, retry_after_s)
-        log.warning("%s: %s; reconnecting in %.2f s (attempt %d of %d)", self.what,
+        log.warning("%s: %s; retrying in %.2f s (attempt %d of %d)", self.what,
                     describe(cause), wait, self.failures + 1, self.policy.attempts)
         return wait
 

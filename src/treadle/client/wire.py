@@ -168,7 +168,7 @@ def replay_tasks(workload: str | None = None, *, trajectories: int | None = None
     search, math, swe) of `trajectories` in groups of `group_size`, or `trace` lines
     (the format of `treadle sim`'s traces)."""
     return given(workload=workload, trajectories=trajectories, seed=seed,
-                  group_size=group_size, trace=trace)
+                 group_size=group_size, trace=trace)
 
 
 def group_sizes(request: Mapping[str, Any], job_id: str) -> int | dict[str, int]:

@@ -102,6 +102,7 @@ def add_run_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
 def run_batch(args: argparse.Namespace) -> int:
     from treadle.client.errors import ClientError, ServiceError
 
+    lines: list[int] = []
     try:
         request, lines = job_request(args)
         _check_service_args(args)
@@ -109,7 +110,7 @@ def run_batch(args: argparse.Namespace) -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         with _service(args, request) as (url, token, where):
-            return _run(args, request, url, token, where, out)
+            return _run(request, url, token, where, out)
     except BadInput as e:
         print(f"treadle run: {e}", file=sys.stderr)
         return 2
@@ -120,7 +121,8 @@ def run_batch(args: argparse.Namespace) -> int:
         print(f"treadle run: {e}", file=sys.stderr)
         return 1
     except (ClientError, RuntimeError, OSError) as e:
-        print(f"treadle run: {e}", file=sys.stderr)
+        cause = f" ({e.__cause__})" if isinstance(e, RuntimeError) and e.__cause__ else ""
+        print(f"treadle run: {e}{cause}", file=sys.stderr)
         return 1
 
 
@@ -229,6 +231,7 @@ def _service(args: argparse.Namespace,
         return
     import uvicorn
 
+    from treadle.errors import TreadleError
     from treadle.served import loopback_socket, serving_in_thread
     from treadle.service.app import create_app
     from treadle.service.schemas import EngineRequest
@@ -244,7 +247,7 @@ def _service(args: argparse.Namespace,
                      for u in args.engine],
             tokenizer=args.tokenizer, sandbox=_sandbox(args.sandbox) if suite else None)
         service = build_service(config)
-    except (ValueError, KeyError, OSError) as e:
+    except (ValueError, KeyError, OSError, TreadleError) as e:
         raise BadInput(str(e).strip("'\"")) from None
     sock = loopback_socket()
     port = sock.getsockname()[1]
@@ -267,9 +270,9 @@ def _sandbox(name: str) -> Any:
     return get_backend(name)
 
 
-def _run(args: argparse.Namespace, request: dict[str, Any], url: str, token: str | None,
-         where: str, out: Path) -> int:
+def _run(request: dict[str, Any], url: str, token: str | None, where: str, out: Path) -> int:
     from treadle.client.http import RolloutClient
+    from treadle.client.stream import RetryPolicy
     from treadle.run.progress import Progress, summary_rows, summary_table
     from treadle.run.report import trajectory_row, write_report
     from treadle.store.export import write_parquet
@@ -295,8 +298,10 @@ def _run(args: argparse.Namespace, request: dict[str, Any], url: str, token: str
                         yield d.seq, trajectory_to_record(d.trajectory)
                 write_parquet(delivered(), parquet)
         except KeyboardInterrupt:
-            with contextlib.suppress(Exception):
-                client.cancel(job.job_id)
+            brief = RetryPolicy(attempts=2, backoff_s=0.1, max_backoff_s=0.1)
+            with contextlib.suppress(Exception), \
+                    RolloutClient(url, token=token, retry=brief, timeout_s=5) as quick:
+                quick.cancel(job.job_id)  # the user is waiting: one quick try
             print(f"treadle run: interrupted; job {job.job_id} cancelled", file=sys.stderr)
             return 130
         finally:
