@@ -1,4 +1,4 @@
-"""Command line: `treadle sim | bench | serve | sandbox | sandbox-server | engine | demo`.
+"""Command line: `treadle sim | bench | serve | run | sandbox | sandbox-server | engine | demo`.
 
 Imports are lazy so that `--help` is instant. Bad input ends with one line on
 stderr naming what is wrong and exit code 2.
@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--workloads", default="coding,search,math,swe")
     b.add_argument("--seed", type=int, default=0)
     from treadle.engines.cli import add_engine_parser
+    from treadle.run.cli import add_run_parser
     from treadle.runtime.bench import add_live_bench_parser
     from treadle.sandbox.bench import add_bench_parser
     from treadle.sandbox.cli import add_parser as add_sandbox_parser
@@ -66,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_server_parser(sub)
     add_engine_parser(sub)
     add_serve_parser(sub)
+    add_run_parser(sub)
     demo = sub.add_parser("demo", help="the README's main job on its embedded default")
     demo.add_argument("--out", default="out", help="folder for the report files")
     return parser
@@ -76,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "sim":
             return _sim(args)
-        if args.command in ("sandbox", "sandbox-server", "engine", "serve") or (
+        if args.command in ("sandbox", "sandbox-server", "engine", "serve", "run") or (
                 args.command == "bench" and args.bench in ("sandbox", "live", "service")):
             result: int = args.func(args)
             return result

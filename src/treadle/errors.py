@@ -40,10 +40,17 @@ escaping treadle is a bug. Each package owns a branch::
     ├── ServiceBusy                     treadle.service.jobs: too many trajectories
     │                                   queued to take the job now (the API's 503)
     └── ClientError                     anything from treadle.client (classes in
-        └── ConversionError             treadle.client.errors): trajectories a trainer
-                                        format cannot express (unscored, several
-                                        segments where one row is allowed, a broken
-                                        group); also a ValueError
+        ├── ConversionError             treadle.client.errors): trajectories a trainer
+        │                               format cannot express (unscored, several
+        │                               segments where one row is allowed, a broken
+        │                               group; also a ValueError), delivered
+        ├── GroupError                  trajectories that do not fit the declared
+        │                               groups (also a ValueError), an error answer
+        ├── ServiceError                of the rollout service (its HTTP status and
+        │                               detail), a service not reached or a stream
+        ├── ServiceUnavailable          not resumed within the retries, a reply
+        └── ServiceProtocolError        breaking the API's contract (not JSON, a bad
+                                        record, a gap in sequence numbers)
 
 What a sandboxed command does is never an exception: a crash, a timeout, a
 memory or CPU kill or a truncated output comes back as an `ExecResult`. The tree is

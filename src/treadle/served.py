@@ -1,7 +1,8 @@
 """Running one of treadle's HTTP servers (uvicorn) in a thread of this process.
 
-For tests and benchmarks only: the server shares the interpreter (and its lock)
-with the caller, so timings taken through it include that contention.
+For tests, benchmarks and `treadle run`'s in-process service: the server shares
+the interpreter (and its lock) with the caller, so timings taken through it
+include that contention.
 """
 
 from __future__ import annotations

@@ -12,7 +12,13 @@ import pytest
 from store_helpers import plan, random_trajectory
 
 from treadle.store import Store, trajectory_from_record
-from treadle.store.export import export_jsonl, export_parquet, parquet_schema, read_parquet
+from treadle.store.export import (
+    export_jsonl,
+    export_parquet,
+    parquet_schema,
+    read_parquet,
+    write_parquet,
+)
 from treadle.types import GroupKey, TokenSegment, Trajectory, TrajectoryStatus
 
 
@@ -52,6 +58,16 @@ def test_parquet_reads_back_identical(filled: tuple[Store, list[Trajectory]],
         for a, b in zip(t.segments, original.segments, strict=True):
             assert [x.hex() for x in a.logprobs] == [x.hex() for x in b.logprobs]
     assert pq.ParquetFile(path).metadata.num_row_groups == 8  # a row group per page
+
+
+def test_parquet_from_records_is_the_export_of_the_store(
+        filled: tuple[Store, list[Trajectory]], tmp_path: Path) -> None:
+    store, _ = filled
+    export_parquet(store, "j", tmp_path / "a.parquet")
+    pairs = ((d.seq, d.record()) for d in store.iter_results("j"))
+    assert write_parquet(pairs, tmp_path / "b.parquet", page_size=7) == 30
+    assert pq.read_table(tmp_path / "b.parquet").equals(pq.read_table(tmp_path / "a.parquet"))
+    assert pq.ParquetFile(tmp_path / "b.parquet").metadata.num_row_groups == 5
 
 
 def test_parquet_layout_is_one_row_per_segment(tmp_path: Path) -> None:

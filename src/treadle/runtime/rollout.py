@@ -15,7 +15,8 @@ ProRL Agent's stages, each failure attributed to one of them (`FailureStage`):
   there is logged and does not change a trajectory that is already complete.
 
 `replay_task` is the same for a workload's trajectory script (`runtime.replay`): no
-sandbox and no reward, only the engine calls; its record has the turns' counts and
+sandbox and no reward, only the engine calls; its record has the turns (counts,
+engines, queued and generating seconds, the tool gaps as calls named "replay") and
 no token ids (the tokens are synthetic).
 
 Both return the trajectory and raise only `CancelledError`.
@@ -38,7 +39,7 @@ from treadle.runtime.replay import replay
 from treadle.sandbox.base import SandboxBackend
 from treadle.sandbox.pool import SandboxPool
 from treadle.sim.workload import TrajectorySpec
-from treadle.types import FailureStage, GroupKey, Task, Trajectory, TrajectoryStatus, Turn
+from treadle.types import FailureStage, GroupKey, Task, Trajectory, TrajectoryStatus
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,9 @@ async def replay_task(runtime: Runtime, spec: TrajectorySpec, *, traj_id: str, k
         traj.reason = f"engine: {e}"
     else:
         traj.status = TrajectoryStatus.COMPLETED
-        traj.turns = [Turn(i, t.output_tokens) for i, t in enumerate(spec.turns)]
+        traj.turns = list(result.turn_records)
         traj.timings.queue_s = result.queued_s
+        traj.timings.llm_s = sum(t.generating_s for t in traj.turns)
+        traj.timings.tool_s = sum(t.tool_call.latency_s for t in traj.turns if t.tool_call)
     traj.timings.finished_at = runtime.clock.now()
     return traj

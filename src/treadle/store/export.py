@@ -28,7 +28,9 @@ in segment order. Columns:
     policy_versions  list<int64>
 
 `read_parquet` turns a file back into `Trajectory` objects (through the strict
-record reader), so an export can be checked against the store. Both exports read
+record reader), so an export can be checked against the store. `write_parquet`
+writes the same file from (seq, record) pairs, e.g. a client's stream of a job
+(`treadle run` does). Both exports read
 the store a page at a time and Parquet writes a row group per page: memory is one
 page, whatever the job's size. pyarrow is needed for Parquet only (extra
 ``treadle[store]``); it is imported when a Parquet function is called.
@@ -38,11 +40,10 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from treadle.store.db import Store
-from treadle.store.jobs import Delivery
 from treadle.store.record import RECORD_VERSION, trajectory_from_record
 from treadle.types import Trajectory
 
@@ -111,24 +112,37 @@ def parquet_schema() -> pa.Schema:
 def export_parquet(store: Store, job_id: str, path: str | os.PathLike[str],
                    page_size: int = 256) -> int:
     """Write the job's results to `path` as Parquet; returns how many trajectories."""
+    return write_parquet(((d.seq, d.record()) for d in
+                          store.iter_results(job_id, page_size=page_size)), path, page_size)
+
+
+def write_parquet(deliveries: Iterable[tuple[int, Mapping[str, Any]]],
+                  path: str | os.PathLike[str], page_size: int = 256) -> int:
+    """Write (seq, trajectory record) pairs to `path` as Parquet, the layout above, a
+    row group per `page_size` trajectories; returns how many. `deliveries` is read
+    lazily (a client's stream can feed it as trajectories arrive)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     schema = parquet_schema()
     n = 0
-    after = 0
+    page: list[tuple[int, Mapping[str, Any]]] = []
+
+    def flush() -> None:
+        columns: dict[str, list[Any]] = {name: [] for name in schema.names}
+        for seq, record in page:
+            _add_rows(columns, seq, record)
+        writer.write_table(pa.table(columns, schema=schema))
+        page.clear()
+
     with pq.ParquetWriter(str(path), schema) as writer:
-        while True:
-            page = store.results(job_id, after, page_size)
-            if page:
-                columns: dict[str, list[Any]] = {name: [] for name in schema.names}
-                for delivery in page:
-                    _add_rows(columns, delivery)
-                writer.write_table(pa.table(columns, schema=schema))
-                n += len(page)
-                after = page[-1].seq
-            if len(page) < page_size:
-                break
+        for delivery in deliveries:
+            page.append(delivery)
+            n += 1
+            if len(page) >= page_size:
+                flush()
+        if page or n == 0:
+            flush()
     return n
 
 
@@ -150,12 +164,11 @@ def read_parquet(path: str | os.PathLike[str]) -> Iterator[tuple[int, Trajectory
         yield rows[0]["seq"], _trajectory(rows)
 
 
-def _add_rows(columns: dict[str, list[Any]], delivery: Delivery) -> None:
-    record = delivery.record()
+def _add_rows(columns: dict[str, list[Any]], seq: int, record: Mapping[str, Any]) -> None:
     per_trajectory: dict[str, Any] = {name: record[name] for name in _COPIED}
     per_trajectory.update(record["timings"])
     per_trajectory.update({
-        "seq": delivery.seq,
+        "seq": seq,
         "metrics": list(record["metrics"].items()),
         "num_turns": len(record["turns"]),
         "turns_json": json.dumps(record["turns"], ensure_ascii=False, separators=(",", ":")),
