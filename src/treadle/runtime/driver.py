@@ -245,6 +245,7 @@ class Runtime:
         slot = self._slot(engine_id)
         if not slot.draining:
             self._emit(EngineDraining(engine_id))
+            slot.draining = True  # at once: its DrainEngine decision comes at the next decide
 
     def remove_engine(self, engine_id: str, reason: str = "removed") -> None:
         """Take the engine away now; its trajectories move elsewhere (re-prefill)."""
