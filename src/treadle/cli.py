@@ -1,4 +1,4 @@
-"""Command line: `treadle sim | bench | sandbox | sandbox-server | engine | demo`.
+"""Command line: `treadle sim | bench | sandbox | sandbox-server | engine | train | demo`.
 
 Imports are lazy so that `--help` is instant. Bad input ends with one line on
 stderr naming what is wrong and exit code 2.
@@ -53,11 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
     from treadle.sandbox.bench import add_bench_parser
     from treadle.sandbox.cli import add_parser as add_sandbox_parser
     from treadle.sandbox.cli import add_server_parser
+    from treadle.train.cli import add_train_parser
 
     add_bench_parser(bench_sub)
     add_sandbox_parser(sub)
     add_server_parser(sub)
     add_engine_parser(sub)
+    add_train_parser(sub)
     demo = sub.add_parser("demo", help="the README's main job on its embedded default")
     demo.add_argument("--out", default="out", help="folder for the report files")
     return parser
@@ -68,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "sim":
             return _sim(args)
-        if args.command in ("sandbox", "sandbox-server", "engine") or (
+        if args.command in ("sandbox", "sandbox-server", "engine", "train") or (
                 args.command == "bench" and args.bench == "sandbox"):
             result: int = args.func(args)
             return result
