@@ -1,4 +1,4 @@
-"""Command line: `treadle sim | bench | serve | run | sandbox | sandbox-server | engine | demo`.
+"""Command line: treadle sim, bench, serve, run, train, engine, sandbox, sandbox-server, demo.
 
 Imports are lazy so that `--help` is instant. Bad input ends with one line on
 stderr naming what is wrong and exit code 2.
@@ -59,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     from treadle.sandbox.cli import add_server_parser
     from treadle.service.bench import add_service_bench_parser
     from treadle.service.cli import add_serve_parser
+    from treadle.train.cli import add_train_parser
 
     add_bench_parser(bench_sub)
     add_live_bench_parser(bench_sub)
@@ -68,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_parser(sub)
     add_serve_parser(sub)
     add_run_parser(sub)
+    add_train_parser(sub)
     demo = sub.add_parser("demo", help="the README's main job on its embedded default")
     demo.add_argument("--out", default="out", help="folder for the report files")
     return parser
@@ -78,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "sim":
             return _sim(args)
-        if args.command in ("sandbox", "sandbox-server", "engine", "serve", "run") or (
+        if args.command in ("sandbox", "sandbox-server", "engine", "serve", "run", "train") or (
                 args.command == "bench" and args.bench in ("sandbox", "live", "service")):
             result: int = args.func(args)
             return result

@@ -141,21 +141,25 @@ class EngineTurns:
 
     For single rollouts, evaluation and tests; the runtime's runner schedules turns
     over a pool of engines instead. `policy_version` stamps every sampled token.
+    Request ids are ``<request_prefix>-<n>`` (default prefix: unique per runner); a
+    fixed prefix makes them reproducible, for engines that seed sampling by id.
     """
 
     def __init__(self, engine: Engine, *, engine_id: str = "engine", policy_version: int = 0,
-                 request_timeout_s: float | None = 600.0) -> None:
+                 request_timeout_s: float | None = 600.0,
+                 request_prefix: str | None = None) -> None:
         self.engine = engine
         self.engine_id = engine_id
         self.policy_version = policy_version
         self.request_timeout_s = request_timeout_s
+        self.request_prefix = request_prefix if request_prefix is not None else f"{id(self):x}"
         self._calls = 0
 
     async def generate(self, prompt_ids: list[int], max_tokens: int, sampling: Sampling,
                        stop_ids: list[int]) -> TurnOutput:
         self._calls += 1
         result = await self.engine.generate(GenerateRequest(
-            request_id=f"{id(self):x}-{self._calls}", prompt_ids=prompt_ids,
+            request_id=f"{self.request_prefix}-{self._calls}", prompt_ids=prompt_ids,
             max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
             stop_token_ids=stop_ids, timeout_s=self.request_timeout_s))
         if result.finish_reason == "abort":

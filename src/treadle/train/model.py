@@ -1,0 +1,195 @@
+"""The tokenizer and the small Qwen2 model, built from a seed with no downloads.
+
+**Tokenizer.** Byte-level BPE (`tokenizers`) trained on the training transcripts,
+with the special tokens ``<|endoftext|>`` (id 0, padding), ``<|im_start|>`` (1) and
+``<|im_end|>`` (2, end of a reply). Two choices make the transcripts short and the
+task learnable by a tiny model:
+
+- every digit is its own token (`Digits(individual_digits=True)`), so copying a
+  number from the question into code is copying digit tokens one by one;
+- no whitespace pre-split (`ByteLevel(use_regex=False)`): merges may cross spaces,
+  so the constant text of the system prompt, the tool specs and the tool-call
+  syntax become a few long tokens. A math prompt is ~60 tokens instead of ~435
+  with GPT-2's word split, which makes training and rollouts ~5x cheaper. The
+  price: text unlike the transcripts tokenizes poorly (byte-ish), and the
+  vocabulary is tied to the agent format of `treadle.agent.chat`.
+
+**Model.** `Qwen2ForCausalLM`, fp32, tied embeddings. The default (`ModelConfig`):
+hidden 256, 4 layers, 4 query heads of head_dim 64 with 2 KV heads, MLP 768,
+vocabulary 1,024 — 3.4M parameters. head_dim 64 because vLLM's CPU attention
+rejects 16; 4 layers because copying needs at least two (an induction circuit)
+and a few more carry the per-kind formats; width 256 keeps one SFT step of 32
+transcripts near 0.5 s on 2 cores (docs/training.md has the measurements).
+
+A checkpoint directory holds `config.json`, `model.safetensors`,
+`generation_config.json` (eos ``<|im_end|>``), `tokenizer.json`,
+`tokenizer_config.json` (eos ``<|im_end|>``, pad ``<|endoftext|>``) and a chat
+template that renders conversations exactly as `HermesFormat` does. Both
+`treadle.agent.chat.HFTokenizer(dir)` and vLLM load it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from treadle.agent.chat import _TOOLS_INTRO, _TOOLS_OUTRO, DEFAULT_SYSTEM, IM_END, IM_START
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+    from transformers import Qwen2ForCausalLM
+
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 0, 1, 2
+PAD_ID, IM_START_ID, IM_END_ID = 0, 1, 2
+
+# The Qwen2.5 tool-use template, reduced to what `HermesFormat` renders (system with
+# tools, user, assistant with tool calls, tool results in one user turn), so that
+# `apply_chat_template` over a conversation equals the agent loop's pieces joined.
+# All text is inside {{ }} and no tag is followed by a newline: transformers renders
+# with trim_blocks/lstrip_blocks, which would eat literal newlines next to tags.
+def _jinja(text: str) -> str:
+    return json.dumps(text)  # a Jinja string literal (same escapes as JSON)
+
+
+CHAT_TEMPLATE = (
+    "{% set system = " + _jinja(DEFAULT_SYSTEM) + " %}"
+    "{% if messages and messages[0]['role'] == 'system' %}"
+    "{% set system = messages[0]['content'] %}{% set messages = messages[1:] %}{% endif %}"
+    "{{ " + _jinja(IM_START + "system\n") + " + system }}"
+    "{% if tools %}{{ " + _jinja(_TOOLS_INTRO) + " }}"
+    "{% for tool in tools %}{{ '\\n' + (tool | tojson) }}{% endfor %}"
+    "{{ " + _jinja(_TOOLS_OUTRO) + " }}{% endif %}"
+    "{{ " + _jinja(IM_END + "\n") + " }}"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}"
+    "{{ " + _jinja(IM_START + "user\n") + " }}{% else %}{{ '\\n' }}{% endif %}"
+    "{{ '<tool_response>\\n' + m['content'] + '\\n</tool_response>' }}"
+    "{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}"
+    "{{ " + _jinja(IM_END + "\n") + " }}{% endif %}"
+    "{% else %}"
+    "{{ " + _jinja(IM_START) + " + m['role'] + '\\n' + (m['content'] or '') }}"
+    "{% for call in m.get('tool_calls') or [] %}"
+    "{% set f = call['function'] if 'function' in call else call %}"
+    "{% if m['content'] or not loop.first %}{{ '\\n' }}{% endif %}"
+    "{{ '<tool_call>\\n{\"name\": ' + (f['name'] | tojson) + ', \"arguments\": ' "
+    "+ (f['arguments'] | tojson) + '}\\n</tool_call>' }}"
+    "{% endfor %}"
+    "{{ " + _jinja(IM_END + "\n") + " }}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ " + _jinja(IM_START + "assistant\n") + " }}{% endif %}"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """The architecture and tokenizer size; see the module docstring for the choice."""
+
+    vocab_size: int = 1024  # BPE target size, special tokens included
+    hidden_size: int = 256  # residual width
+    layers: int = 4  # transformer blocks
+    heads: int = 4  # query heads
+    kv_heads: int = 2  # key/value heads (grouped-query attention)
+    intermediate_size: int = 768  # SwiGLU MLP width
+    max_positions: int = 1024  # longest context (prompt + replies + observations)
+    rope_theta: float = 10000.0  # rotary base; contexts here are short
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.heads or self.heads % self.kv_heads:
+            raise ValueError("hidden_size must be a multiple of heads, heads of kv_heads")
+        if self.head_dim < 32:  # "Unsupported CPU attention configuration" in vLLM
+            raise ValueError(f"head_dim (hidden_size / heads) must be >= 32, got {self.head_dim}")
+
+    @property
+    def head_dim(self) -> int:
+        """Per-head width, hidden_size / heads (Qwen2 derives it so; vLLM needs >= 32)."""
+        return self.hidden_size // self.heads
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
+    """A byte-level BPE trained on `texts` (deterministic: the same texts give the
+    same merges). Special tokens take ids 0-2; see the module docstring."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    if vocab_size < len(SPECIAL_TOKENS) + 256:
+        raise ValueError(f"vocab_size must be at least {len(SPECIAL_TOKENS) + 256} "
+                         f"(special tokens and the 256 bytes), got {vocab_size}")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    for want, token in enumerate(SPECIAL_TOKENS):
+        if tok.token_to_id(token) != want:  # the ids are part of the checkpoint format
+            raise RuntimeError(f"special token {token!r} got id {tok.token_to_id(token)}")
+    return tok
+
+
+def build_model(config: ModelConfig, vocab_size: int, seed: int) -> Qwen2ForCausalLM:
+    """A freshly initialised model; the same (config, vocab_size, seed) gives the same
+    weights. `vocab_size` is the trained tokenizer's (it may fall short of the target)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    qwen = Qwen2Config(
+        vocab_size=vocab_size, hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size, num_hidden_layers=config.layers,
+        num_attention_heads=config.heads, num_key_value_heads=config.kv_heads,
+        max_position_embeddings=config.max_positions,
+        rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
+        tie_word_embeddings=True,
+        bos_token_id=PAD_ID, eos_token_id=IM_END_ID, pad_token_id=PAD_ID, dtype="float32")
+    with torch.random.fork_rng(devices=[]):  # leave the caller's global RNG alone
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(qwen)  # type: ignore[no-untyped-call]
+    return model
+
+
+def save_checkpoint(model: Qwen2ForCausalLM, tokenizer: Tokenizer, out: str | Path) -> Path:
+    """Write the model and the tokenizer (with eos, pad and chat template) to `out`."""
+    from transformers import PreTrainedTokenizerFast
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.generation_config.eos_token_id = IM_END_ID
+    model.generation_config.pad_token_id = PAD_ID
+    model.save_pretrained(out)
+    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=tokenizer, eos_token=SPECIAL_TOKENS[IM_END_ID],
+                                   pad_token=SPECIAL_TOKENS[PAD_ID], bos_token=None,
+                                   model_max_length=model.config.max_position_embeddings)
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out)
+    return out
+
+
+def load_model(path: str | Path) -> Qwen2ForCausalLM:
+    """A saved checkpoint's model, fp32, in eval mode."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    model = Qwen2ForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    model.eval()  # type: ignore[no-untyped-call]
+    return model
+
+
+def weights_digest(model: Qwen2ForCausalLM) -> str:
+    """SHA-256 over every parameter's name, shape and fp32 bytes (determinism checks)."""
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(str(tuple(tensor.shape)).encode())
+        h.update(tensor.detach().float().contiguous().numpy().tobytes())
+    return h.hexdigest()
