@@ -45,7 +45,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -177,11 +177,12 @@ class Runtime:
 
     # -- lifecycle -------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Start the scheduler's initial pool with the launcher (if given) and the
-        health checks. EngineStartError if no engine of the pool came up."""
-        if self.launcher is not None and self.gpus > 0:
-            pool = self.scheduler.initial_pool(self.gpus)
+    async def start(self, pool: Sequence[int] | None = None) -> None:
+        """Start `pool` (TP degrees; default the scheduler's initial pool on `gpus`)
+        with the launcher, if there is one, and the health checks. EngineStartError if
+        no engine of the pool came up."""
+        if self.launcher is not None and (self.gpus > 0 or pool):
+            pool = list(pool) if pool else self.scheduler.initial_pool(self.gpus)
             results = await asyncio.gather(*(self._launch(tp) for tp in pool),
                                            return_exceptions=True)
             errors = [r for r in results if isinstance(r, BaseException)]

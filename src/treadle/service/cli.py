@@ -5,7 +5,8 @@
         --served-model Qwen/Qwen3-8B --tokenizer /models/qwen3-8b --sandbox bwrap
 
 Engines: `--engine URL` (repeatable; `--engine-kind`, `--served-model` apply to
-all), `--emulate N` (emulated engine processes laid out by the policy on N GPUs,
+all), `--vllm MODEL_DIR` (vLLM engines started here, RL endpoints on), `--emulate N`
+(emulated engine processes laid out by the policy on N GPUs,
 for experiments without GPUs), or later `POST /v1/engines`. Suite tasks need
 `--tokenizer`. Exits 2 with one line on stderr for bad input.
 """
@@ -39,6 +40,17 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="of the emulated engines and the scheduler's clock (0.1 = 10x "
                         "faster than modelled; job timings are then in modelled seconds)")
+    p.add_argument("--vllm", default=None, metavar="MODEL_DIR",
+                   help="start vLLM engines serving this model directory (with the RL "
+                        "endpoints, so weight updates work); its tokenizer is the default "
+                        "--tokenizer")
+    p.add_argument("--vllm-engines", type=int, default=1, help="how many vLLM engines")
+    p.add_argument("--vllm-python", default=os.environ.get("TREADLE_VLLM_PYTHON",
+                                                           ".venv-vllm/bin/python"),
+                   help="the interpreter vLLM is installed in (scripts/vllm-cpu.sh "
+                        "installs one at .venv-vllm)")
+    p.add_argument("--max-model-len", type=int, default=1024,
+                   help="--max-model-len of the vLLM engines started here")
     p.add_argument("--tokenizer", default=None, metavar="DIR",
                    help="the served model's tokenizer.json directory (needed for suite tasks)")
     p.add_argument("--sandbox", default="bwrap", choices=("bwrap", "local", "remote", "none"),
@@ -66,11 +78,17 @@ def run_serve(args: argparse.Namespace) -> int:
         engines = [EngineRequest(url=u, kind=args.engine_kind, model=args.served_model)
                    for u in args.engine]
         sandbox = None if args.sandbox == "none" else _sandbox(args.sandbox)
+        if args.vllm and not os.path.exists(args.vllm_python):
+            raise ValueError(f"--vllm-python {args.vllm_python}: no such interpreter "
+                             "(bash scripts/vllm-cpu.sh installs vLLM at .venv-vllm)")
         config = ServiceConfig(db=args.db, token=args.token, policy=args.policy,
                                model=args.model, gpu=args.gpu, engines=engines,
                                emulate=args.emulate, time_scale=args.time_scale,
-                               tokenizer=args.tokenizer, sandbox=sandbox,
-                               max_live=args.max_live)
+                               tokenizer=args.tokenizer or args.vllm, sandbox=sandbox,
+                               max_live=args.max_live, vllm_model=args.vllm,
+                               vllm_engines=args.vllm_engines,
+                               vllm_python=os.path.abspath(args.vllm_python),
+                               vllm_max_model_len=args.max_model_len)
         service = build_service(config)
     except (ValueError, KeyError, OSError) as e:
         print(f"treadle serve: {str(e).strip(chr(39))}", file=sys.stderr)

@@ -23,7 +23,7 @@ from treadle.core.policies import build_policy, parse_policy
 from treadle.engines.base import Engine
 from treadle.runtime.clock import ScaledClock, WallClock
 from treadle.runtime.driver import Runtime
-from treadle.runtime.launcher import EmulatedProcess, EngineLauncher, LocalLauncher
+from treadle.runtime.launcher import EmulatedProcess, EngineLauncher, LocalLauncher, VLLMProcess
 from treadle.sandbox.base import SandboxBackend
 from treadle.service.jobs import Rollouts
 from treadle.service.schemas import EngineRequest, WeightsView
@@ -54,6 +54,10 @@ class ServiceConfig:
     max_streams: int = 256  # NDJSON streams at once
     request_timeout_s: float | None = 600.0  # per engine call
     engine_wait_s: float = 60.0  # a turn with no engine at all gives up after this
+    vllm_model: str | None = None  # start vLLM engines serving this model directory
+    vllm_engines: int = 1  # how many (each a TP-1 process of its own)
+    vllm_python: str = "python3"  # the interpreter vLLM is installed in
+    vllm_max_model_len: int = 1024  # --max-model-len of the started engines
 
 
 class Service:
@@ -71,7 +75,10 @@ class Service:
         self.max_streams = config.max_streams
 
     async def start(self) -> None:
-        await self.runtime.start()
+        # Engines started here from a model directory are TP-1 processes, whatever
+        # layout the policy would plan for GPUs it does not have.
+        pool = [1] * self.config.vllm_engines if self.config.vllm_model else None
+        await self.runtime.start(pool)
         for request in self.config.engines:
             engine = engine_client(request)
             if not await engine.health():
@@ -105,14 +112,25 @@ def build_service(config: ServiceConfig) -> Service:
     cost = CostModel.named(config.model, config.gpu)
     scheduler = build_policy(parse_policy(config.policy), cost, batch_size=1024)
     launcher: EngineLauncher | None = None
+    gpus = 0
+    if config.emulate and config.vllm_model:
+        raise ValueError("emulate and vllm_model exclude each other: one kind of engine")
     if config.emulate:
         launcher = LocalLauncher(EmulatedProcess(config.model, config.gpu,
                                                  time_scale=config.time_scale))
+        gpus = config.emulate
+    elif config.vllm_model:
+        # Dev mode for the RL endpoints: the weight-update barrier reloads weights.
+        launcher = LocalLauncher(VLLMProcess(
+            model_dir=config.vllm_model, served_name="policy", python=config.vllm_python,
+            max_model_len=config.vllm_max_model_len,
+            extra_env=(("VLLM_CPU_KVCACHE_SPACE", "1"), ("VLLM_SERVER_DEV_MODE", "1"))))
+        gpus = config.vllm_engines
     # Emulated engines run `time_scale` times real; the scheduler and the replays'
     # tool latencies must see the same modelled seconds, or a replay sleeps its tools
     # in real seconds between turns that run 1/time_scale times faster.
     clock = ScaledClock(config.time_scale) if config.emulate else WallClock()
-    runtime = Runtime(scheduler, launcher=launcher, gpus=config.emulate, clock=clock,
+    runtime = Runtime(scheduler, launcher=launcher, gpus=gpus, clock=clock,
                       request_timeout_s=config.request_timeout_s,
                       engine_wait_s=config.engine_wait_s)
     store = AsyncStore(Store(config.db))
