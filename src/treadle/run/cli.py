@@ -86,6 +86,11 @@ def add_run_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
     here.add_argument("--engine-kind", choices=("vllm", "sglang", "emulated"), default="vllm")
     here.add_argument("--served-model", default="model")
     here.add_argument("--tokenizer", metavar="DIR", help="tokenizer.json dir (suite tasks)")
+    here.add_argument("--vllm", metavar="MODEL_DIR",
+                      help="start a vLLM engine serving this model (its tokenizer too)")
+    here.add_argument("--vllm-python", default=os.environ.get("TREADLE_VLLM_PYTHON",
+                                                              ".venv-vllm/bin/python"),
+                      help="the interpreter vLLM is installed in")
     here.add_argument("--emulate", type=int, metavar="GPUS",
                       help=f"emulated engines on this many GPUs (default {DEFAULT_EMULATED_GPUS}"
                            " for a workload without --engine)")
@@ -203,13 +208,17 @@ def _json_object(text: str, what: str) -> dict[str, Any]:
 
 
 def _check_service_args(args: argparse.Namespace) -> None:
-    here = [f"--{n.replace('_', '-')}" for n in ("engine", "tokenizer", "emulate")
+    here = [f"--{n.replace('_', '-')}" for n in ("engine", "tokenizer", "emulate", "vllm")
             if getattr(args, n)]
     if args.url and here:
         raise BadInput(f"{', '.join(here)} set up a service started here; not with --url")
-    if args.url is None and not args.engine and not args.workload and args.emulate is None:
-        raise BadInput("no engines: give --engine URL (and --tokenizer DIR) or --emulate N, "
-                       "or --url of a running service")
+    if args.url is None and not args.engine and not args.workload and args.emulate is None \
+            and not args.vllm:
+        raise BadInput("no engines: give --engine URL (and --tokenizer DIR), --vllm MODEL_DIR "
+                       "or --emulate N, or --url of a running service")
+    if args.vllm and not os.path.exists(args.vllm_python):
+        raise BadInput(f"--vllm-python {args.vllm_python}: no such interpreter (bash "
+                       "scripts/vllm-cpu.sh installs vLLM at .venv-vllm)")
     if (args.emulate is not None and args.emulate < 0) or args.time_scale <= 0:
         raise BadInput("--emulate must be >= 0 and --time-scale > 0")
 
@@ -238,14 +247,16 @@ def _service(args: argparse.Namespace,
     from treadle.service.state import ServiceConfig, build_service
 
     emulate = args.emulate if args.emulate is not None else (
-        0 if args.engine else DEFAULT_EMULATED_GPUS)
+        0 if args.engine or args.vllm else DEFAULT_EMULATED_GPUS)
     suite = "suite" in request["tasks"]
     try:
         config = ServiceConfig(
             db=args.db, policy=args.policy, emulate=emulate, time_scale=args.time_scale,
             engines=[EngineRequest(url=u, kind=args.engine_kind, model=args.served_model)
                      for u in args.engine],
-            tokenizer=args.tokenizer, sandbox=_sandbox(args.sandbox) if suite else None)
+            tokenizer=args.tokenizer or args.vllm,
+            sandbox=_sandbox(args.sandbox) if suite else None, vllm_model=args.vllm,
+            vllm_python=os.path.abspath(args.vllm_python))
         service = build_service(config)
     except (ValueError, KeyError, OSError, TreadleError) as e:
         raise BadInput(str(e).strip("'\"")) from None
@@ -255,6 +266,7 @@ def _service(args: argparse.Namespace,
                                            lifespan="on", access_log=False))
     engines = (f"emulated engines on {emulate} GPU{'s' * (emulate != 1)} at time scale "
                f"{args.time_scale:g} (timings in modelled seconds)" if emulate
+               else f"a vLLM engine serving {args.vllm}" if args.vllm
                else f"{len(args.engine)} engine{'s' * (len(args.engine) != 1)}")
     print(f"treadle run: starting a service here with {engines}", file=sys.stderr, flush=True)
     with serving_in_thread(server, sock, name=f"treadle-run-service-{port}",
