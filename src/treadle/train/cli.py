@@ -1,6 +1,6 @@
 """`treadle train sft | eval`: fine-tune the small model (cached), measure a checkpoint.
 
-    treadle train sft --out ~/.cache/treadle --steps 300      # prints the checkpoint dir
+    treadle train sft --out ~/.cache/treadle --steps 400      # prints the checkpoint dir
     treadle train eval --model DIR --tasks 200 --temperature 1.0
 
 Wire into the main CLI with `add_train_parser(subparsers)`; the handler is in
@@ -30,7 +30,7 @@ def add_train_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
     sft.add_argument("--out", type=Path, default=DEFAULT_CACHE,
                      help=f"cache root; the checkpoint is OUT/sft-<key> (default {DEFAULT_CACHE}"
                           ", or $TREADLE_CACHE)")
-    sft.add_argument("--steps", type=int, default=None, help="optimizer steps (default 300)")
+    sft.add_argument("--steps", type=int, default=None, help="optimizer steps (default 400)")
     sft.add_argument("--train-tasks", type=int, default=None,
                      help="distinct training transcripts (default 2000)")
     sft.add_argument("--seed", type=int, default=None, help="initialisation and batch order")
@@ -52,7 +52,7 @@ def _quiet() -> None:
     import transformers
 
     transformers.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-    logging.basicConfig(level=logging.WARNING, format="treadle: %(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
 
 
 def _fail(command: str, message: str) -> int:
