@@ -1,4 +1,4 @@
-"""Command line: `treadle sim | bench | sandbox | sandbox-server | engine | train | demo`.
+"""Command line: treadle sim, bench, serve, run, train, engine, sandbox, sandbox-server, demo.
 
 Imports are lazy so that `--help` is instant. Bad input ends with one line on
 stderr naming what is wrong and exit code 2.
@@ -12,6 +12,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from treadle.reports import log as _log
 
 DEFAULT_POLICIES = "slime,verl,verl-star,heddle,treadle,oracle"
 
@@ -50,15 +52,23 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--workloads", default="coding,search,math,swe")
     b.add_argument("--seed", type=int, default=0)
     from treadle.engines.cli import add_engine_parser
+    from treadle.run.cli import add_run_parser
+    from treadle.runtime.bench import add_live_bench_parser
     from treadle.sandbox.bench import add_bench_parser
     from treadle.sandbox.cli import add_parser as add_sandbox_parser
     from treadle.sandbox.cli import add_server_parser
+    from treadle.service.bench import add_service_bench_parser
+    from treadle.service.cli import add_serve_parser
     from treadle.train.cli import add_train_parser
 
     add_bench_parser(bench_sub)
+    add_live_bench_parser(bench_sub)
+    add_service_bench_parser(bench_sub)
     add_sandbox_parser(sub)
     add_server_parser(sub)
     add_engine_parser(sub)
+    add_serve_parser(sub)
+    add_run_parser(sub)
     add_train_parser(sub)
     demo = sub.add_parser("demo", help="the README's main job on its embedded default")
     demo.add_argument("--out", default="out", help="folder for the report files")
@@ -70,8 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "sim":
             return _sim(args)
-        if args.command in ("sandbox", "sandbox-server", "engine", "train") or (
-                args.command == "bench" and args.bench == "sandbox"):
+        if args.command in ("sandbox", "sandbox-server", "engine", "serve", "run", "train") or (
+                args.command == "bench" and args.bench in ("sandbox", "live", "service")):
             result: int = args.func(args)
             return result
         if args.command == "bench":
@@ -87,10 +97,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"treadle: error: {exc}", file=sys.stderr)
         return 2
     return 2
-
-
-def _log(message: str) -> None:
-    print(f"treadle: {message}", file=sys.stderr, flush=True)
 
 
 def load_workload(name: str, trajectories: int, seed: int, max_context: int) -> Any:

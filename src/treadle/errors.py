@@ -18,11 +18,39 @@ escaping treadle is a bug. Each package owns a branch::
     │   ├── TaskFormatError             treadle.envs.errors): a malformed task record,
     │   ├── EnvConfigError              an environment set up wrongly by its caller,
     │   └── ResourcesServerError        an external resources server that failed
-    └── EngineError                     anything from treadle.engines (classes in
-        ├── EngineUnavailable           treadle.engines.errors): engine down or
-        ├── EngineTimeout               unreachable, a request past its deadline,
-        ├── EngineProtocolError         a malformed reply (names the field), a
-        └── EngineRequestError          request the engine rejected (also a ValueError)
+    ├── EngineError                     anything from treadle.engines (classes in
+    │   ├── EngineUnavailable           treadle.engines.errors): engine down or
+    │   │   ├── EngineStartError        unreachable (an engine that did not start, no
+    │   │   └── NoEngineAvailable       engine left at all), a request past its
+    │   ├── EngineTimeout               deadline, a malformed reply (names the
+    │   ├── EngineProtocolError         field), a request the engine rejected (also
+    │   └── EngineRequestError          a ValueError)
+    ├── StoreError                      anything from treadle.store (classes in
+    │   ├── RecordError                 treadle.store.errors): a malformed trajectory
+    │   │                               record (names the field; also a ValueError),
+    │   ├── NotFound                    a job or trajectory the store does not hold
+    │   │                               (also a LookupError), a request contradicting
+    │   ├── StoreConflict               what is stored (a job id taken, a result for
+    │   │                               the wrong group), a database file from a newer
+    │   └── SchemaError                 treadle or not a treadle store at all
+    ├── RequestRefused                  treadle.service.jobs: a job the service cannot
+    │                                   run (unknown suite, no tokenizer, a trace line
+    │                                   past the model's window; names the field; the
+    │                                   API's 422; also a ValueError)
+    ├── ServiceBusy                     treadle.service.jobs: too many trajectories
+    │                                   queued to take the job now (the API's 503)
+    └── ClientError                     anything from treadle.client (classes in
+        ├── ConversionError             treadle.client.errors): trajectories a trainer
+        │                               format cannot express (unscored, several
+        │                               segments where one row is allowed, a broken
+        │                               group; also a ValueError), delivered
+        ├── GroupError                  trajectories that do not fit the declared
+        │                               groups (also a ValueError), an error answer
+        ├── ServiceError                of the rollout service (its HTTP status and
+        │                               detail), a service not reached or a stream
+        ├── ServiceUnavailable          not resumed within the retries, a reply
+        └── ServiceProtocolError        breaking the API's contract (not JSON, a bad
+                                        record, a gap in sequence numbers)
 
 What a sandboxed command does is never an exception: a crash, a timeout, a
 memory or CPU kill or a truncated output comes back as an `ExecResult`. The tree is

@@ -1,7 +1,8 @@
 """Running one of treadle's HTTP servers (uvicorn) in a thread of this process.
 
-For tests and benchmarks only: the server shares the interpreter (and its lock)
-with the caller, so timings taken through it include that contention.
+For tests, benchmarks and `treadle run`'s in-process service: the server shares
+the interpreter (and its lock) with the caller, so timings taken through it
+include that contention.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 
 import uvicorn
+from starlette.types import Message, Receive
 
 log = logging.getLogger(__name__)
 
@@ -63,3 +65,27 @@ def serving_in_thread(server: uvicorn.Server, sock: socket.socket, *, name: str,
         if thread.is_alive():
             log.error("%s did not stop within %.0f s", name, join_timeout_s)
         sock.close()
+
+
+def declared_too_large(headers: dict[bytes, bytes], max_bytes: int) -> bool:
+    """Whether a request's Content-Length is unreadable or above `max_bytes`."""
+    declared = headers.get(b"content-length")
+    return declared is not None and (not declared.isdigit() or int(declared) > max_bytes)
+
+
+def limit_body(receive: Receive, max_bytes: int,
+               too_large: Callable[[], Exception]) -> Receive:
+    """`receive`, raising `too_large()` once the body read so far exceeds `max_bytes`
+    (a chunked body declares no length, so it is counted as it arrives)."""
+    received = 0
+
+    async def counted() -> Message:
+        nonlocal received
+        message = await receive()
+        if message["type"] == "http.request":
+            received += len(message.get("body", b""))
+            if received > max_bytes:
+                raise too_large()
+        return message
+
+    return counted

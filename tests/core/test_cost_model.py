@@ -94,6 +94,16 @@ def test_step_time_is_linear_in_kv(model: str, gpu: str) -> None:
         assert cost.step_time(tp, batch, 45_500.0) == pytest.approx((lo + hi) / 2, rel=1e-12)
 
 
+@pytest.mark.parametrize(("model", "gpu"), MODEL_GPU)
+def test_step_parts_add_up_to_alpha(model: str, gpu: str) -> None:
+    cost = _cost(model, gpu)
+    for tp in TP_DEGREES:
+        parts = cost.step_parts(tp)
+        assert parts.tp == tp and parts.kv_s == cost.step_coeffs(tp, 1)[1]
+        for batch in (1, 2, 7, 100, 333, 1024, 5000):
+            assert parts.alpha(batch) == pytest.approx(cost.step_coeffs(tp, batch)[0], rel=1e-12)
+
+
 def test_step_coeffs_are_cached_and_stable() -> None:
     cost = _cost()
     first = cost.step_coeffs(2, 17)

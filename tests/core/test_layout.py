@@ -1,13 +1,15 @@
-"""Layout planning (heddle's annealing, treadle's model-scored candidates) and
-treadle's interference-aware list placement."""
+"""Layout planning (heddle's annealing, treadle's model-scored candidates),
+treadle's interference-aware list placement and its migration price."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 
 from treadle.core.cost_model import CostModel
+from treadle.core.events import EngineAdded
 from treadle.core.policies.layout import (
     anneal_layout,
     group_caps,
@@ -16,12 +18,14 @@ from treadle.core.policies.layout import (
     reduce_lengths,
 )
 from treadle.core.policies.treadle_policy import (
+    Treadle,
     candidate_layouts,
     lpt_layout,
     lpt_makespan,
     lpt_placement,
 )
-from treadle.core.scheduler import EngineState
+from treadle.core.predictor import Estimate
+from treadle.core.scheduler import EngineState, Phase, TrajState
 
 COST = CostModel.named("qwen3-14b", "h100")
 
@@ -113,3 +117,70 @@ def test_lpt_makespan_falls_with_more_engines_but_not_below_the_longest() -> Non
     eight = lpt_makespan(items, _engines((8,) * 8), COST)
     longest = max(length for _, length, _ in items)
     assert longest * COST.step_time(8, 1, 3000.0) <= eight < one
+
+
+# -- migration price ---------------------------------------------------------------------
+
+
+class FakeEstimator:
+    """Test double: every trajectory has the same fixed estimate."""
+
+    def __init__(self, estimate: Estimate) -> None:
+        self.fixed = estimate
+
+    def arrived(self, traj_id: str, group_id: str, prompt_tokens: int) -> None: ...
+    def turn_finished(self, traj_id: str, output_tokens: int) -> None: ...
+    def tool_finished(self, traj_id: str, latency_s: float) -> None: ...
+    def finished(self, traj_id: str) -> None: ...
+    def forget(self, traj_id: str) -> None: ...
+
+    def estimate(self, traj_id: str) -> Estimate:
+        return self.fixed
+
+
+def _treadle_with_a_move(remaining: float, tool_s: float, turns: float,
+                         busy: int) -> tuple[Treadle, TrajState]:
+    """Two TP-8 engines, the source running `busy` sequences of 20K context and the
+    destination idle, and one trajectory of 30K context in a tool call on the source."""
+    sched = Treadle(COST, FakeEstimator(Estimate(remaining + 5000, remaining, turns, tool_s)),
+                    prior_lengths=[], typical_context=4096.0)
+    for eid in ("e0", "e1"):
+        sched.on_event(EngineAdded(eid, 8, 1024, COST.kv_capacity_tokens(8)), 0.0)
+    src = sched.engines["e0"]
+    src.running = {f"r{i}" for i in range(busy)}
+    src.kv_reserved = 20_000 * busy
+    t = TrajState("a", "g", 500, 0.0, context_tokens=30_000, turns_done=3, phase=Phase.TOOL,
+                  engine_id="e0")
+    sched.trajs["a"] = t
+    return sched, t
+
+
+def _saved_per_token(busy: int) -> float:
+    return COST.step_time(8, busy + 1, 20_000 * busy + 30_000) - COST.step_time(8, 1, 30_000)
+
+
+def test_a_move_hidden_by_a_long_tool_call_is_priced_by_what_shows() -> None:
+    move, busy = COST.migration_time(30_000), 50
+    # Remaining tokens chosen so that the move saves 1.5x the whole transfer: below
+    # the margin of 2 if all of the transfer were delay, far above it once a 20 s
+    # mean tool call hides most of it.
+    remaining = 1.5 * move / _saved_per_token(busy)
+    slow_tool, t = _treadle_with_a_move(remaining, tool_s=2 * 20.0, turns=2.0, busy=busy)
+    assert slow_tool.migration_margin == 2.0
+    assert slow_tool.should_migrate(t, "e0", "e1", 0.0)
+    no_tool, t = _treadle_with_a_move(remaining, tool_s=0.0, turns=2.0, busy=busy)
+    assert not no_tool.should_migrate(t, "e0", "e1", 0.0)
+    # What shows of it: E[max(0, m - L)] for an exponential L of mean 20 s.
+    exposed = move - 20.0 * (1 - math.exp(-move / 20.0))
+    assert 0 < exposed < 0.01 * move
+    tight, t = _treadle_with_a_move(2.0 * exposed / _saved_per_token(busy) * 1.01,
+                                    tool_s=2 * 20.0, turns=2.0, busy=busy)
+    assert tight.should_migrate(t, "e0", "e1", 0.0)
+    tight, t = _treadle_with_a_move(2.0 * exposed / _saved_per_token(busy) * 0.99,
+                                    tool_s=2 * 20.0, turns=2.0, busy=busy)
+    assert not tight.should_migrate(t, "e0", "e1", 0.0)
+
+
+def test_a_move_that_saves_nothing_is_never_made() -> None:
+    sched, t = _treadle_with_a_move(50_000.0, tool_s=1e4, turns=2.0, busy=0)
+    assert not sched.should_migrate(t, "e0", "e1", 0.0)  # both engines idle: no saving

@@ -69,10 +69,13 @@ class _FakeServer:
 class FakeVLLMServer(_FakeServer):
     """vLLM's `/v1/completions` wire format. Modes: ok, old_shape (no `usage`, token ids
     per choice), no_token_ids, bad_logprobs, hang, error500, reject400, not_json,
-    old_metrics (`vllm:gpu_cache_usage_perc`), no_metrics."""
+    old_metrics (`vllm:gpu_cache_usage_perc`), no_metrics. With `reply_ids` set, every
+    completion is those ids (cut at max_tokens), finish reason "stop" when they fit:
+    a scripted reply for tests that need one in a tokenizer's vocabulary."""
 
-    def __init__(self) -> None:
+    def __init__(self, reply_ids: list[int] | None = None) -> None:
         super().__init__()
+        self.reply_ids = reply_ids
 
         @self.app.post("/v1/completions")
         async def completions(request: Request) -> Response:
@@ -89,8 +92,13 @@ class FakeVLLMServer(_FakeServer):
                 return PlainTextResponse("<html>")
             prompt = body["prompt"]
             ids, lps = _outputs(prompt, body["max_tokens"])
+            finish = "length"
+            if self.reply_ids is not None:
+                ids = self.reply_ids[:body["max_tokens"]]
+                lps = lps[:len(ids)]
+                finish = "stop" if len(ids) == len(self.reply_ids) else "length"
             choice: dict[str, Any] = {
-                "index": 0, "text": "x" * len(ids), "finish_reason": "length",
+                "index": 0, "text": "x" * len(ids), "finish_reason": finish,
                 "stop_reason": None,
                 "logprobs": {"tokens": [str(t) for t in ids], "token_logprobs": lps,
                              "top_logprobs": [{str(t): lp} for t, lp in zip(ids, lps, strict=True)],

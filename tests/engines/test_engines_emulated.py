@@ -244,3 +244,18 @@ def test_kv_overflow_preempts_and_every_request_still_finishes() -> None:
     assert all(r.finish_reason == "length" and len(r.output_ids) == prompt_len // 2
                for r in results)
     assert results[2].queued_s is not None
+
+
+def test_a_weight_update_runs_against_the_emulator_as_against_vllm(
+        emulated: RunningEngine) -> None:
+    async def main() -> str | None:
+        async with _engine(emulated) as engine:
+            await engine.update_weights("/nonexistent/weights", 3)
+            version = await engine.weight_version()
+            r = await engine.generate(GenerateRequest("after-update", [1, 2, 3], max_tokens=4))
+            assert len(r.output_ids) == 4
+            return version
+
+    assert asyncio.run(main()) == "3"
+    bad = httpx.post(f"{emulated.url}/collective_rpc", json={"method": "rm_rf"})
+    assert bad.status_code == 400 and "no method" in bad.text

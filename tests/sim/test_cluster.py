@@ -322,6 +322,73 @@ def test_preempting_a_turn_whose_kv_is_in_flight_cancels_its_join() -> None:
     assert result.migrations == 0  # a test double keeps no count
 
 
+class FakeTwoMovesScheduler(Scheduler):
+    """Test double: trajectory "a" starts on e000; in its tool gap it is moved to
+    e001 and, `second_after` seconds later while that KV is still in flight, on to
+    `then` (or not moved again if None); its next turn is admitted on `admit_on`."""
+
+    def __init__(self, second_after: float, then: str | None, admit_on: str) -> None:
+        self.second_after, self.then, self.admit_on = second_after, then, admit_on
+        self.pending: list[Decision] = []
+        self.second_at: float | None = None
+
+    def on_event(self, event: Event, now: float) -> None:
+        if isinstance(event, TrajectoryArrived):
+            self.pending.append(Admit("a", "e000", 0.0))
+        elif isinstance(event, ToolCallStarted):
+            self.pending.append(Migrate("a", "e000", "e001"))
+            if self.then is not None:
+                self.second_at = now + self.second_after
+        elif isinstance(event, ToolCallFinished):
+            self.pending.append(Admit("a", self.admit_on, 0.0))
+
+    def decide(self, now: float) -> list[Decision]:
+        if self.second_at is not None and now >= self.second_at and self.then is not None:
+            self.pending.append(Migrate("a", "e001", self.then))
+            self.second_at = None
+        out, self.pending = self.pending, []
+        return out
+
+    def wakeup(self) -> float | None:
+        return self.second_at
+
+
+# 30K tokens of KV take ~0.3 s to move.
+_MOVED = TrajectorySpec("a", "g", 30_000, (TurnSpec(100, 2.0, 10), TurnSpec(2000, 0.0, 0)))
+
+
+def _first_turn_s(cost: CostModel) -> float:
+    return cost.prefill_time(1, 30_000) + cost.decode_time(1, 1, 30_000, 100)
+
+
+def test_a_second_move_in_one_tool_gap_carries_the_kv_along() -> None:
+    """Regression: moving a trajectory again while its KV was in flight found
+    nothing cached at the first destination and dropped the KV, so the next turn
+    re-prefilled its whole context."""
+    cost = _cost()
+    sched = FakeTwoMovesScheduler(second_after=0.1, then="e002", admit_on="e002")
+    result = Cluster(cost, 3, sched, [_MOVED], [1, 1, 1]).run()
+    # The second move starts 0.1 s into the 2 s tool call and lands long before it
+    # returns: only the 10 observation tokens are prefilled on e002.
+    assert 0.1 + cost.migration_time(30_100) < 2.0
+    expected = (_first_turn_s(cost) + 2.0 + cost.prefill_time(1, 10, 30_100)
+                + cost.decode_time(1, 1, 30_110, 2000))
+    assert result.makespan_s == pytest.approx(expected, rel=1e-9)
+
+
+def test_a_turn_admitted_away_from_its_moving_kv_does_not_wait_for_it() -> None:
+    """Regression: a turn admitted on another engine than its KV's destination
+    waited for the transfer it could not use."""
+    cost = _cost()
+    quick = TrajectorySpec("a", "g", 30_000, (TurnSpec(100, 0.01, 10), TurnSpec(2000, 0.0, 0)))
+    sched = FakeTwoMovesScheduler(second_after=0.0, then=None, admit_on="e002")
+    result = Cluster(cost, 3, sched, [quick], [1, 1, 1]).run()
+    assert cost.migration_time(30_100) > 0.2  # the KV lands well after the tool returns
+    expected = (_first_turn_s(cost) + 0.01 + cost.prefill_time(1, 30_110)
+                + cost.decode_time(1, 1, 30_110, 2000))
+    assert result.makespan_s == pytest.approx(expected, rel=1e-9)
+
+
 # -- compare ---------------------------------------------------------------------------------
 
 

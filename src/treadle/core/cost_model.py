@@ -142,6 +142,24 @@ class CostParams:
 TP_DEGREES = (1, 2, 4, 8)
 
 
+@dataclass(frozen=True, slots=True)
+class StepParts:
+    """The pieces of one TP degree's decode step, as `step_coeffs` adds them up:
+    α(b) = max(weights_s, compute_s·b) + fixed_s + per_seq_s·b and step time
+    α(b) + kv_s·K. Exposed for reasoning about batching (`core.lower_bound`)."""
+
+    tp: int  # TP degree
+    weights_s: float  # reading the weight shard
+    compute_s: float  # batch GEMMs, per sequence (overlaps the weight read)
+    fixed_s: float  # step overhead plus the all-reduce latencies
+    per_seq_s: float  # per-sequence overhead plus the all-reduce volume
+    kv_s: float  # reading one token of KV (beta)
+
+    def alpha(self, batch: float) -> float:
+        return (max(self.weights_s, self.compute_s * batch) + self.fixed_s
+                + self.per_seq_s * batch)
+
+
 class CostModel:
     """Times for one model on one GPU type. All results are in seconds."""
 
@@ -171,24 +189,30 @@ class CostModel:
         return (self.params.allreduce_base_s + self.params.allreduce_per_rank_s * (tp - 2)
                 + volume / self.gpu.nvlink_bw)
 
+    def step_parts(self, tp: int) -> StepParts:
+        """The decode step's pieces at this TP degree (see `StepParts`)."""
+        p, m = self.params, self.model
+        # allreduce_s(tp, b) = latency + b · per-token volume time; two a layer.
+        latency = self.allreduce_s(tp, 0.0)
+        per_token = self.allreduce_s(tp, 1.0) - latency
+        return StepParts(
+            tp=tp,
+            weights_s=m.weight_bytes / tp / self._bw,
+            compute_s=2.0 * m.params / (tp * self.gpu.bf16_flops * p.decode_flops_efficiency),
+            fixed_s=m.layers * 2 * latency + p.step_overhead_s,
+            per_seq_s=m.layers * 2 * per_token + p.per_seq_overhead_s,
+            kv_s=m.kv_bytes_per_token / tp / self._bw,
+        )
+
     def step_coeffs(self, tp: int, batch: int) -> tuple[float, float]:
         """(alpha, beta) with step time = alpha + beta · (total KV tokens of the batch)."""
         key = (tp, batch)
         hit = self._coeff_cache.get(key)
         if hit is not None:
             return hit
-        p, m = self.params, self.model
-        weights = m.weight_bytes / tp / self._bw
-        compute = 2.0 * m.params * batch / (tp * self.gpu.bf16_flops * p.decode_flops_efficiency)
-        alpha = (
-            max(weights, compute)
-            + m.layers * 2 * self.allreduce_s(tp, batch)
-            + p.step_overhead_s
-            + p.per_seq_overhead_s * batch
-        )
-        beta = m.kv_bytes_per_token / tp / self._bw
-        self._coeff_cache[key] = (alpha, beta)
-        return alpha, beta
+        parts = self.step_parts(tp)
+        self._coeff_cache[key] = (parts.alpha(batch), parts.kv_s)
+        return self._coeff_cache[key]
 
     def step_time(self, tp: int, batch: int, kv_tokens: float) -> float:
         alpha, beta = self.step_coeffs(tp, batch)

@@ -90,6 +90,14 @@ class EngineRemoved:
 
 
 @dataclass(frozen=True, slots=True)
+class EngineDraining:
+    """An operator asked to retire the engine: admit nothing more to it and send its
+    queued turns elsewhere; the driver removes it once idle (`EngineRemoved`)."""
+
+    engine_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class EngineFailed:
     """The engine died. Every turn that was running or admitted on it is lost and
     must be re-admitted elsewhere (with a full re-prefill)."""
@@ -106,6 +114,7 @@ Event = (
     | TurnPreempted
     | TrajectoryEnded
     | EngineAdded
+    | EngineDraining
     | EngineRemoved
     | EngineFailed
 )

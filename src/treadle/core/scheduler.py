@@ -34,6 +34,7 @@ from treadle.core.events import (
     Decision,
     DrainEngine,
     EngineAdded,
+    EngineDraining,
     EngineFailed,
     EngineRemoved,
     Event,
@@ -105,6 +106,7 @@ class Scheduler(ABC):
     name: str = "abstract"
     preemptions: int = 0  # pauses it has decided so far (drivers report it)
     migrations: int = 0  # KV moves it has decided so far
+    replans: int = 0  # whole-batch re-placements so far (the costly decisions)
 
     def initial_pool(self, gpus: int) -> list[int]:
         """TP degree of each engine the driver starts with, within `gpus`."""
@@ -225,6 +227,9 @@ class TrajectoryScheduler(Scheduler):
             self.engines = dict(sorted(self.engines.items()))
             self._dirty.add(event.engine_id)
             self._route_unrouted(now)
+        elif isinstance(event, EngineDraining):
+            if event.engine_id in self.engines:
+                self._drain(event.engine_id, now)
         elif isinstance(event, EngineRemoved):
             self.engines.pop(event.engine_id, None)
         elif isinstance(event, EngineFailed):

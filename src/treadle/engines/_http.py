@@ -4,6 +4,7 @@ Prometheus text parsing. Internal to treadle.engines."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -14,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from treadle.engines.base import Engine, GenerateRequest, GenerateResult
 from treadle.engines.errors import (
+    EngineError,
     EngineProtocolError,
     EngineRequestError,
     EngineTimeout,
@@ -22,6 +24,7 @@ from treadle.engines.errors import (
 
 _M = TypeVar("_M", bound=BaseModel)
 _HEALTH_TIMEOUT_S = 5.0
+_ABORT_TIMEOUT_S = 5.0
 _LOAD_TIMEOUT_S = 10.0
 
 
@@ -128,6 +131,20 @@ class HttpEngine(Engine):
         self._aborted.add(request_id)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+    async def _abort_by_endpoint(self, request_id: str, path: str, body: dict[str, Any],
+                                 grace_s: float) -> None:
+        """Abort through the engine's own endpoint, so the pending call returns the
+        tokens so far; drop the connection if it has not returned after `grace_s`."""
+        task = self._inflight.get(request_id)
+        if task is None or task.done():
+            return
+        with contextlib.suppress(EngineError, TimeoutError):
+            await asyncio.wait_for(self._raw(lambda: self._client.post(path, json=body)),
+                                   _ABORT_TIMEOUT_S)
+        await asyncio.wait({task}, timeout=grace_s)
+        if not task.done():
+            await HttpEngine.abort(self, request_id)
 
     async def health(self) -> bool:
         try:

@@ -17,6 +17,11 @@ Endpoints (vLLM's shapes, so `VLLMEngine` drives it unchanged):
   `vllm:prefix_cache_hits_total`.
 - `GET /health`, `GET /v1/models`; and, not in vLLM, `POST /abort_request
   {"request_id"}` ending a request with its tokens so far (its caller gets them).
+- vLLM's RL endpoints (`POST /pause`, `/resume`, `/collective_rpc` with
+  `reload_weights`, `/update_weight_version`, `GET /weight_info`), so a weight
+  update runs against the emulator as against vLLM in dev mode: it has no weights,
+  so reloading does nothing and pause/resume hold no request; the version label is
+  kept and read back.
 
 Bad requests get 400 (422 never: validation errors are reported as 400, as vLLM
 does) with `{"error": {"message", "type", "code"}}`; an unknown model gets 404.
@@ -31,7 +36,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import uvicorn
 from fastapi import FastAPI, Request, Response
@@ -63,9 +68,31 @@ class CompletionRequest(BaseModel):
     stream: bool = False
 
 
+class RpcRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    method: str
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class VersionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    new_version: str
+
+
 class AbortRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     request_id: str
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+async def _body(model: type[_M], request: Request) -> _M | Response:
+    """The request's body as `model`, or the 400 reply saying which field is wrong."""
+    try:
+        return model.model_validate_json(await request.body())
+    except ValidationError as e:
+        return _error(400, f"invalid {model.__name__}: {e.errors(include_url=False)!r:.500}")
 
 
 def _error(status: int, message: str) -> Response:
@@ -157,21 +184,53 @@ def create_app(engine: EmulatedEngine, served_model: str) -> FastAPI:
         ]
         return PlainTextResponse("\n".join(lines) + "\n")
 
+    # vLLM's RL endpoints (served with VLLM_SERVER_DEV_MODE=1), so that a weight update
+    # runs against the emulator as against vLLM. It has no weights: reload is a no-op,
+    # the version label is kept, and pause/resume hold nothing (the caller's runtime
+    # has stopped sending requests before it pauses).
+    weight: dict[str, str | None] = {"version": None}
+
+    @app.post("/pause")
+    async def pause() -> Response:
+        return JSONResponse({"status": "paused"})
+
+    @app.post("/resume")
+    async def resume() -> Response:
+        return JSONResponse({"status": "resumed"})
+
+    @app.post("/collective_rpc")
+    async def collective_rpc(request: Request) -> Response:
+        body = await _body(RpcRequest, request)
+        if isinstance(body, Response):
+            return body
+        if body.method != "reload_weights":
+            return _error(400, f"the emulated engine has no method {body.method!r}")
+        return JSONResponse({"results": [None]})
+
+    @app.post("/update_weight_version")
+    async def update_weight_version(request: Request) -> Response:
+        body = await _body(VersionRequest, request)
+        if isinstance(body, Response):
+            return body
+        weight["version"] = body.new_version
+        return JSONResponse({"success": True, "new_version": body.new_version})
+
+    @app.get("/weight_info")
+    async def weight_info() -> Response:
+        return JSONResponse({"weight_version": weight["version"]})
+
     @app.post("/abort_request")
     async def abort(request: Request) -> Response:
-        try:
-            body = AbortRequest.model_validate_json(await request.body())
-        except ValidationError as e:
-            return _error(400, f"invalid AbortRequest: {e.errors(include_url=False)!r:.500}")
+        body = await _body(AbortRequest, request)
+        if isinstance(body, Response):
+            return body
         return JSONResponse({"aborted": engine.abort(body.request_id)})
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        try:
-            body = CompletionRequest.model_validate_json(await request.body())
-        except ValidationError as e:
-            return _error(400, f"invalid completion request: "
-                               f"{e.errors(include_url=False)!r:.500}")
+        body = await _body(CompletionRequest, request)
+        if isinstance(body, Response):
+            return body
         if body.model is not None and body.model != served_model:
             return _error(404, f"The model `{body.model}` does not exist; this server "
                                f"serves `{served_model}`")

@@ -5,6 +5,9 @@
         ├── EngineUnavailable        the engine cannot be reached, refused the
         │                            connection or failed (5xx); another engine or a
         │                            later retry may succeed
+        │   ├── EngineStartError     an engine process could not be started (the
+        │   │                        message has the tail of its log)
+        │   └── NoEngineAvailable    the runtime has no engine left to run a turn on
         ├── EngineTimeout            the request ran past its `timeout_s`
         ├── EngineProtocolError      the engine answered something this client cannot
         │                            read; the message names the field
@@ -27,6 +30,14 @@ class EngineError(TreadleError):
 
 class EngineUnavailable(EngineError):
     """The engine is unreachable or failed; retrying elsewhere or later may help."""
+
+
+class EngineStartError(EngineUnavailable):
+    """An engine process did not come up; the message carries the tail of its log."""
+
+
+class NoEngineAvailable(EngineUnavailable):
+    """No engine is live (all failed or removed, none starting) to run a turn on."""
 
 
 class EngineTimeout(EngineError):

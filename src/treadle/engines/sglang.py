@@ -22,8 +22,6 @@ or `meta_info.e2e_latency` when reported.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 from typing import Any
 
@@ -32,14 +30,13 @@ from pydantic import BaseModel, ConfigDict
 
 from treadle.engines._http import HttpEngine, parse_prometheus, validate
 from treadle.engines.base import EngineLoad, FinishReason, GenerateRequest, GenerateResult
-from treadle.engines.errors import EngineError, EngineProtocolError
+from treadle.engines.errors import EngineProtocolError
 
 _METRICS = {
     "sglang:num_running_reqs": "running",
     "sglang:num_queue_reqs": "waiting",
     "sglang:token_usage": "kv",
 }
-_ABORT_TIMEOUT_S = 5.0
 
 
 class _Reply(BaseModel):
@@ -127,16 +124,9 @@ class SGLangEngine(HttpEngine):
         return parse_generate(data, request, time.monotonic() - started)
 
     async def abort(self, request_id: str) -> None:
-        task = self._inflight.get(request_id)
-        if task is None or task.done():
-            return
-        with contextlib.suppress(EngineError, TimeoutError):
-            await asyncio.wait_for(self._raw(lambda: self._client.post(
-                "/abort_request", json={"rid": request_id})), _ABORT_TIMEOUT_S)
-        # The engine's own abort returns the tokens so far through the pending call.
-        await asyncio.wait({task}, timeout=self.abort_grace_s)
-        if not task.done():
-            await super().abort(request_id)
+        # SGLang's own abort returns the tokens so far through the pending call.
+        await self._abort_by_endpoint(request_id, "/abort_request", {"rid": request_id},
+                                      self.abort_grace_s)
 
     async def load(self) -> EngineLoad:
         values = parse_prometheus(await self._get_text("/metrics"), _METRICS)

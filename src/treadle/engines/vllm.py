@@ -161,6 +161,39 @@ class VLLMEngine(HttpEngine):
                                      headers={"x-request-id": request.request_id})
         return parse_completion(data, request, time.monotonic() - started)
 
+    async def update_weights(self, weights_path: str, version: int) -> None:
+        """Load new weights from `weights_path` (safetensors saved by the trainer, on a
+        file system the server reads) and label them `version`.
+
+        Uses the RL endpoints vLLM serves with ``VLLM_SERVER_DEV_MODE=1``: pause (its
+        in-flight requests finish first, and the prefix cache is dropped, since cached
+        KV was computed with the old weights), ``collective_rpc reload_weights``,
+        ``update_weight_version``, resume. A server without them answers 404:
+        EngineRequestError. The caller should have stopped sending requests first
+        (`Runtime.pause`).
+
+        Known limit, vLLM's CPU build 0.32: a model with ``tie_word_embeddings``
+        reloads into wrong logprobs (its output projection keeps a stale packed copy of
+        the old weights); untie the embeddings of a model you update in place. Compare
+        the engine's logprobs with the trainer's after an update to catch such drift.
+        """
+        await self._post_empty("/pause", params={"mode": "wait"})
+        try:
+            await self._post_json("/collective_rpc", {
+                "method": "reload_weights", "kwargs": {"weights_path": weights_path}})
+            await self._post_json("/update_weight_version", {"new_version": str(version)})
+        finally:
+            await self._post_empty("/resume")
+
+    async def weight_version(self) -> str | None:
+        """The version label the server reports (`GET /weight_info`; dev mode)."""
+        data = await self._send(lambda: self._client.get("/weight_info"))
+        version = data.get("weight_version") if isinstance(data, dict) else None
+        return None if version is None else str(version)
+
+    async def _post_empty(self, path: str, params: Mapping[str, str] | None = None) -> None:
+        await self._raw(lambda: self._client.post(path, params=dict(params or {})))
+
     async def load(self) -> EngineLoad:
         values = parse_prometheus(await self._get_text("/metrics"), _METRICS)
         if "running" not in values or "waiting" not in values:

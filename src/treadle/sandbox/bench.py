@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import contextlib
 import datetime
-import json
 import math
 import os
 import platform
@@ -44,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from treadle.errors import SandboxError
+from treadle.reports import log, write_report
 from treadle.sandbox.base import Limits, Sandbox, SandboxBackend
 
 BACKEND_CHOICES = ("bwrap", "local", "remote")
@@ -316,18 +316,10 @@ def run_bench_command(args: argparse.Namespace) -> int:
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     try:
         report = run_sandbox_bench(backends, args.samples, args.concurrency, args.duration,
-                                   log=_log)
+                                   log=log)
     except ValueError as e:
         print(f"treadle bench sandbox: {e}", file=sys.stderr)
         return 2
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    _log(f"sandbox bench: report written to {out}")
-    if args.json:
-        print(json.dumps(report, indent=2))
+    write_report(report, args.out, name="sandbox bench", echo=args.json)
     return 0
 
-
-def _log(message: str) -> None:
-    print(f"treadle: {message}", file=sys.stderr, flush=True)

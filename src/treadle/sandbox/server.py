@@ -37,12 +37,12 @@ import uvicorn
 from fastapi import FastAPI, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from treadle.errors import SandboxClosed, SandboxError, SandboxStartError
 from treadle.sandbox import remote as wire
 from treadle.sandbox.base import DEFAULT_MAX_GET_BYTES, ExecResult, Limits, Sandbox, SandboxBackend
-from treadle.served import loopback_socket, serving_in_thread
+from treadle.served import declared_too_large, limit_body, loopback_socket, serving_in_thread
 
 log = logging.getLogger(__name__)
 
@@ -256,22 +256,10 @@ class _Guard:
                                        {"www-authenticate": "Bearer"})
             await response(scope, receive, send)
             return
-        declared = headers.get(b"content-length")
-        if declared is not None and (not declared.isdigit()
-                                     or int(declared) > self.max_body_bytes):
+        if declared_too_large(headers, self.max_body_bytes):
             await self._too_large()(scope, receive, send)
             return
-        received = 0
-
-        async def counted() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_body_bytes:
-                    raise _BodyTooLarge
-            return message
-
+        counted = limit_body(receive, self.max_body_bytes, _BodyTooLarge)
         await self.app(scope, counted, send)
 
     def _too_large(self) -> Response:

@@ -18,10 +18,12 @@ import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from treadle.core.cost_model import CostModel
+from treadle.core.lower_bound import lower_bound
 from treadle.core.placement import bench_placement
 from treadle.core.predictor import Outcome, Predictor
 from treadle.core.predictor_eval import evaluate
@@ -102,9 +104,12 @@ def run_bench(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str,
             tail = stats.output_tokens.p99 / max(1.0, stats.output_tokens.p50)
             log(f"{name} x {n}: {len(policies)} policies "
                 f"({time.perf_counter() - started:.0f}s elapsed)")
-            rows, _ = compare(workload, policies, cost, GPUS, history=history, seed=args.seed)
+            bound = lower_bound(workload.trajectories, cost, GPUS)
+            rows, _ = compare(workload, policies, cost, GPUS, history=history, seed=args.seed,
+                              bound=bound)
             run: dict[str, Any] = {
                 "workload": name, "trajectories": n,
+                "lower_bound": {"makespan_s": bound.makespan_s, **asdict(bound)},
                 "p50_p90_p99_output_tokens": [stats.output_tokens.p50, stats.output_tokens.p90,
                                               stats.output_tokens.p99],
                 "summary": summarise(rows, tail >= LONG_TAIL_RATIO),
@@ -148,6 +153,17 @@ def markdown_report(report: dict[str, Any]) -> str:
             f"| {s['best_tp_tuned_baseline']} | {s['treadle_over_best_tp_tuned']:.3f} "
             f"| {s['oracle_over_treadle']:.3f} | {s['treadle_ratio_to_lower_bound']:.2f} "
             f"| {oracle['ratio_to_lower_bound']:.2f} |")
+    lines += ["", "## Lower bound (`core/lower_bound.py`): its three terms, seconds", "",
+              "| workload | n | critical path | total work | co-location | heavy set | "
+              "GPU price λ·G | bound |", "|---|---|---|---|---|---|---|---|"]
+    for run in report["runs"]:
+        b = run.get("lower_bound")
+        if b:
+            lines.append(
+                f"| {run['workload']} | {run['trajectories']} | {b['critical_path_s']:.1f} "
+                f"| {b['total_work_s']:.1f} | {b['colocation_s']:.1f} "
+                f"| {b['colocation_heavy']} | {b['colocation_gpu_price']:.2f} "
+                f"| {b['makespan_s']:.1f} |")
     lines += ["", "## Every policy", ""]
     for run in report["runs"]:
         lines += [f"### {run['workload']}, {run['trajectories']} trajectories", "",

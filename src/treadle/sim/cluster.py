@@ -244,7 +244,7 @@ class Cluster:
         eng = self.engines[eid]
         if st.kv_arrives is not None:
             dst, tokens, at = st.kv_arrives
-            if at > self.kernel.now:  # KV still moving: join when it lands
+            if at > self.kernel.now and dst == eid:  # KV still moving: join when it lands
                 st.deferred = self.kernel.at(at, lambda: self._admit(tid, eid, prio))
                 return
             st.kv_arrives = None
@@ -302,12 +302,19 @@ class Cluster:
 
     def _migrate(self, tid: str, src: str, dst: str) -> None:
         st = self.trajs[tid]
-        tokens = self.engines[src].take_cached(tid) if src in self.engines else 0.0
+        if st.kv_arrives is not None:
+            # A second move in one tool gap: the KV is still on its way to the first
+            # destination (the source keeps its blocks until the transfer is done) or
+            # waits there; either copy is sent on to the new one.
+            tokens = st.kv_arrives[1]
+        else:
+            tokens = self.engines[src].take_cached(tid) if src in self.engines else 0.0
         if tokens <= 0:
             return  # nothing cached to move: the next turn re-prefills on dst
+        now = self.kernel.now
         took = self.cost.migration_time(tokens)
-        st.kv_arrives = (dst, tokens, self.kernel.now + took)
-        self._span(src, tid, "migrate", self.kernel.now, self.kernel.now + took, dst)
+        st.kv_arrives = (dst, tokens, now + took)
+        self._span(src, tid, "migrate", now, now + took, dst)
         self._trace("migrate", tid, dst)
 
     # -- engines --------------------------------------------------------------------------

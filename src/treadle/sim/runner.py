@@ -110,11 +110,13 @@ def oracle_layouts(workload: Workload, cost: CostModel, gpus: int) -> list[tuple
 def compare(workload: Workload, policies: Sequence[str], cost: CostModel, gpus: int, *,
             history: Sequence[Outcome] = (), seed: int = 0,
             progress: Callable[[str], None] | None = None,
-            timeline_policy: str | None = None) -> tuple[list[PolicyReport], SimResult | None]:
+            timeline_policy: str | None = None,
+            bound: LowerBound | None = None) -> tuple[list[PolicyReport], SimResult | None]:
     """Every policy on the workload; returns the rows and, if asked, the spans of
-    `timeline_policy`'s run for a timeline."""
+    `timeline_policy`'s run for a timeline. `bound` saves recomputing the batch's
+    lower bound when the caller has it."""
     specs = [parse_policy(p) for p in policies]
-    bound = lower_bound(workload.trajectories, cost, gpus)
+    bound = bound or lower_bound(workload.trajectories, cost, gpus)
     rows: list[PolicyReport] = []
     timeline: SimResult | None = None
     for spec in specs:

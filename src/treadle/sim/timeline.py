@@ -44,6 +44,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from treadle.sim.page import PLOT_W, WIDTH, X0, hover_script, html_page, time_ticks
+
 KINDS = ("turn", "tool", "preempted", "migrate")  # index = kind code in the tooltip table
 
 
@@ -69,9 +71,6 @@ class EngineInfo:
     end: float | None = None  # when it went away; None: up until the end
 
 
-WIDTH = 1600.0  # drawing units; the SVG scales to the window width
-X0 = 184.0  # left gutter, for the labels
-PLOT_W = WIDTH - X0 - 16.0
 COL_PX = 2.0  # occupancy is averaged over columns this wide
 OV_TOP, OV_H, STRIP_H = 8.0, 84.0, 14.0  # cluster overview; per-engine strip
 PAD, GAP = 3.0, 4.0  # inside a block above the strip and below the lanes; between blocks
@@ -178,7 +177,7 @@ def render_timeline(spans: Sequence[Span], engines: Sequence[EngineInfo], *, tit
                          round(s.end, 2), round(x1, 1), round(y1, 1), round(x2, 1), round(y2, 1)])
     svg.append(f'<g class="mig">{"".join(arrows)}</g>')
     height = y + 4.0
-    ticks = _ticks(t0, t1)
+    ticks = time_ticks(t0, t1)
     grid = "".join(f'<path class="grid" d="M{fr.x(v):.1f} {OV_TOP}V{height:.1f}"/>'
                    for v, _ in ticks)
     axis = "".join(f'<path class="grid" d="M{fr.x(v):.1f} 16v6"/><text class="tk" '
@@ -407,15 +406,6 @@ def _draw_stay(st: _Stay, fr: _Frame, bars: list[str], tools: list[str], pre: li
                 out.append(f"M{a:.1f} {st.y:.1f}h{max(MIN_BAR_PX, b - a):.1f}")
 
 
-def _ticks(t0: float, t1: float) -> list[tuple[float, str]]:
-    """About ten round tick values (1, 2 or 5 times a power of ten), with labels."""
-    raw = (t1 - t0) / 10.0
-    step = min(m * 10.0 ** math.ceil(math.log10(raw / m) - 1e-9) for m in (1.0, 2.0, 5.0))
-    dec = max(0, -math.floor(math.log10(step) + 1e-9))
-    lo, hi = math.ceil(t0 / step - 1e-9), math.floor(t1 / step + 1e-9)
-    return [(i * step, f"{i * step:.{dec}f}") for i in range(lo, hi + 1)]
-
-
 def _summary(spans: Sequence[Span], tids: list[str], last: list[float],
              engines: Sequence[EngineInfo], order: list[str], fr: _Frame,
              tok: Mapping[str, int] | None) -> str:
@@ -445,26 +435,11 @@ def _page(title: str, body: str, lane_h: float) -> str:
     bar = lane_h - (0.5 if lane_h < 4 else 1.0)  # bars leave a sliver between lanes
     bars = ",".join(f"#tl .{c}" for c in _CLASSES if c != "tool")
     colours = "".join(f".c{i}{{stroke:{c}}}" for i, (_, c, _) in enumerate(PALETTE))
-    css = (f"{_CSS}{bars}{{fill:none;stroke-width:{bar:.2f}}}{colours}.cu{{stroke:"
-           f"{UNKNOWN_COLOUR}}}#tl .tool{{fill:none;stroke:#8d949e;stroke-width:"
-           f"{max(0.6, lane_h / 4):.2f}}}#tl .pre{{stroke:url(#hatch)}}")
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>'
-            f"{html.escape(title)}</title><style>{css}</style></head><body><h1>"
-            f"{html.escape(title)}</h1>{body}</body></html>\n")
+    return html_page(title, body, (
+        f"{bars}{{fill:none;stroke-width:{bar:.2f}}}{colours}.cu{{stroke:"
+        f"{UNKNOWN_COLOUR}}}#tl .tool{{fill:none;stroke:#8d949e;stroke-width:"
+        f"{max(0.6, lane_h / 4):.2f}}}#tl .pre{{stroke:url(#hatch)}}"))
 
-
-_CSS = """body{font:13px/1.45 system-ui,sans-serif;margin:14px 18px;color:#222}
-h1{font-size:18px;margin:0 0 2px}.sum{margin:0 0 4px;color:#333}.empty{color:#666}
-.legend{display:flex;flex-wrap:wrap;gap:2px 12px;font-size:12px;color:#444;margin-bottom:4px}
-.legend i{display:inline-block;width:14px;height:9px;margin-right:4px;vertical-align:middle}
-.axis{position:sticky;top:0;background:#fff;z-index:1;border-bottom:1px solid #ddd}
-svg{display:block;width:100%;height:auto}svg text{font-family:system-ui,sans-serif}
-.lab{font-size:11.5px;font-weight:600}.tp{font-weight:400;fill:#555}.sub{font-size:9.5px;fill:#666}
-.tk{font-size:11px;fill:#444}.grid{stroke:#000;stroke-opacity:.09}.qm{stroke:#000;
-stroke-opacity:.5;stroke-dasharray:3 2}.mig path{fill:none;stroke:#c51b8a;stroke-opacity:.3;
-stroke-width:.8;marker-end:url(#arr)}#tip{position:fixed;display:none;pointer-events:none;
-color:#fff;padding:4px 8px;background:rgba(20,20,20,.92);border-radius:4px;font-size:12px;
-white-space:pre;z-index:2}"""
 
 _DEFS = ('<defs><pattern id="hatch" width="4" height="4" patternUnits="userSpaceOnUse" '
          'patternTransform="rotate(45)"><rect width="4" height="4" fill="#fff"/><rect '
@@ -474,8 +449,7 @@ _DEFS = ('<defs><pattern id="hatch" width="4" height="4" patternUnits="userSpace
 
 # Hover: find what is under the pointer from its drawing coordinates and the JSON table:
 # a migration line, an overview or strip column, or the nearest span in the lane.
-_JS = r"""(()=>{const D=JSON.parse(document.getElementById('tl-data').textContent),
-svg=document.getElementById('tl'),tip=document.getElementById('tip'),K=['turn','tool','preempted'],
+_JS = hover_script(r"""const K=['turn','tool','preempted'],
 f=x=>x.toFixed(1)+' s',iv=(a,b)=>f(a)+' – '+f(b)+'  ('+(b-a).toFixed(1)+' s)',
 tr=i=>D.ids[i]+(D.tok[i]==null?'':'  ('+D.tok[i]+' tokens)'),
 L=D.eng.map(e=>Array.from({length:e[5]},()=>[]));D.seg.forEach(s=>L[s[1]][s[2]].push(s));
@@ -491,9 +465,5 @@ function find(x,y){if(x<D.x0||x>D.x1)return null;const t=D.t0+(x-D.x0)/D.k,
   ', generating '+e[9][c].toFixed(1),'peak '+e[6]+(e[7]?', '+e[7]+' stays not drawn (cap)':'')];
  let b=null,bd=2/D.k;for(const s of L[i][Math.floor((y-e[4])/D.lh)]||[])for(let j=0;
   j<s[3].length;j+=3){const d=Math.max(s[3][j+1]-t,t-s[3][j+2],0);if(d<bd){bd=d;b=[s,j];}}
- if(!b)return null;const[s,j]=b,v=s[3];return[tr(s[0]),'on '+e[0]+': '+K[v[j]],iv(v[j+1],v[j+2])];}
-svg.addEventListener('mousemove',ev=>{const p=new DOMPoint(ev.clientX,ev.clientY).matrixTransform(
- svg.getScreenCTM().inverse()),r=find(p.x,p.y);tip.style.display=r?'block':'none';if(!r)return;
- tip.textContent=r.join('\n');tip.style.top=ev.clientY+14+'px';
- tip.style.left=Math.min(ev.clientX+14,innerWidth-tip.offsetWidth-8)+'px';});
-svg.addEventListener('mouseleave',()=>{tip.style.display='none';});})();"""
+ if(!b)return null;const[s,j]=b,v=s[3];
+ return[tr(s[0]),'on '+e[0]+': '+K[v[j]],iv(v[j+1],v[j+2])];}""")

@@ -34,7 +34,7 @@ from typing import Any
 
 from treadle.sim.workload import TrajectorySpec, TurnSpec, Workload
 
-__all__ = ["TraceError", "dump_trace", "load_trace"]
+__all__ = ["TraceError", "dump_trace", "load_trace", "spec_from_record"]
 
 
 class TraceError(ValueError):
@@ -134,6 +134,15 @@ def _trajectory(check: _Line, text: str) -> TrajectorySpec:
         # Integers beyond Python's digit limit, nesting beyond the recursion limit.
         problem = " ".join(str(exc).split()) or type(exc).__name__
         raise check.error("", f"malformed JSON: {problem[:100]}") from None
+    return _from_object(check, raw)
+
+
+def spec_from_record(raw: Any, *, source: str = "trace", line: int = 1) -> TrajectorySpec:
+    """One trace line already parsed from JSON; TraceError naming `source`:`line`."""
+    return _from_object(_Line(source, line), raw)
+
+
+def _from_object(check: _Line, raw: Any) -> TrajectorySpec:
     if not isinstance(raw, dict):
         raise check.error("", f"must be a JSON object, got {type(raw).__name__}")
     traj_id = check.string(raw, "id")

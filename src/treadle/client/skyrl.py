@@ -1,0 +1,135 @@
+"""SkyRL: a `GeneratorOutput` dict (skyrl/train/generators/base.py).
+
+    out = to_skyrl(trajectories, step_wise=True, trajectory_id_type=TrajectoryID)
+    return out.data            # from a custom GeneratorInterface.generate
+
+Keys, one entry per row (a row is one segment):
+
+    prompt_token_ids     list[list[int]]
+    response_ids         list[list[int]]
+    rewards              list[float]       the trajectory's reward on each of its rows
+    loss_masks           list[list[int]]
+    stop_reasons         list[str]         "stop" (completed), "length" (truncated),
+                                           else the status: "max_turns", "timeout"
+    rollout_logprobs     list[list[float]]
+    trajectory_ids       list[TrajectoryID]  instance_id = group id (SkyRL's GRPO uid),
+                                           repetition_id = repetition
+    is_last_step         list[bool] | None   step-wise mode only
+    rollout_metrics      dict              treadle/* means and counts for the batch
+    trajectory_generation_times  list[float] | None   finished_at - started_at per
+                                           row; None unless every row has both
+    trajectory_time_splits       {"llm": [...], "env": [...]}  seconds per row
+    env_metrics          list[dict]        the reward parts, `Trajectory.metrics`
+    rollout_expert_indices, pixel_values, image_grid_thw   None
+
+`trajectory_id_type` builds the ids; pass SkyRL's own ``TrajectoryID`` (the default
+is a look-alike with the same fields and ``to_string``, as treadle does not import
+SkyRL).
+
+Which mode. Without step-wise training (``step_wise=False``) SkyRL wants exactly one
+row per input prompt, in input order, and takes its GRPO groups from the input
+batch: so every trajectory must be trained and have one segment, and the converter
+raises ConversionError otherwise. With ``generator.step_wise_trajectories=true``
+(``step_wise=True``) rows are free: a trajectory contributes one row per segment
+(``is_last_step`` marks its last), SkyRL computes advantages on the last rows and
+broadcasts them to the trajectory's other rows, and excluded trajectories are
+simply absent. SkyRL's rewards must be numbers, so an excluded trajectory is never
+kept as a row here (there is no ``drop_failed=False``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from treadle.client.errors import ConversionError
+from treadle.client.samples import Converted, training_sequences
+from treadle.types import Trajectory, TrajectoryStatus
+
+# The keys of SkyRL's GeneratorOutput TypedDict.
+GENERATOR_OUTPUT_KEYS = (
+    "prompt_token_ids", "response_ids", "rewards", "loss_masks", "stop_reasons",
+    "rollout_metrics", "rollout_logprobs", "trajectory_ids", "trajectory_generation_times",
+    "trajectory_time_splits", "rollout_expert_indices", "is_last_step", "env_metrics",
+    "pixel_values", "image_grid_thw")
+
+
+@dataclass(frozen=True, slots=True)
+class SkyRLTrajectoryID:
+    """The fields of SkyRL's TrajectoryID, for use without SkyRL installed."""
+
+    instance_id: str  # the GRPO group: SkyRL's uid
+    repetition_id: int  # 0..n-1 within the group
+
+    def to_string(self) -> str:
+        return f"{self.instance_id}_{self.repetition_id}"
+
+
+def stop_reason(status: TrajectoryStatus) -> str:
+    """SkyRL's stop reason for a terminal status ("stop" and "length" are vLLM's)."""
+    if status is TrajectoryStatus.COMPLETED:
+        return "stop"
+    if status is TrajectoryStatus.TRUNCATED:
+        return "length"
+    return str(status.value)
+
+
+def to_skyrl(trajectories: Sequence[Trajectory], *, step_wise: bool = False,
+             drop_group_on_failure: bool = False,
+             trajectory_id_type: Callable[[str, int], Any] = SkyRLTrajectoryID,
+             ) -> Converted[dict[str, Any]]:
+    """A GeneratorOutput for `trajectories` (input order). See the module docstring."""
+    batch = training_sequences(trajectories, drop_failed=True,
+                               drop_group_on_failure=drop_group_on_failure)
+    rows = batch.sequences
+    if not rows:
+        raise ConversionError(f"no trajectory to train on: all {len(trajectories)} are "
+                              f"excluded (SkyRL refuses an empty batch)")
+    if not step_wise:
+        if batch.exclusions:
+            ids = ", ".join(e.trajectory_id for e in batch.exclusions[:5])
+            raise ConversionError(
+                f"{len(batch.exclusions)} trajectories must not train ({ids}, ...): SkyRL "
+                f"without step-wise training needs one row per prompt; use step_wise=True "
+                f"(generator.step_wise_trajectories=true) to drop them, or run them again")
+        multi = [s.trajectory_id for s in rows if s.segment_index > 0]
+        if multi:
+            raise ConversionError(
+                f"trajectory {multi[0]!r} has several segments: SkyRL without step-wise "
+                f"training takes one row per prompt; use step_wise=True")
+    by_id = {t.trajectory_id: t for t in trajectories}
+    trained = [by_id[s.trajectory_id] for s in rows]
+    times = [None if t.timings.started_at is None or t.timings.finished_at is None
+             else t.timings.finished_at - t.timings.started_at for t in trained]
+    data: dict[str, Any] = {
+        "prompt_token_ids": [s.prompt_ids for s in rows],
+        "response_ids": [s.response_ids for s in rows],
+        "rewards": [s.reward for s in rows],
+        "loss_masks": [s.loss_mask for s in rows],
+        "stop_reasons": [stop_reason(s.status) for s in rows],
+        "rollout_metrics": _rollout_metrics(trajectories, len(batch.exclusions)),
+        "rollout_logprobs": [s.logprobs for s in rows],
+        "trajectory_ids": [trajectory_id_type(s.group_id, s.repetition) for s in rows],
+        "trajectory_generation_times": None if None in times else times,
+        "trajectory_time_splits": {"llm": [t.timings.llm_s for t in trained],
+                                   "env": [t.timings.tool_s for t in trained]},
+        "rollout_expert_indices": None,
+        "is_last_step": [s.is_last_segment for s in rows] if step_wise else None,
+        "env_metrics": [dict(t.metrics) for t in trained],
+        "pixel_values": None,
+        "image_grid_thw": None,
+    }
+    return Converted(data, batch.exclusions)
+
+
+def _rollout_metrics(trajectories: Sequence[Trajectory], excluded: int) -> dict[str, float]:
+    n = max(len(trajectories), 1)
+    return {
+        "treadle/num_trajectories": float(len(trajectories)),
+        "treadle/num_excluded": float(excluded),
+        "treadle/num_infra_failures": float(sum(t.infra_failure for t in trajectories)),
+        "treadle/mean_llm_s": sum(t.timings.llm_s for t in trajectories) / n,
+        "treadle/mean_tool_s": sum(t.timings.tool_s for t in trajectories) / n,
+        "treadle/mean_queue_s": sum(t.timings.queue_s for t in trajectories) / n,
+    }

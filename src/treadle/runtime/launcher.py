@@ -1,0 +1,292 @@
+"""Starting and stopping engines: the runtime's way to change its engine pool.
+
+    launcher = LocalLauncher(EmulatedProcess("qwen3-14b", "h100", time_scale=0.05))
+    launched = await launcher.start(tp=2)        # a process, up and healthy
+    ...
+    await launched.stop()
+
+An `EngineLauncher` turns "an engine of TP degree t" into a running engine and its
+client (`LaunchedEngine`), and says what a start costs (`startup_s`), which a policy
+weighs before reconfiguring. `LocalLauncher` runs engines as child processes of
+this machine, from a `ProcessSpec`:
+
+- `EmulatedProcess`: `treadle engine emulate` (vLLM's API, cost-model timing) —
+  cluster-scale experiments on CPUs;
+- `VLLMProcess`: a real vLLM server (`vllm.entrypoints.openai.api_server`), e.g.
+  the CPU build serving a small model.
+
+A launcher on a distributed engine pool (Ray, Slurm, Kubernetes) implements the
+same two methods. Engines started elsewhere are registered with the runtime
+directly (`Runtime.register_engine`), without a launcher.
+
+Contracts: `start` returns only once the engine answers its health check, and
+raises `EngineStartError` (with the tail of the engine's log) if it exits or is not
+healthy within `ready_timeout_s`; the process it started is then gone. `stop` ends
+the engine's whole process group (SIGTERM, then SIGKILL after `stop_timeout_s`) and
+is idempotent. Processes run in their own session, so a Ctrl-C of the runtime does
+not reach them; the runtime stops them on close, and on Linux they get SIGTERM if
+the runtime's process dies without closing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import re
+import signal
+import socket
+import sys
+import tempfile
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from treadle.engines.base import Engine
+from treadle.engines.errors import EngineError, EngineStartError
+
+
+@dataclass(slots=True)
+class LaunchedEngine:
+    """A running engine and how to stop it."""
+
+    engine: Engine  # its client
+    tp: int  # tensor-parallel degree (GPUs it occupies)
+    max_batch: int  # most sequences it runs at once
+    kv_capacity_tokens: int  # its KV cache, in tokens
+    url: str  # where it listens
+    label: str  # for logs, e.g. "emulated qwen3-14b tp2 :8123"
+    stop: Callable[[], Awaitable[None]] = field(repr=False)  # stops it; idempotent
+    pid: int | None = None  # its process (group leader), when it is a local process
+
+
+class EngineLauncher(ABC):
+    """Starts engines of a given TP degree."""
+
+    @abstractmethod
+    async def start(self, tp: int) -> LaunchedEngine:
+        """An engine of degree `tp`, healthy; EngineStartError otherwise."""
+
+    @abstractmethod
+    def startup_s(self, tp: int) -> float:
+        """Typical seconds from `start` to a healthy engine (on the runtime's clock)."""
+
+
+class ProcessSpec(ABC):
+    """How to run one kind of engine as a local process."""
+
+    name: str = "engine"
+
+    @abstractmethod
+    def command(self, tp: int, port: int, index: int) -> list[str]:
+        """The argv of an engine listening on 127.0.0.1:`port` (`index`: n-th start)."""
+
+    def env(self) -> dict[str, str]:
+        """Extra environment variables for the process."""
+        return {}
+
+    @abstractmethod
+    def client(self, url: str) -> Engine:
+        """A client for the engine at `url`."""
+
+    @abstractmethod
+    async def capacity(self, tp: int, client: Engine) -> tuple[int, int]:
+        """(max_batch, kv_capacity_tokens) of a healthy engine."""
+
+    startup_estimate_s: float = 5.0  # typical start-up, real seconds
+
+
+@dataclass(slots=True)
+class EmulatedProcess(ProcessSpec):
+    """`treadle engine emulate`: timing from the cost model, synthetic tokens."""
+
+    model: str = "qwen3-14b"  # cost-model entry
+    gpu: str = "h100"  # cost-model entry
+    time_scale: float = 1.0  # every modelled duration times this
+    max_num_seqs: int = 1024  # vLLM's default on 80 GB+ GPUs, as the simulator uses
+    seed: int = 0  # engine n gets seed + n
+    python: str = sys.executable
+    name: str = "emulated"
+    startup_estimate_s: float = 2.0
+
+    def command(self, tp: int, port: int, index: int) -> list[str]:
+        return [self.python, "-m", "treadle", "engine", "emulate", "--port", str(port),
+                "--model", self.model, "--gpu", self.gpu, "--tp", str(tp),
+                "--time-scale", repr(self.time_scale), "--max-num-seqs",
+                str(self.max_num_seqs), "--seed", str(self.seed + index),
+                "--log-level", "warning"]
+
+    def client(self, url: str) -> Engine:
+        from treadle.engines.emulated_client import EmulatedEngineClient
+
+        return EmulatedEngineClient(url, model=f"{self.model}-emulated")
+
+    async def capacity(self, tp: int, client: Engine) -> tuple[int, int]:
+        from treadle.core.cost_model import CostModel
+
+        return self.max_num_seqs, CostModel.named(self.model, self.gpu).kv_capacity_tokens(tp)
+
+
+@dataclass(slots=True)
+class VLLMProcess(ProcessSpec):
+    """A real vLLM server (`python -m vllm.entrypoints.openai.api_server`).
+
+    `python` is the interpreter of the environment vLLM is installed in. The KV
+    capacity is read from the server's `vllm:cache_config_info` metric
+    (num_gpu_blocks x block_size). TP > 1 is passed as `--tensor-parallel-size`.
+    """
+
+    model_dir: str = ""  # a directory vLLM loads (save_pretrained output)
+    served_name: str = "model"  # --served-model-name
+    python: str = "python3"
+    max_model_len: int = 1024
+    max_num_seqs: int = 64
+    extra_args: tuple[str, ...] = ()  # appended to the command line
+    extra_env: tuple[tuple[str, str], ...] = (("VLLM_CPU_KVCACHE_SPACE", "1"),)
+    name: str = "vllm"
+    startup_estimate_s: float = 60.0
+
+    def command(self, tp: int, port: int, index: int) -> list[str]:
+        cmd = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model",
+               self.model_dir, "--served-model-name", self.served_name, "--dtype", "float32",
+               "--max-model-len", str(self.max_model_len), "--max-num-seqs",
+               str(self.max_num_seqs), "--scheduling-policy", "priority",
+               "--enable-prompt-tokens-details", "--host", "127.0.0.1", "--port", str(port)]
+        if tp > 1:
+            cmd += ["--tensor-parallel-size", str(tp)]
+        return cmd + list(self.extra_args)
+
+    def env(self) -> dict[str, str]:
+        return dict(self.extra_env)
+
+    def client(self, url: str) -> Engine:
+        from treadle.engines.vllm import VLLMEngine
+
+        return VLLMEngine(url, model=self.served_name)
+
+    async def capacity(self, tp: int, client: Engine) -> tuple[int, int]:
+        from treadle.engines.vllm import VLLMEngine
+
+        assert isinstance(client, VLLMEngine)
+        text = await client._get_text("/metrics")
+        return self.max_num_seqs, kv_tokens_from_metrics(text)
+
+
+_CACHE_INFO = re.compile(r"^vllm:cache_config_info\{(?P<labels>[^}]*)\}", re.MULTILINE)
+
+
+def kv_tokens_from_metrics(text: str) -> int:
+    """KV cache size in tokens from vLLM's `vllm:cache_config_info` labels
+    (num_gpu_blocks × block_size); EngineError if the metric is missing."""
+    m = _CACHE_INFO.search(text)
+    if m is not None:
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m["labels"]))
+        try:
+            return int(labels["num_gpu_blocks"]) * int(labels["block_size"])
+        except (KeyError, ValueError):
+            pass
+    raise EngineError("/metrics: no vllm:cache_config_info with num_gpu_blocks and "
+                      "block_size")
+
+
+class LocalLauncher(EngineLauncher):
+    """Engines as child processes on this machine, one port each on loopback."""
+
+    def __init__(self, spec: ProcessSpec, *, log_dir: str | Path | None = None,
+                 ready_timeout_s: float = 180.0, stop_timeout_s: float = 10.0) -> None:
+        self.spec = spec
+        self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="treadle-engines-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.ready_timeout_s = ready_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self._started = 0
+
+    def startup_s(self, tp: int) -> float:
+        return self.spec.startup_estimate_s
+
+    async def start(self, tp: int) -> LaunchedEngine:
+        index = self._started
+        self._started += 1
+        port = _free_port()
+        log_path = self.log_dir / f"{self.spec.name}-{index:03d}-tp{tp}.log"
+        with open(log_path, "wb") as log:
+            proc = await asyncio.create_subprocess_exec(
+                *self.spec.command(tp, port, index), stdout=log, stderr=asyncio.subprocess.STDOUT,
+                stdin=asyncio.subprocess.DEVNULL, env={**os.environ, **self.spec.env()},
+                start_new_session=True, preexec_fn=_die_with_parent)
+        url = f"http://127.0.0.1:{port}"
+        client = self.spec.client(url)
+        stopped = False
+
+        async def stop() -> None:
+            nonlocal stopped
+            if stopped:
+                return
+            stopped = True
+            await client.aclose()
+            await _end_process_group(proc, self.stop_timeout_s)
+
+        try:
+            await self._wait_healthy(proc, client, log_path)
+            max_batch, kv = await self.spec.capacity(tp, client)
+        except BaseException:
+            await stop()
+            raise
+        return LaunchedEngine(client, tp, max_batch, kv, url,
+                              f"{self.spec.name} tp{tp} :{port}", stop, proc.pid)
+
+    async def _wait_healthy(self, proc: asyncio.subprocess.Process, client: Engine,
+                            log_path: Path) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.ready_timeout_s
+        while not await client.health():
+            if proc.returncode is not None:
+                tail = await asyncio.to_thread(_tail, log_path)
+                raise EngineStartError(f"{self.spec.name} exited with {proc.returncode} before "
+                                       f"it was healthy; log {log_path}:\n{tail}")
+            if loop.time() > deadline:
+                tail = await asyncio.to_thread(_tail, log_path)
+                raise EngineStartError(f"{self.spec.name} not healthy after "
+                                       f"{self.ready_timeout_s:.0f}s; log {log_path}:\n{tail}")
+            await asyncio.sleep(0.2)
+
+
+async def _end_process_group(proc: asyncio.subprocess.Process, timeout_s: float) -> None:
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), timeout_s)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+    # Children the engine spawned (vLLM's engine core) share its process group.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when the runtime's process dies (Linux's
+    PR_SET_PDEATHSIG), so a crashed runtime leaves no engine behind."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the runtime's close() is then the only cleanup
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as e:
+        return f"(log unreadable: {e})"

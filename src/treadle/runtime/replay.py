@@ -1,0 +1,82 @@
+"""Replaying a workload's trajectory live: the simulator's script, real engine calls.
+
+`replay(spec, turns, clock)` plays one `TrajectorySpec` (a trace line or a
+generated workload) through a `TurnRunner`: a synthetic prompt of the spec's
+length, then for every turn a call with `max_tokens` set to the turn's length and
+no stop token (so the engine samples exactly that many tokens), the tool's latency
+slept on the runtime's clock, and an observation of the spec's length appended.
+Token ids are synthetic (seeded by the trajectory id) and fall in the emulated
+engine's vocabulary; only the counts and the timing are the workload's. Each
+turn is recorded as the agent loop records one (engine, queued and generating
+seconds, policy version; the tool gap as a `ToolCall` named "replay" with the
+latency measured on the clock and the observation's length), so a replayed
+trajectory's record shows where its time went. It is how
+`treadle bench live` measures the live system on exactly what `treadle sim`
+simulates.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass
+
+from treadle.agent.loop import Sampling, TurnRunner
+from treadle.engines.emulated import VOCAB
+from treadle.runtime.clock import Clock
+from treadle.sim.workload import TrajectorySpec
+from treadle.types import ToolCall, Turn
+
+REPLAY_TOOL = "replay"  # the tool name a replayed tool gap is recorded under
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayResult:
+    """What one replayed trajectory did."""
+
+    traj_id: str
+    output_tokens: int  # tokens the engines sampled
+    finished_at: float  # on the runtime's clock
+    queued_s: float  # waiting for engines, preemptions included
+    turns: int
+    turn_records: tuple[Turn, ...] = ()  # per turn, as the agent loop records them
+
+
+def _ids(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(VOCAB) for _ in range(n)]
+
+
+async def replay(spec: TrajectorySpec, turns: TurnRunner, clock: Clock) -> ReplayResult:
+    """Play `spec` through `turns`; raises what the runner raises (EngineError)."""
+    seed = hashlib.blake2b(spec.traj_id.encode(), digest_size=8).digest()
+    rng = random.Random(int.from_bytes(seed, "big"))
+    context = _ids(rng, spec.prompt_tokens)
+    sampled = 0
+    queued = 0.0
+    last = len(spec.turns) - 1
+    records: list[Turn] = []
+    try:
+        for index, turn in enumerate(spec.turns):
+            out = await turns.generate(context, turn.output_tokens, Sampling(), [])
+            context += out.output_ids
+            sampled += len(out.output_ids)
+            queued += out.queued_s
+            record = Turn(index, len(out.output_ids), out.engine_id, queued_s=out.queued_s,
+                          generating_s=out.generating_s,
+                          policy_version=out.policy_versions[-1] if out.policy_versions else 0)
+            records.append(record)
+            turns.turn_finished(len(out.output_ids), len(context), final=index == last)
+            if index == last:
+                break
+            turns.tool_started()
+            started = clock.now()
+            await clock.sleep(turn.tool_latency_s)
+            context += _ids(rng, turn.tool_output_tokens)
+            record.tool_call = ToolCall(REPLAY_TOOL, {}, max(0.0, clock.now() - started),
+                                        turn.tool_output_tokens)
+            turns.tool_finished(turn.tool_latency_s, turn.tool_output_tokens, final=False)
+    except BaseException as e:
+        turns.ended(f"replay stopped: {type(e).__name__}")  # a no-op after the final event
+        raise
+    return ReplayResult(spec.traj_id, sampled, clock.now(), queued, len(spec.turns),
+                        tuple(records))

@@ -1,0 +1,101 @@
+"""One rollout's whole life: sandbox up, agent loop, reward, teardown.
+
+    traj = await run_task(runtime, suite, task, traj_id="j1/q7/3", key=GroupKey("j1/q7", 3),
+                          tokenizer=tok, sandboxes=pool)
+
+ProRL Agent's stages, each failure attributed to one of them (`FailureStage`):
+
+- **init**: the sandbox is started and the suite's setup runs (`open_episode`); a
+  failure there ends the trajectory with status error, stage init, before any turn;
+- **run**: the agent loop (`treadle.agent.loop.run_agent`) on the runtime's engines
+  (stages engine and tool);
+- **eval**: the suite's reward, with the sandbox still up (some rewards run tests in
+  it); stage eval;
+- **teardown**: the episode and sandbox are released whatever happened; a failure
+  there is logged and does not change a trajectory that is already complete.
+
+`replay_task` is the same for a workload's trajectory script (`runtime.replay`): no
+sandbox and no reward, only the engine calls; its record has the turns (counts,
+engines, queued and generating seconds, the tool gaps as calls named "replay") and
+no token ids (the tokens are synthetic).
+
+Both return the trajectory and raise only `CancelledError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+from treadle.agent.chat import HermesFormat, Tokenizer
+from treadle.agent.loop import HERMES, AgentLimits, Sampling, run_agent
+from treadle.engines.errors import EngineError
+from treadle.envs.base import Suite, open_episode
+from treadle.errors import TreadleError
+from treadle.runtime.driver import Runtime
+from treadle.runtime.replay import replay
+from treadle.sandbox.base import SandboxBackend
+from treadle.sandbox.pool import SandboxPool
+from treadle.sim.workload import TrajectorySpec
+from treadle.types import FailureStage, GroupKey, Task, Trajectory, TrajectoryStatus
+
+log = logging.getLogger(__name__)
+
+
+async def run_task(runtime: Runtime, suite: Suite, task: Task, *, traj_id: str, key: GroupKey,
+                   tokenizer: Tokenizer, sandboxes: SandboxBackend | SandboxPool | None,
+                   limits: AgentLimits | None = None, sampling: Sampling | None = None,
+                   fmt: HermesFormat = HERMES, attempt: int = 0,
+                   clock: Callable[[], float] = time.monotonic) -> Trajectory:
+    """One suite task, start to end, on the runtime's engines (see the module docstring)."""
+    turns = runtime.turns(traj_id, key.group_id)
+    started = clock()
+    async with contextlib.AsyncExitStack() as stack:
+        stack.push(_log_teardown_failure(traj_id))  # outermost: sees the teardown's errors
+        try:
+            episode = await stack.enter_async_context(open_episode(suite, task, sandboxes))
+        except TreadleError as e:
+            turns.ended("init failed")
+            traj = Trajectory(traj_id, key, task_id=task.task_id,
+                              status=TrajectoryStatus.ERROR, failure_stage=FailureStage.INIT,
+                              reason=f"init: {type(e).__name__}: {e}", attempt=attempt)
+            traj.timings.started_at, traj.timings.finished_at = started, clock()
+            return traj
+        traj = await run_agent(episode, tokenizer, turns, traj_id=traj_id, key=key,
+                               limits=limits or AgentLimits(), sampling=sampling or Sampling(),
+                               fmt=fmt, clock=clock)
+    traj.attempt = attempt
+    return traj
+
+
+def _log_teardown_failure(traj_id: str) -> Callable[..., bool]:
+    def exit_(exc_type: type[BaseException] | None, exc: BaseException | None,
+              _tb: object) -> bool:
+        if isinstance(exc, TreadleError):
+            log.warning("trajectory %s: teardown failed: %s", traj_id, exc)
+            return True  # the trajectory is complete; a failed cleanup does not undo it
+        return False
+    return exit_
+
+
+async def replay_task(runtime: Runtime, spec: TrajectorySpec, *, traj_id: str, key: GroupKey,
+                      task_id: str = "", attempt: int = 0) -> Trajectory:
+    """A workload trajectory's script, replayed on the runtime's engines."""
+    traj = Trajectory(traj_id, key, prompt_tokens=spec.prompt_tokens, task_id=task_id,
+                      attempt=attempt, status=TrajectoryStatus.RUNNING)
+    traj.timings.started_at = runtime.clock.now()
+    try:
+        result = await replay(spec, runtime.turns(traj_id, key.group_id), runtime.clock)
+    except EngineError as e:
+        traj.status, traj.failure_stage = TrajectoryStatus.ERROR, FailureStage.ENGINE
+        traj.reason = f"engine: {e}"
+    else:
+        traj.status = TrajectoryStatus.COMPLETED
+        traj.turns = list(result.turn_records)
+        traj.timings.queue_s = result.queued_s
+        traj.timings.llm_s = sum(t.generating_s for t in traj.turns)
+        traj.timings.tool_s = sum(t.tool_call.latency_s for t in traj.turns if t.tool_call)
+    traj.timings.finished_at = runtime.clock.now()
+    return traj

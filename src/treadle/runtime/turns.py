@@ -1,0 +1,268 @@
+"""One trajectory's LLM turns, scheduled: the `TurnRunner` the runtime hands out.
+
+`ScheduledTurns.generate` tells the scheduler the turn is ready (on the first turn,
+`TrajectoryArrived`; later, the `ToolCallFinished` sent by `tool_finished` did),
+waits for the scheduler to admit it to an engine, and sends it there with the
+admitted priority. What can happen to the call, and what the runner does:
+
+- it finishes ("stop"/"length"): the reply is returned;
+- the scheduler preempts it (`Preempt`): the engine aborts it; the tokens it had
+  produced (the emulated engine returns them; vLLM's client cannot, so they are
+  lost) are kept, and once admitted again it resumes with them appended to the
+  prompt and `max_tokens` reduced by as many;
+- the engine fails (`EngineUnavailable`, `EngineTimeout`, a malformed reply): the
+  runtime checks the engine's health. A dead engine is failed (`EngineFailed`: the
+  scheduler re-routes everything it held, this turn included, with a full
+  re-prefill elsewhere); a live one gets the turn again (`TurnPreempted`), at most
+  `Runtime.turn_retries` times, after which the turn raises `EngineUnavailable`;
+- the engine rejects it (`EngineRequestError`, a 4xx): raised at once;
+- no engine is left and none is starting: `NoEngineAvailable` is raised after at
+  most `Runtime.engine_wait_s`.
+
+The returned `TurnOutput` concatenates the tokens of every call of the turn; each
+token carries the policy version current when it was sampled. Cancelling
+`generate` aborts the call on its engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from treadle.agent.loop import Sampling, TurnOutput
+from treadle.core.events import (
+    ToolCallFinished,
+    ToolCallStarted,
+    TrajectoryArrived,
+    TrajectoryEnded,
+    TurnFinished,
+    TurnPreempted,
+)
+from treadle.engines.base import FinishReason, GenerateRequest, GenerateResult
+from treadle.engines.errors import (
+    EngineError,
+    EngineProtocolError,
+    EngineRequestError,
+    EngineUnavailable,
+)
+
+if TYPE_CHECKING:
+    from treadle.runtime.driver import EngineSlot, Runtime
+
+_PRIORITY_BOUND = 2**31 - 1
+
+
+class ScheduledTurns:
+    """The turns of one trajectory on the runtime's engines. Made by `Runtime.turns`."""
+
+    def __init__(self, runtime: Runtime, traj_id: str, group_id: str) -> None:
+        self.traj_id = traj_id
+        self.group_id = group_id
+        self.engine_id: str | None = None  # engine of the last call
+        self.preemptions = 0  # calls cut short by the scheduler or a pause
+        self.retries = 0  # calls repeated after an engine failure
+        self._rt = runtime
+        self._admission: tuple[str, float] | None = None  # (engine, priority) to run on
+        self._admitted = asyncio.Event()  # set when `_admission` or `_failure` is set
+        self._failure: EngineError | None = None  # no engine will ever admit it
+        self._call: tuple[EngineSlot, str, asyncio.Future[GenerateResult]] | None = None
+        self._preempted = False  # the call in flight is being aborted by the scheduler
+        self._arrived = False
+        self._turn = 0
+        self._calls = 0
+        self._tool_started = 0.0
+        self.done = False  # no more events will be sent
+
+    # -- TurnRunner ------------------------------------------------------------------
+
+    async def generate(self, prompt_ids: list[int], max_tokens: int, sampling: Sampling,
+                       stop_ids: list[int]) -> TurnOutput:
+        if self.done:
+            raise RuntimeError(f"trajectory {self.traj_id} has ended")
+        clock = self._rt.clock
+        if not self._arrived:
+            self._arrived = True
+            self._expect()
+            self._rt._emit(TrajectoryArrived(self.traj_id, self.group_id, len(prompt_ids)))
+        ids: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        queued = generating = 0.0
+        failures = 0
+        finish: FinishReason = "length"
+        while len(ids) < max_tokens:
+            waited = clock.now()
+            await self._wait_admission()
+            await self._rt._gate.wait()  # a weight update in progress holds new calls
+            queued += clock.now() - waited
+            admission = self._admission
+            if admission is None:
+                continue  # preempted, or its engine lost, while it waited at the gate
+            eid, priority = admission
+            self._expect()  # consumed: a later call of this turn waits for a new one
+            slot = self._rt._slots.get(eid)
+            if slot is None:
+                continue  # the engine went away since; the scheduler re-routes the turn
+            self._calls += 1
+            request = GenerateRequest(
+                request_id=f"{self.traj_id}:{self._turn}:{self._calls}",
+                prompt_ids=prompt_ids + ids, max_tokens=max_tokens - len(ids),
+                temperature=sampling.temperature, top_p=sampling.top_p,
+                stop_token_ids=stop_ids, priority=_int_priority(priority),
+                timeout_s=self._rt.request_timeout_s)
+            started = clock.now()
+            result = await self._send(slot, request)
+            generating += clock.now() - started
+            if result is None:
+                continue  # the runtime dropped the call: its engine is gone
+            if isinstance(result, EngineError):
+                failures += 1
+                if await self._rt._engine_trouble(slot, result) == "failed":
+                    continue  # re-routed by EngineFailed
+                if failures > self._rt.turn_retries:
+                    raise EngineUnavailable(f"turn {self._turn} of {self.traj_id} failed "
+                                            f"{failures} times on {eid}: {result}")
+                self.retries += 1
+                self._requeue(eid, len(ids))
+                continue
+            if len(result.logprobs) != len(result.output_ids):
+                raise EngineProtocolError(f"{eid} returned {len(result.output_ids)} ids and "
+                                          f"{len(result.logprobs)} logprobs")
+            self.engine_id = eid
+            ids += result.output_ids
+            logprobs += result.logprobs
+            versions += [self._rt.policy_version] * len(result.output_ids)
+            if result.finish_reason != "abort":
+                finish = result.finish_reason
+                break
+            self.preemptions += 1
+            if self._preempted:
+                self._preempted = False  # the scheduler queued it again already
+            else:
+                self._requeue(eid, len(ids))  # a pause (or someone else) aborted it
+        self._turn += 1
+        return TurnOutput(ids, logprobs, versions, finish, self.engine_id, queued, generating)
+
+    def turn_finished(self, output_tokens: int, context_tokens: int, final: bool) -> None:
+        self._rt._emit(TurnFinished(self.traj_id, self.engine_id or "", output_tokens,
+                                    context_tokens, final))
+        if final:
+            self._end()
+
+    def tool_started(self) -> None:
+        self._tool_started = self._rt.clock.now()
+        self._rt._emit(ToolCallStarted(self.traj_id))
+
+    def tool_finished(self, latency_s: float, output_tokens: int, final: bool) -> None:
+        # The scheduler is told the latency on its own clock, whatever the caller measured.
+        latency = max(0.0, self._rt.clock.now() - self._tool_started)
+        if not final:
+            self._expect()
+        self._rt._emit(ToolCallFinished(self.traj_id, latency, output_tokens, final))
+        if final:
+            self._end()
+
+    def ended(self, reason: str) -> None:
+        if not self.done:
+            if self._arrived:  # the scheduler never heard of one that never asked for a turn
+                self._rt._emit(TrajectoryEnded(self.traj_id, reason))
+            self._end()
+
+    # -- what the runtime tells it ------------------------------------------------------
+
+    def _admit(self, engine_id: str, priority: float) -> None:
+        self._admission = (engine_id, priority)
+        self._admitted.set()
+
+    def _preempt(self, engine_id: str) -> None:
+        """The scheduler paused the turn and queued it again."""
+        call = self._call
+        self._expect()
+        if call is not None and call[0].engine_id == engine_id:
+            self._preempted = True
+            self._rt._spawn(call[0].engine.abort(call[1]))
+
+    def _engine_lost(self, engine_id: str) -> None:
+        """The engine failed; the scheduler re-routes the turn if it was there."""
+        call = self._call
+        if call is not None and call[0].engine_id == engine_id:
+            self._expect()
+            call[2].cancel()
+        elif self._admission is not None and self._admission[0] == engine_id:
+            self._expect()
+
+    def _abort_for_pause(self) -> None:
+        if self._call is not None:
+            self._rt._spawn(self._call[0].engine.abort(self._call[1]))
+
+    def _fail(self, error: EngineError) -> None:
+        """No engine will run this trajectory: a waiting `generate` raises `error`."""
+        self._failure = error
+        self._admitted.set()
+
+    @property
+    def waiting(self) -> bool:
+        """True while a turn waits for admission (not running, not in a tool)."""
+        return self._arrived and not self.done and self._call is None and \
+            self._admission is None and not self._admitted.is_set()
+
+    @property
+    def in_call(self) -> bool:
+        return self._call is not None
+
+    # -- internals --------------------------------------------------------------------
+
+    def _expect(self) -> None:
+        """An admission is due (the scheduler has, or is about to have, the turn queued)."""
+        self._admission = None
+        self._admitted.clear()
+
+    def _requeue(self, engine_id: str, tokens_so_far: int) -> None:
+        self._expect()
+        self._rt._emit(TurnPreempted(self.traj_id, engine_id, tokens_so_far))
+
+    async def _wait_admission(self) -> None:
+        """Until the scheduler admits the turn; raises when no engine ever will."""
+        rt = self._rt
+        while self._admission is None:
+            if self._failure is not None:
+                raise self._failure
+            try:
+                await asyncio.wait_for(self._admitted.wait(), rt.engine_wait_s)
+            except TimeoutError:
+                if not rt.has_engines():
+                    raise rt.no_engine_error() from None
+
+    async def _send(self, slot: EngineSlot,
+                    request: GenerateRequest) -> GenerateResult | EngineError | None:
+        """The call's result; its EngineError (not raised); None if the runtime dropped it."""
+        call = asyncio.ensure_future(slot.engine.generate(request))
+        self._call = (slot, request.request_id, call)
+        self._preempted = False
+        self._rt._calls_started(slot)
+        try:
+            await asyncio.wait({call})
+        except asyncio.CancelledError:
+            call.cancel()
+            await asyncio.gather(call, return_exceptions=True)
+            raise
+        finally:
+            self._call = None
+            self._rt._calls_ended(slot)
+        if call.cancelled():
+            return None
+        error = call.exception()
+        if error is None:
+            return call.result()
+        if isinstance(error, EngineRequestError) or not isinstance(error, EngineError):
+            raise error
+        return error
+
+    def _end(self) -> None:
+        self.done = True
+        self._rt._trajectory_done(self)
+
+
+def _int_priority(priority: float) -> int:
+    """Engines take integer priorities (lower first); the scheduler's are floats."""
+    return max(-_PRIORITY_BOUND, min(_PRIORITY_BOUND, round(priority)))

@@ -1,0 +1,439 @@
+"""`treadle bench service`: the rollout service under thousands of concurrent
+trajectories, measured from a client over HTTP.
+
+    treadle bench service --trajectories 2000 --jobs 3 --workload search --engines 8 \\
+        --time-scale 0.1 --json --out benchmarks/service.json
+
+The service runs as its own process (`treadle serve --emulate N --time-scale X`, a
+fresh SQLite file, a token), so its CPU and memory are its own; the emulated
+engines are its children, counted apart. `--jobs` jobs of `--trajectories`
+replayed workload trajectories run back to back (job k uses seed + k), all of a
+job's trajectories submitted at once (one synchronous RL step). While each runs,
+this process, as the service's client:
+
+- follows the job's NDJSON stream (`follow=true`) to its end: the job's wall time
+  and trajectories/s;
+- polls `GET /v1/jobs/{id}` every `--status-interval` seconds (latency);
+- every second submits a 16-trajectory job that waits for a policy version no
+  update reaches (planned and stored, never run) and cancels it (latency of both);
+- from the second job on, re-reads the whole stream of the previous (finished) job
+  every few seconds (time to first byte, time to the last line).
+
+Per job: the service's CPU (user + system seconds from /proc, and as % of one
+core over the job's wall time) and the part of it its scheduler took (the
+decisions' histogram in /metrics), the engines' CPU the same way, this client's CPU,
+how busy the whole machine was, the service's resident memory after the job, and
+the simulator's makespan for the same workload, policy and GPUs beside the live
+one (modelled seconds: wall / time scale); a live/simulated ratio near 1 says the
+service kept up with its engines. The service's peak RSS (VmHWM) closes the
+report, and the same stream re-reads with the service idle.
+
+Limits: Linux only (/proc). Client, service and engines share the machine; a busy
+machine shows up as `machine_busy_pct` near 100 and latencies that include the
+client's own waiting. Trajectories/s is set by the emulated engines' modelled
+speed and the time scale; what the service adds is the live/simulated ratio, its
+CPU per trajectory and its latencies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from treadle.reports import log, write_report
+
+Log = Callable[[str], None]
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_TOKEN = "bench-token"
+_NEVER = 1 << 40  # a policy version no update reaches: the probe jobs stay queued
+
+
+@dataclass(slots=True)
+class Latencies:
+    """Request latencies of one kind, in seconds."""
+
+    samples: list[float] = field(default_factory=list)
+    failures: int = 0  # requests answered with an unexpected status or not at all
+
+    def summary(self) -> dict[str, float | int]:
+        s = sorted(self.samples)
+        if not s:
+            return {"n": 0, "failures": self.failures}
+        def ms(q: float) -> float:
+            return round(1000.0 * s[min(len(s) - 1, int(q * len(s)))], 2)
+        return {"n": len(s), "failures": self.failures, "p50_ms": ms(0.5), "p99_ms": ms(0.99),
+                "max_ms": ms(1.0)}
+
+
+# -- /proc ---------------------------------------------------------------------------------
+
+
+def _stat(pid: int) -> list[str]:
+    text = Path(f"/proc/{pid}/stat").read_text()
+    return text[text.rindex(")") + 2:].split()  # fields from the 3rd (state) on
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of the process (its threads included)."""
+    fields = _stat(pid)
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def _descendants(pid: int) -> list[int]:
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                parents[int(entry)] = int(_stat(int(entry))[1])
+    out, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        children = [p for p, pp in parents.items() if pp == parent]
+        out += children
+        frontier += children
+    return out
+
+
+def _tree_cpu_s(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            total += _cpu_s(pid)
+    return total
+
+
+def _memory_mb(pid: int, key: str) -> float:
+    """VmRSS (now) or VmHWM (peak) of the process, in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) / 1024
+    raise KeyError(key)
+
+
+def _machine_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of all cores since boot."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)
+    return sum(values) - idle, sum(values)
+
+
+# -- the service process -------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def serving(args: list[str], log_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """`treadle serve` with `args` on a free loopback port until the block exits."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with log_path.open("ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "treadle", "serve", "--port", str(port), "--token", _TOKEN,
+             "--sandbox", "none", "--log-level", "warning", *args],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the service did not start: {log_path.read_text()[-800:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/healthz", timeout=1).json()["engines"] > 0:
+                    break
+            time.sleep(0.2)
+        yield url, proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+# -- one job under load --------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Probes:
+    status: Latencies = field(default_factory=Latencies)
+    submit: Latencies = field(default_factory=Latencies)
+    cancel: Latencies = field(default_factory=Latencies)
+    stream_first_byte: Latencies = field(default_factory=Latencies)
+    stream_full: Latencies = field(default_factory=Latencies)
+
+
+async def _timed(into: Latencies, request: Any, ok: int = 200) -> httpx.Response | None:
+    started = time.perf_counter()
+    try:
+        response: httpx.Response = await request
+    except httpx.HTTPError:
+        into.failures += 1
+        return None
+    if response.status_code != ok:
+        into.failures += 1
+        return None
+    into.samples.append(time.perf_counter() - started)
+    return response
+
+
+async def _every(seconds: float, probe: Callable[[], Any]) -> None:
+    while True:
+        started = time.perf_counter()
+        await probe()
+        await asyncio.sleep(max(0.0, seconds - (time.perf_counter() - started)))
+
+
+async def reread(client: httpx.AsyncClient, job: str, probes: _Probes, lines: int) -> None:
+    """Read a finished job's whole stream; time to the first byte and to the end."""
+    started = time.perf_counter()
+    first: float | None = None
+    got = 0
+    try:
+        async with client.stream("GET", f"/v1/jobs/{job}/trajectories") as r:
+            async for chunk in r.aiter_bytes():
+                first = first if first is not None else time.perf_counter() - started
+                got += chunk.count(b"\n")
+    except httpx.HTTPError:
+        probes.stream_full.failures += 1
+        return
+    if got != lines or first is None:
+        probes.stream_full.failures += 1
+        return
+    probes.stream_first_byte.samples.append(first)
+    probes.stream_full.samples.append(time.perf_counter() - started)
+
+
+@contextlib.asynccontextmanager
+async def _background(*coros: Any) -> AsyncIterator[None]:
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        yield
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def run_job(client: httpx.AsyncClient, job: str, body: dict[str, Any], n: int, *,
+                  previous: str | None, status_interval_s: float) -> dict[str, Any]:
+    """Submit `body` as `job`, follow its stream to the end with the probes running."""
+    probes = _Probes()
+    counter = iter(range(1 << 30))
+
+    async def probe_submit() -> None:
+        k = next(counter)
+        small = {"tasks": {"workload": "search", "trajectories": 16, "seed": k},
+                 "min_policy_version": _NEVER, "job_id": f"{job}-probe-{k}"}
+        if await _timed(probes.submit, client.post("/v1/jobs", json=small), 201):
+            await _timed(probes.cancel, client.post(f"/v1/jobs/{job}-probe-{k}/cancel"))
+
+    started = time.perf_counter()
+    created = await _timed(Latencies(), client.post("/v1/jobs", json={**body, "job_id": job}),
+                           201)
+    if created is None:
+        raise RuntimeError(f"the service refused job {job}")
+    submit_s = time.perf_counter() - started
+    background = [_every(status_interval_s,
+                         lambda: _timed(probes.status, client.get(f"/v1/jobs/{job}"))),
+                  _every(1.0, probe_submit)]
+    if previous is not None:
+        background.append(_every(3.0, lambda: reread(client, previous, probes, n)))
+    lines = 0
+    statuses: dict[str, int] = {}
+    async with _background(*background):
+        async with client.stream("GET", f"/v1/jobs/{job}/trajectories",
+                                 params={"follow": "true"}, timeout=None) as stream:
+            async for line in stream.aiter_lines():
+                if line:
+                    lines += 1
+                    status = json.loads(line)["trajectory"]["status"]
+                    statuses[status] = statuses.get(status, 0) + 1
+        wall = time.perf_counter() - started
+    return {"wall_s": wall, "submit_s": submit_s, "delivered": lines, "statuses": statuses,
+            "status_route": probes.status.summary(), "submit_route": probes.submit.summary(),
+            "cancel_route": probes.cancel.summary(),
+            "stream_first_byte": probes.stream_first_byte.summary(),
+            "stream_full": probes.stream_full.summary()}
+
+
+async def _scheduler_cpu_s(client: httpx.AsyncClient) -> float:
+    """The scheduler's CPU seconds so far (its decisions' histogram in /metrics)."""
+    text = (await client.get("/metrics")).text
+    for line in text.splitlines():
+        if line.startswith("treadle_scheduler_decision_seconds_sum "):
+            return float(line.split()[1])
+    return 0.0
+
+
+# -- the report ----------------------------------------------------------------------------
+
+
+def run_service_bench(*, trajectories: int, jobs: int, workload: str, policy: str,
+                      engines: int, time_scale: float, model: str, gpu: str, seed: int,
+                      status_interval_s: float, log: Log) -> dict[str, Any]:
+    """The report (see the module docstring)."""
+    from treadle.core.cost_model import CostModel
+    from treadle.core.policies import parse_policy
+    from treadle.sim.runner import simulate
+    from treadle.sim.workload import generate
+
+    cost = CostModel.named(model, gpu)
+    spec = parse_policy(policy)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="treadle-bench-service-") as tmp:
+        serve = ["--db", str(Path(tmp) / "bench.db"), "--emulate", str(engines),
+                 "--time-scale", repr(time_scale), "--policy", policy, "--model", model,
+                 "--gpu", gpu]
+        with serving(serve, Path(tmp) / "serve.log") as (url, proc):
+            engine_pids = _descendants(proc.pid)
+            rss_start = _memory_mb(proc.pid, "VmRSS")
+            log(f"service pid {proc.pid} up at {url} with {len(engine_pids)} engine "
+                f"processes; RSS {rss_start:.0f} MiB")
+            idle = _Probes()
+
+            async def main() -> None:
+                async with httpx.AsyncClient(base_url=url, timeout=120,
+                                             headers={"authorization": f"Bearer {_TOKEN}"},
+                                             limits=httpx.Limits(max_connections=64)) as c:
+                    previous = None
+                    for k in range(jobs):
+                        job = f"bench-{k}"
+                        body = {"tasks": {"workload": workload, "trajectories": trajectories,
+                                          "seed": seed + k}}
+                        decisions = await _scheduler_cpu_s(c)
+                        before = (time.perf_counter(), _cpu_s(proc.pid),
+                                  _tree_cpu_s(engine_pids), time.process_time(),
+                                  _machine_ticks())
+                        row = await run_job(c, job, body, trajectories, previous=previous,
+                                            status_interval_s=status_interval_s)
+                        wall = time.perf_counter() - before[0]
+                        busy, total = _machine_ticks()
+                        service_cpu = _cpu_s(proc.pid) - before[1]
+                        scheduler_cpu = await _scheduler_cpu_s(c) - decisions
+                        engines_cpu = _tree_cpu_s(engine_pids) - before[2]
+                        sim, _ = simulate(generate(workload, trajectories, seed=seed + k,
+                                                   max_context=cost.model.max_context),
+                                          spec, cost, engines)
+                        turns = sum(len(t.turns) for t in generate(
+                            workload, trajectories, seed=seed + k,
+                            max_context=cost.model.max_context).trajectories)
+                        row.update({
+                            "job": job, "trajectories_per_s": trajectories / row["wall_s"],
+                            "live_makespan_s": row["wall_s"] / time_scale,
+                            "sim_makespan_s": sim.makespan_s,
+                            "live_over_sim": row["wall_s"] / time_scale / sim.makespan_s,
+                            "turns": turns,
+                            "service_cpu_s": service_cpu,
+                            "service_cpu_pct_of_core": 100.0 * service_cpu / wall,
+                            "service_cpu_ms_per_turn": 1000.0 * service_cpu / turns,
+                            "scheduler_cpu_s": scheduler_cpu,
+                            "engines_cpu_s": engines_cpu,
+                            "engines_cpu_pct_of_core": 100.0 * engines_cpu / wall,
+                            "client_cpu_s": time.process_time() - before[3],
+                            "machine_busy_pct": 100.0 * (busy - before[4][0])
+                            / max(1, total - before[4][1]),
+                            "service_rss_mb_after": _memory_mb(proc.pid, "VmRSS")})
+                        log(f"  {job}: {row['delivered']}/{trajectories} in "
+                            f"{row['wall_s']:.1f}s ({row['trajectories_per_s']:.1f}/s, live/sim "
+                            f"{row['live_over_sim']:.2f}); service CPU "
+                            f"{row['service_cpu_pct_of_core']:.0f}% of a core, engines "
+                            f"{row['engines_cpu_pct_of_core']:.0f}%, machine "
+                            f"{row['machine_busy_pct']:.0f}% busy; status p99 "
+                            f"{row['status_route'].get('p99_ms')} ms; RSS "
+                            f"{row['service_rss_mb_after']:.0f} MiB")
+                        rows.append(row)
+                        previous = job
+                    for _ in range(5):
+                        await reread(c, previous or "", idle, trajectories)
+
+            asyncio.run(main())
+            peak = _memory_mb(proc.pid, "VmHWM")
+    return {
+        "setup": {"trajectories_per_job": trajectories, "jobs": jobs, "workload": workload,
+                  "policy": policy, "gpus": engines, "engine_processes": len(engine_pids),
+                  "time_scale": time_scale, "model": model, "gpu": gpu, "seed": seed,
+                  "status_interval_s": status_interval_s, "submit_probe_interval_s": 1.0,
+                  "cores": os.cpu_count(), "python": platform.python_version()},
+        "jobs": rows,
+        "summary": {
+            "trajectories_per_s_median": statistics.median(r["trajectories_per_s"]
+                                                           for r in rows),
+            "live_over_sim_median": statistics.median(r["live_over_sim"] for r in rows),
+            "service_cpu_pct_of_core_median": statistics.median(
+                r["service_cpu_pct_of_core"] for r in rows),
+            "engines_cpu_pct_of_core_median": statistics.median(
+                r["engines_cpu_pct_of_core"] for r in rows),
+            "service_rss_mb_at_start": rss_start,
+            "service_rss_mb_after_each_job": [r["service_rss_mb_after"] for r in rows],
+            "service_peak_rss_mb": peak},
+        "idle_stream_reread": {"first_byte": idle.stream_first_byte.summary(),
+                               "full": idle.stream_full.summary()},
+    }
+
+
+def add_service_bench_parser(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
+    """Register `bench service` on the `treadle bench` subparsers; handler in `args.func`."""
+    p = bench_subparsers.add_parser("service", help="the rollout service under load, "
+                                                    "measured over HTTP")
+    p.add_argument("--trajectories", type=int, default=2000, help="per job (default 2000)")
+    p.add_argument("--jobs", type=int, default=3, help="jobs run back to back (default 3)")
+    p.add_argument("--workload", default="search", help="coding, search, math or swe")
+    p.add_argument("--policy", default="treadle")
+    p.add_argument("--engines", type=int, default=8, help="GPUs the emulated engines model")
+    p.add_argument("--time-scale", type=float, default=0.1, metavar="X")
+    p.add_argument("--model", default="qwen3-14b")
+    p.add_argument("--gpu", default="h100")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--status-interval", type=float, default=0.1, metavar="S",
+                   help="seconds between job-status requests")
+    p.add_argument("--json", action="store_true", help="print the JSON report")
+    p.add_argument("--out", default="benchmarks/service.json", help="where to write it")
+    p.set_defaults(func=run_service_bench_command)
+
+
+def run_service_bench_command(args: argparse.Namespace) -> int:
+    """Handler of `bench service`; 2 with one line on stderr for bad input."""
+    from treadle.sim.workload import WORKLOADS
+
+    problems = [msg for bad, msg in (
+        (args.workload not in WORKLOADS, f"--workload must be one of {', '.join(WORKLOADS)}"),
+        (args.trajectories < 16 or args.trajectories % 16, "--trajectories must be a "
+                                                            "multiple of 16"),
+        (args.jobs < 1, "--jobs must be >= 1"), (args.engines < 1, "--engines must be >= 1"),
+        (not args.time_scale > 0, "--time-scale must be > 0"),
+        (not args.status_interval > 0, "--status-interval must be > 0"),
+        (not Path("/proc/self/stat").exists(), "needs Linux (/proc)")) if bad]
+    if problems:
+        print(f"treadle bench service: {problems[0]}", file=sys.stderr)
+        return 2
+    try:
+        report = run_service_bench(
+            trajectories=args.trajectories, jobs=args.jobs, workload=args.workload,
+            policy=args.policy, engines=args.engines, time_scale=args.time_scale,
+            model=args.model, gpu=args.gpu, seed=args.seed,
+            status_interval_s=args.status_interval, log=log)
+    except (KeyError, ValueError) as e:
+        print(f"treadle bench service: {str(e).strip(chr(39))}", file=sys.stderr)
+        return 2
+    write_report(report, args.out, name="service bench", echo=args.json)
+    return 0
+

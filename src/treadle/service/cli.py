@@ -1,0 +1,114 @@
+"""`treadle serve`: the rollout service on HTTP.
+
+    treadle serve --port 8700 --token $TOKEN --db treadle.db \\
+        --engine http://gpu-node-1:8000 --engine http://gpu-node-2:8000 \\
+        --served-model Qwen/Qwen3-8B --tokenizer /models/qwen3-8b --sandbox bwrap
+
+Engines: `--engine URL` (repeatable; `--engine-kind`, `--served-model` apply to
+all), `--vllm MODEL_DIR` (vLLM engines started here, RL endpoints on), `--emulate N`
+(emulated engine processes laid out by the policy on N GPUs,
+for experiments without GPUs), or later `POST /v1/engines`. Suite tasks need
+`--tokenizer`. Exits 2 with one line on stderr for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from typing import Any
+
+
+def add_serve_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
+    """Register `serve` on the main CLI's subparsers; handler in `args.func`."""
+    p = subparsers.add_parser("serve", help="the rollout service on HTTP")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
+    p.add_argument("--port", type=int, default=8700)
+    p.add_argument("--token", default=os.environ.get("TREADLE_TOKEN"),
+                   help="bearer token every route but /healthz requires (default "
+                        "$TREADLE_TOKEN; none: no auth, loopback only)")
+    p.add_argument("--db", default="treadle.db", help="SQLite file of jobs and results")
+    p.add_argument("--engine", action="append", default=[], metavar="URL",
+                   help="an inference engine already running (repeatable)")
+    p.add_argument("--engine-kind", choices=("vllm", "sglang", "emulated"), default="vllm")
+    p.add_argument("--served-model", default="model",
+                   help="the engines' served model name (vLLM --served-model-name)")
+    p.add_argument("--emulate", type=int, default=0, metavar="GPUS",
+                   help="start emulated engines on this many (modelled) GPUs")
+    p.add_argument("--time-scale", type=float, default=1.0,
+                   help="of the emulated engines and the scheduler's clock (0.1 = 10x "
+                        "faster than modelled; job timings are then in modelled seconds)")
+    p.add_argument("--vllm", default=None, metavar="MODEL_DIR",
+                   help="start vLLM engines serving this model directory (with the RL "
+                        "endpoints, so weight updates work); its tokenizer is the default "
+                        "--tokenizer")
+    p.add_argument("--vllm-engines", type=int, default=1, help="how many vLLM engines")
+    p.add_argument("--vllm-python", default=os.environ.get("TREADLE_VLLM_PYTHON",
+                                                           ".venv-vllm/bin/python"),
+                   help="the interpreter vLLM is installed in (scripts/vllm-cpu.sh "
+                        "installs one at .venv-vllm)")
+    p.add_argument("--max-model-len", type=int, default=1024,
+                   help="--max-model-len of the vLLM engines started here")
+    p.add_argument("--tokenizer", default=None, metavar="DIR",
+                   help="the served model's tokenizer.json directory (needed for suite tasks)")
+    p.add_argument("--sandbox", default="bwrap", choices=("bwrap", "local", "remote", "none"),
+                   help="where tools run (local isolates nothing; development only)")
+    p.add_argument("--policy", default="treadle", help="scheduling policy")
+    p.add_argument("--model", default="qwen3-14b", help="cost-model entry the policy plans with")
+    p.add_argument("--gpu", default="h100", help="cost-model entry")
+    p.add_argument("--max-live", type=int, default=4096, help="trajectories running at once")
+    p.add_argument("--log-level", default="info")
+    p.set_defaults(func=run_serve)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from treadle.service.app import create_app
+    from treadle.service.schemas import EngineRequest
+    from treadle.service.state import ServiceConfig, build_service
+
+    try:
+        if not 0 < args.port < 65536:
+            raise ValueError("--port must be in 1-65535")
+        if args.time_scale <= 0 or args.emulate < 0 or args.max_live < 1:
+            raise ValueError("--time-scale must be > 0, --emulate >= 0, --max-live >= 1")
+        engines = [EngineRequest(url=u, kind=args.engine_kind, model=args.served_model)
+                   for u in args.engine]
+        sandbox = None if args.sandbox == "none" else _sandbox(args.sandbox)
+        if args.vllm and not os.path.exists(args.vllm_python):
+            raise ValueError(f"--vllm-python {args.vllm_python}: no such interpreter "
+                             "(bash scripts/vllm-cpu.sh installs vLLM at .venv-vllm)")
+        config = ServiceConfig(db=args.db, token=args.token, policy=args.policy,
+                               model=args.model, gpu=args.gpu, engines=engines,
+                               emulate=args.emulate, time_scale=args.time_scale,
+                               tokenizer=args.tokenizer or args.vllm, sandbox=sandbox,
+                               max_live=args.max_live, vllm_model=args.vllm,
+                               vllm_engines=args.vllm_engines,
+                               vllm_python=os.path.abspath(args.vllm_python),
+                               vllm_max_model_len=args.max_model_len)
+        service = build_service(config)
+    except (ValueError, KeyError, OSError) as e:
+        print(f"treadle serve: {str(e).strip(chr(39))}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.token is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+        logging.warning("serving on %s without --token: anyone who can reach it can run "
+                        "jobs", args.host)
+    server = uvicorn.Server(uvicorn.Config(create_app(service), host=args.host, port=args.port,
+                                           log_level=args.log_level, access_log=False,
+                                           lifespan="on", timeout_graceful_shutdown=10))
+    asyncio.run(server.serve())
+    return 0
+
+
+def _sandbox(name: str) -> Any:
+    from treadle.sandbox.registry import get_backend
+
+    if name == "remote":
+        raise ValueError("--sandbox remote needs servers and a token: register the service "
+                         "through the Python API (treadle.service.state) instead")
+    return get_backend(name)

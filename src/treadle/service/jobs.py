@@ -1,0 +1,452 @@
+"""Jobs: a trainer's batch of tasks, run as trajectories on the runtime, kept in the store.
+
+`Rollouts` is what the HTTP app calls. A job is planned when it is submitted (every
+trajectory gets its id, GRPO group and repetition) and stored with its request in
+one transaction; then its trajectories wait in one queue for the process's slots
+(`max_live`), highest job priority first, then oldest job, then plan order. A
+started trajectory is marked in the store (its attempt counted), runs
+(`runtime.rollout`: sandbox, agent loop, reward; or a workload replay) and is
+stored with the next delivery number of its job, which is the order the NDJSON
+stream hands results out in.
+
+Restart: `start()` asks the store to recover — trajectories that were running when
+the process died go back to pending — and queues every unfinished trajectory of
+every unfinished job again; their attempt count goes up. A result stored twice (a
+duplicate after a crash) keeps its first delivery, so nothing is delivered twice.
+Results live in the store, not here: memory holds only the queued and running work.
+
+Limits: a job plans at most `MAX_TRAJECTORIES_PER_JOB` trajectories (tasks times
+samples); a replayed trace line may not need more context than `max_context` (the
+served model's window: the replay builds that many synthetic ids); a job that would
+queue more than `max_queued` trajectories in this process is refused with
+`ServiceBusy`, which bounds the memory of queued work. Planning (generating a
+workload, parsing tasks) runs on a worker thread, not the event loop, so a large
+job's submission does not stall the trajectories already running.
+
+Cancel: the job's unfinished trajectories are stored as aborted (and delivered),
+queued ones are dropped and running ones cancelled.
+
+`min_policy_version`: a job's trajectories start only once the runtime's policy
+version has reached it (set by a weight update), so a trainer may submit the next
+step's job before its weights are live.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from treadle.agent.chat import Tokenizer
+from treadle.agent.loop import AgentLimits, Sampling
+from treadle.envs.base import Suite
+from treadle.envs.registry import get_suite
+from treadle.errors import TreadleError
+from treadle.runtime.driver import Runtime
+from treadle.runtime.rollout import replay_task, run_task
+from treadle.sandbox.base import SandboxBackend
+from treadle.sandbox.pool import SandboxPool
+from treadle.service.metrics import Metrics
+from treadle.service.schemas import (
+    MAX_TRAJECTORIES_PER_JOB,
+    JobRequest,
+    ReplayTasks,
+    RolloutRequest,
+    SuiteTasks,
+)
+from treadle.sim.trace import TraceError, spec_from_record
+from treadle.sim.workload import TrajectorySpec, generate
+from treadle.store.aio import AsyncStore
+from treadle.store.errors import NotFound
+from treadle.store.jobs import Delivery, JobInfo, PlannedTrajectory
+from treadle.types import FailureStage, GroupKey, Task, Trajectory, TrajectoryStatus
+
+log = logging.getLogger(__name__)
+
+
+class RequestRefused(TreadleError, ValueError):
+    """A job the service cannot run (unknown suite, bad task record, no tokenizer):
+    the message says which field and why; the API answers 422."""
+
+
+class ServiceBusy(TreadleError):
+    """The service holds `max_queued` trajectories not yet started: a job that would
+    pass it is refused whole (nothing stored); the API answers 503 with Retry-After."""
+
+
+@dataclass(slots=True)
+class _Work:
+    """One planned trajectory and what to run for it."""
+
+    job_id: str
+    planned: PlannedTrajectory
+    task: Task | TrajectorySpec  # a suite task, or a workload script to replay
+    suite: Suite | None  # None for a replay
+    sampling: Sampling
+    limits: AgentLimits
+    min_version: int
+
+
+@dataclass(slots=True)
+class _Job:
+    """What this process keeps of an unfinished job."""
+
+    priority: int
+    order: int  # submission order (ties of priority: oldest first)
+    suite_key: str | None  # which sandbox pool its trajectories use
+    running: dict[str, asyncio.Task[None]]  # trajectory id -> its task
+    queued: int = 0  # of its trajectories in the queue
+
+
+class Rollouts:
+    """Runs jobs on one `Runtime`, stores them in one store. See the module docstring."""
+
+    def __init__(self, runtime: Runtime, store: AsyncStore, *, tokenizer: Tokenizer | None,
+                 sandbox_backend: SandboxBackend | None, max_live: int = 4096,
+                 max_queued: int = 262_144, max_context: int = 40_960,
+                 sandbox_warm: int = 2, sandbox_max_live: int = 64,
+                 metrics: Metrics | None = None) -> None:
+        self.runtime = runtime
+        self.store = store
+        self.tokenizer = tokenizer
+        self.sandbox_backend = sandbox_backend
+        self.max_live = max_live  # trajectories running at once in this process
+        self.max_queued = max_queued  # trajectories waiting for a slot, all jobs together
+        self.max_context = max_context  # tokens a replayed trajectory may reach
+        self.sandbox_warm = sandbox_warm
+        self.sandbox_max_live = sandbox_max_live
+        self.metrics = metrics or Metrics()
+        self._jobs: dict[str, _Job] = {}
+        self._queue: list[tuple[int, int, int, str, str]] = []  # heap; see _enqueue
+        self._work: dict[tuple[str, str], _Work] = {}
+        self._order = itertools.count()
+        self._pos = itertools.count()
+        self._live = 0
+        self._suites: dict[str, Suite] = {}
+        self._pools: dict[str, SandboxPool] = {}
+        self._delivered = asyncio.Condition()
+        self._closed = False
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> list[str]:
+        """Recover the store's unfinished jobs and queue their trajectories again;
+        returns their ids. A job whose request can no longer be resolved is failed."""
+        recovered = []
+        for info in await self.store.call(self.store.store.recover):
+            try:
+                spec = await self.store.call(self.store.store.job_spec, info.job_id)
+                request = JobRequest.model_validate(spec["request"])
+                work = self._resolve(info.job_id, request)
+            except (TreadleError, ValueError, KeyError) as e:
+                await self.store.call(self.store.store.fail, info.job_id,
+                                      f"cannot resume after a restart: {e}")
+                continue
+            pending = {s.trajectory_id for s in
+                       await self.store.call(self.store.store.unfinished, info.job_id)}
+            self._admit_job(info.job_id, request, [w for w in work
+                                                   if w.planned.trajectory_id in pending])
+            recovered.append(info.job_id)
+        return recovered
+
+    async def close(self) -> None:
+        """Cancel running trajectories (they stay unfinished in the store, to be
+        resumed by the next start) and close the sandbox pools."""
+        self._closed = True
+        tasks = [t for job in self._jobs.values() for t in job.running.values()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*(p.close() for p in self._pools.values()), return_exceptions=True)
+
+    # -- jobs ---------------------------------------------------------------------------
+
+    async def submit(self, request: JobRequest) -> JobInfo:
+        """Plan, store and queue a job; RequestRefused for what cannot run here,
+        ServiceBusy if the queue is full, StoreConflict if `job_id` is taken."""
+        job_id = request.job_id or uuid.uuid4().hex[:16]
+        work = await asyncio.to_thread(self._resolve, job_id, request)
+        if self.queued + len(work) > self.max_queued:
+            raise ServiceBusy(f"{self.queued} trajectories are queued here and the job adds "
+                              f"{len(work)}, over the limit of {self.max_queued}; retry later")
+        info = await self.store.call(self.store.store.create_job, job_id,
+                                     {"request": request.model_dump(mode="json")},
+                                     [w.planned for w in work])
+        self._admit_job(job_id, request, work)
+        return info
+
+    async def cancel(self, job_id: str) -> JobInfo:
+        info = await self.store.call(self.store.store.cancel, job_id)
+        job = self._jobs.pop(job_id, None)
+        if job is not None:
+            for task in job.running.values():
+                task.cancel()
+            for key in [k for k in self._work if k[0] == job_id]:
+                del self._work[key]  # queue entries go stale
+        await self._notify()
+        return info
+
+    async def job(self, job_id: str) -> tuple[JobInfo, int, int]:
+        """(the stored state, trajectories running here, queued here)."""
+        info = await self.store.call(self.store.store.job, job_id)
+        job = self._jobs.get(job_id)
+        return info, len(job.running) if job else 0, job.queued if job else 0
+
+    async def results(self, job_id: str, after: int = 0, *, follow: bool = False,
+                      poll_s: float = 1.0) -> AsyncIterator[Delivery]:
+        """Results with seq > `after` in order; with `follow`, wait for more until the
+        job ends. NotFound for an unknown job."""
+        while True:
+            page = await self.store.call(self.store.store.results, job_id, after, 256)
+            for delivery in page:
+                yield delivery
+                after = delivery.seq
+            if page:
+                continue
+            info = await self.store.call(self.store.store.job, job_id)
+            if not follow or (info.status.terminal and info.delivered <= after):
+                return
+            async with self._delivered:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._delivered.wait(), poll_s)
+
+    async def rollout(self, request: RolloutRequest) -> dict[str, Any]:
+        """One trajectory, run now (as a one-trajectory job); its record."""
+        job = JobRequest(tasks=SuiteTasks(suite=request.suite, tasks=[request.task],
+                                          options=request.options),
+                         sampling=request.sampling, limits=request.limits, priority=1000)
+        info = await self.submit(job)
+        try:
+            async for delivery in self.results(info.job_id, follow=True):
+                return delivery.record()
+        except asyncio.CancelledError:
+            await self.cancel(info.job_id)
+            raise
+        raise RuntimeError(f"job {info.job_id} ended without a result")
+
+    @property
+    def live(self) -> int:
+        return self._live
+
+    @property
+    def queued(self) -> int:
+        return sum(job.queued for job in self._jobs.values())
+
+    def policy_version_changed(self) -> None:
+        """Call after a weight update: jobs waiting for the version may start."""
+        self._dispatch()
+
+    # -- planning -------------------------------------------------------------------------
+
+    def _resolve(self, job_id: str, request: JobRequest) -> list[_Work]:
+        sampling = Sampling(request.sampling.temperature, request.sampling.top_p)
+        lim = request.limits
+        limits = AgentLimits(lim.max_turns, lim.max_total_tokens, lim.max_tokens_per_turn,
+                             lim.deadline_s)
+        tasks = request.tasks
+        out: list[_Work] = []
+        if isinstance(tasks, ReplayTasks):
+            members: dict[str, int] = {}
+            for spec in _replay_specs(tasks, self.max_context):
+                repetition = members.get(spec.group_id, 0)  # order within its group
+                members[spec.group_id] = repetition + 1
+                planned = PlannedTrajectory(f"{job_id}/{spec.traj_id}",
+                                            f"{job_id}/{spec.group_id}", spec.group_id,
+                                            repetition)
+                out.append(_Work(job_id, planned, spec, None, sampling, limits,
+                                 request.min_policy_version))
+            return out
+        n_tasks = tasks.count if tasks.count is not None else len(tasks.tasks or [])
+        if n_tasks * request.samples_per_task > MAX_TRAJECTORIES_PER_JOB:
+            raise RequestRefused(f"samples_per_task: {n_tasks} tasks x "
+                                 f"{request.samples_per_task} samples is over the "
+                                 f"{MAX_TRAJECTORIES_PER_JOB} trajectories a job may plan")
+        if self.tokenizer is None:
+            raise RequestRefused("tasks.suite: this service has no tokenizer for its model "
+                                 "(start it with --tokenizer), so it can run replay tasks only")
+        suite = self._suite(tasks)
+        if self.sandbox_backend is None and any(suite.needs_sandbox(t)
+                                                for t in suite.tasks(1, seed=0)):
+            raise RequestRefused(f"tasks.suite: suite {tasks.suite!r} needs a sandbox and this "
+                                 "service has none")
+        for task in _suite_tasks(suite, tasks):
+            for r in range(request.samples_per_task):
+                planned = PlannedTrajectory(f"{job_id}/{task.task_id}/{r}",
+                                            f"{job_id}/{task.task_id}", task.task_id, r)
+                out.append(_Work(job_id, planned, task, suite, sampling, limits,
+                                 request.min_policy_version))
+        return out
+
+    def _suite(self, tasks: SuiteTasks) -> Suite:
+        key = _suite_key(tasks)
+        suite = self._suites.get(key)
+        if suite is None:
+            try:
+                suite = get_suite(tasks.suite, **tasks.options)
+            except TreadleError as e:
+                raise RequestRefused(f"tasks.suite: {e}") from None
+            self._suites[key] = suite
+        return suite
+
+    def _admit_job(self, job_id: str, request: JobRequest, work: list[_Work]) -> None:
+        suite_key = _suite_key(request.tasks) if isinstance(request.tasks, SuiteTasks) else None
+        job = _Job(request.priority, next(self._order), suite_key, {})
+        self._jobs[job_id] = job
+        for w in work:
+            self._work[(job_id, w.planned.trajectory_id)] = w
+            heapq.heappush(self._queue, (-job.priority, job.order, next(self._pos), job_id,
+                                         w.planned.trajectory_id))
+            job.queued += 1
+        self._dispatch()
+
+    # -- running ------------------------------------------------------------------------------
+
+    def _dispatch(self) -> None:
+        """Start queued trajectories while there are slots (and their version is live)."""
+        held: list[tuple[int, int, int, str, str]] = []
+        while self._queue and self._live < self.max_live and not self._closed:
+            entry = heapq.heappop(self._queue)
+            work = self._work.get((entry[3], entry[4]))
+            if work is None:
+                continue  # cancelled
+            if work.min_version > self.runtime.policy_version:
+                held.append(entry)
+                continue
+            del self._work[(entry[3], entry[4])]
+            job = self._jobs[work.job_id]
+            job.queued -= 1
+            self._live += 1
+            task = asyncio.get_running_loop().create_task(self._run(work))
+            job.running[work.planned.trajectory_id] = task
+        for entry in held:
+            heapq.heappush(self._queue, entry)
+
+    async def _run(self, work: _Work) -> None:
+        tid = work.planned.trajectory_id
+        try:
+            attempt = await self.store.call(self.store.store.start, work.job_id, tid)
+            if attempt is not None:
+                traj = await self._trajectory(work, attempt)
+                await self._finish(work.job_id, traj)
+        except asyncio.CancelledError:
+            raise
+        except NotFound:
+            pass  # the job was deleted meanwhile
+        except Exception:  # a bug here must not stop the other trajectories
+            log.exception("trajectory %s of job %s failed in the service", tid, work.job_id)
+        finally:
+            self._live -= 1
+            job = self._jobs.get(work.job_id)
+            if job is not None:
+                job.running.pop(tid, None)
+                if not job.running and not job.queued:
+                    del self._jobs[work.job_id]
+            self._dispatch()
+
+    async def _trajectory(self, work: _Work, attempt: int) -> Trajectory:
+        p = work.planned
+        key = GroupKey(p.group_id, p.repetition)
+        try:
+            if isinstance(work.task, TrajectorySpec):
+                return await replay_task(self.runtime, work.task, traj_id=p.trajectory_id,
+                                         key=key, task_id=p.task_id, attempt=attempt)
+            assert work.suite is not None and self.tokenizer is not None
+            return await run_task(self.runtime, work.suite, work.task, traj_id=p.trajectory_id,
+                                  key=key, tokenizer=self.tokenizer,
+                                  sandboxes=self._pool(work.suite),
+                                  limits=work.limits, sampling=work.sampling, attempt=attempt)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.exception("trajectory %s failed outside its agent loop", p.trajectory_id)
+            return Trajectory(p.trajectory_id, key, task_id=p.task_id, attempt=attempt,
+                              status=TrajectoryStatus.ERROR, failure_stage=FailureStage.RUNTIME,
+                              reason=f"runtime: {type(e).__name__}: {e}")
+
+    def _pool(self, suite: Suite) -> SandboxPool | None:
+        if self.sandbox_backend is None:
+            return None
+        pool = self._pools.get(suite.name)
+        if pool is None:
+            pool = SandboxPool(self.sandbox_backend, suite.limits, warm=self.sandbox_warm,
+                               max_live=self.sandbox_max_live)
+            self._pools[suite.name] = pool
+        return pool
+
+    async def _finish(self, job_id: str, traj: Trajectory) -> None:
+        finish = await self.store.call(self.store.store.finish, job_id, traj)
+        if finish.duplicate:
+            return
+        m = self.metrics
+        m.finished[traj.status.value] += 1
+        if traj.failure_stage is not None:
+            m.failures[traj.failure_stage.value] += 1
+        m.tokens += traj.output_tokens
+        for turn in traj.turns:
+            if turn.tool_call is not None:
+                m.tool_latency.observe(turn.tool_call.latency_s)
+        await self._notify()
+
+    async def _notify(self) -> None:
+        async with self._delivered:
+            self._delivered.notify_all()
+
+
+def _suite_key(tasks: SuiteTasks) -> str:
+    return f"{tasks.suite}:{json.dumps(tasks.options, sort_keys=True, default=str)}"
+
+
+def _suite_tasks(suite: Suite, tasks: SuiteTasks) -> list[Task]:
+    if tasks.count is not None:
+        return suite.tasks(tasks.count, seed=tasks.seed)
+    out: list[Task] = []
+    seen: set[str] = set()
+    for i, record in enumerate(tasks.tasks or []):
+        try:
+            task = suite.task_from_record(record)
+        except (TreadleError, ValueError) as e:
+            raise RequestRefused(f"tasks.tasks.{i}: {e}") from None
+        if task.task_id in seen:
+            raise RequestRefused(f"tasks.tasks.{i}: duplicate id {task.task_id!r}")
+        seen.add(task.task_id)
+        out.append(task)
+    return out
+
+
+def _replay_specs(tasks: ReplayTasks, max_context: int) -> list[TrajectorySpec]:
+    if tasks.workload is not None:
+        assert tasks.trajectories is not None
+        try:
+            return list(generate(tasks.workload, tasks.trajectories, seed=tasks.seed,
+                                 group_size=tasks.group_size,
+                                 max_context=max_context).trajectories)
+        except ValueError as e:
+            raise RequestRefused(f"tasks.trajectories: {e}") from None
+    specs = []
+    seen: set[str] = set()
+    for i, line in enumerate(tasks.trace or []):
+        try:
+            spec = spec_from_record(line.model_dump(), source="tasks.trace", line=i)
+        except TraceError as e:
+            raise RequestRefused(f"tasks.trace.{i}{'.' if e.field else ''}{e.field}: "
+                                 f"{e.problem}") from None
+        if spec.traj_id in seen:
+            raise RequestRefused(f"tasks.trace.{i}: duplicate id {spec.traj_id!r}")
+        context = spec.prompt_tokens + sum(t.output_tokens + t.tool_output_tokens
+                                           for t in spec.turns)
+        if context > max_context:
+            raise RequestRefused(f"tasks.trace.{i}: the trajectory needs {context} tokens of "
+                                 f"context, over the served model's {max_context}")
+        seen.add(spec.traj_id)
+        specs.append(spec)
+    return specs
+
+
+__all__ = ["RequestRefused", "Rollouts", "ServiceBusy"]

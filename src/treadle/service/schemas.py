@@ -1,0 +1,261 @@
+"""The service's wire schemas (pydantic): what a client sends and gets back.
+
+Requests are strict — unknown fields are refused (a typo must not be silently
+ignored), a value must have its JSON type (``"8"`` or ``false`` is not an integer)
+and every range is checked — so a bad request is a 422 whose ``detail`` names each
+bad field (``body.tasks.count``: "Input should be greater than 0"). Integers that
+reach the store (seeds, policy versions, token counts) are bounded by SQLite's
+and Parquet's 64-bit integers.
+Finished trajectories are not modelled here: they travel as the store's record
+(`treadle.store.record`, documented there), one JSON object per NDJSON line.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import httpx
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_validator,
+)
+
+MAX_TRAJECTORIES_PER_JOB = 65_536  # planned trajectories in one job, samples included
+MAX_INT64 = (1 << 63) - 1  # the store's and the exports' integers
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class SuiteTasks(_Strict):
+    """Tasks of a suite: generated (`count`, `seed`) or given (`tasks`, the suite's
+    JSONL records, see docs/suites.md)."""
+
+    suite: str = Field(min_length=1, max_length=64, description="math, code, swe, search, stem")
+    count: int | None = Field(default=None, gt=0, le=MAX_TRAJECTORIES_PER_JOB,
+                              description="generate this many tasks")
+    seed: int = Field(default=0, ge=0, le=MAX_INT64, description="seed of the generated tasks")
+    tasks: list[dict[str, Any]] | None = Field(
+        default=None, min_length=1, max_length=MAX_TRAJECTORIES_PER_JOB,
+        description="task records in the suite's format")
+    options: dict[str, Any] = Field(default_factory=dict,
+                                    description="suite constructor options")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SuiteTasks:
+        if (self.count is None) == (self.tasks is None):
+            raise ValueError("give exactly one of 'count' (generated) and 'tasks' (records)")
+        return self
+
+
+class TraceTurn(BaseModel):
+    """One turn of a trace line: `treadle.sim.trace`'s format (the last turn's tool
+    fields are 0; unknown keys are ignored, as in a trace file)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    output_tokens: int = Field(ge=1, le=1 << 40)
+    tool_latency_s: float = Field(ge=0.0, le=7 * 86400.0, allow_inf_nan=False)
+    tool_output_tokens: int = Field(ge=0, le=1 << 40)
+
+
+class TraceLine(BaseModel):
+    """One trajectory of a trace (`treadle.sim.trace`); its whole context (prompt,
+    outputs, observations) must fit the served model's window."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    id: str = Field(min_length=1, max_length=256)
+    group: str = Field(min_length=1, max_length=256)
+    prompt_tokens: int = Field(ge=1, le=1 << 40)
+    turns: list[TraceTurn] = Field(min_length=1, max_length=4096)
+
+
+class ReplayTasks(_Strict):
+    """Workload trajectories replayed on the engines (counts only, synthetic tokens):
+    a built-in workload (`workload`, `trajectories`, `seed`) or trace lines (`trace`)."""
+
+    workload: Literal["coding", "search", "math", "swe"] | None = None
+    trajectories: int | None = Field(default=None, gt=0, le=MAX_TRAJECTORIES_PER_JOB)
+    seed: int = Field(default=0, ge=0, le=MAX_INT64)
+    group_size: int = Field(default=16, gt=0, le=1024)
+    trace: list[TraceLine] | None = Field(default=None, min_length=1,
+                                          max_length=MAX_TRAJECTORIES_PER_JOB)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ReplayTasks:
+        if (self.workload is None) == (self.trace is None):
+            raise ValueError("give exactly one of 'workload' and 'trace'")
+        if self.workload is not None and self.trajectories is None:
+            raise ValueError("'workload' needs 'trajectories'")
+        return self
+
+
+def _task_source(value: Any) -> str:
+    """Which kind of tasks: a ``suite`` key means suite tasks, anything else a replay
+    (so a bad request's errors name the fields of the kind it meant)."""
+    if isinstance(value, SuiteTasks) or (isinstance(value, dict) and "suite" in value):
+        return "suite"
+    return "replay"
+
+
+class SamplingParams(_Strict):
+    temperature: float = Field(default=1.0, ge=0.0, le=10.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+
+
+class LimitParams(_Strict):
+    max_turns: int = Field(default=8, ge=1, le=1000)
+    max_total_tokens: int = Field(default=4096, ge=2, le=1 << 20)
+    max_tokens_per_turn: int = Field(default=1024, ge=1, le=1 << 20)
+    deadline_s: float | None = Field(default=None, gt=0.0, le=7 * 86400.0)
+
+
+class JobRequest(_Strict):
+    """`POST /v1/jobs`."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"tasks": {"workload": "math", "trajectories": 32, "group_size": 16}},
+        {"tasks": {"trace": [{"id": "t1", "group": "g1", "prompt_tokens": 812, "turns": [
+            {"output_tokens": 240, "tool_latency_s": 0.4, "tool_output_tokens": 31},
+            {"output_tokens": 90, "tool_latency_s": 0, "tool_output_tokens": 0}]}]},
+         "priority": 5},
+        {"tasks": {"suite": "math", "count": 64, "seed": 3}, "samples_per_task": 16,
+         "limits": {"max_turns": 4, "max_total_tokens": 8192}},
+    ]})
+
+    tasks: Annotated[Annotated[SuiteTasks, Tag("suite")] | Annotated[ReplayTasks, Tag("replay")],
+                     Discriminator(_task_source)]
+    samples_per_task: int = Field(default=1, ge=1, le=1024,
+                                  description="the GRPO group size (suite tasks); tasks "
+                                              "times samples is at most 65,536")
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    limits: LimitParams = Field(default_factory=LimitParams)
+    min_policy_version: int = Field(
+        default=0, ge=0, le=MAX_INT64,
+        description="start no trajectory before the engines serve "
+                                     "this policy version (set by a weight update)")
+    priority: int = Field(default=0, ge=-1000, le=1000,
+                          description="higher starts first when trajectories queue")
+    job_id: str | None = Field(default=None, min_length=1, max_length=128,
+                               pattern=r"^[A-Za-z0-9._-]+$",
+                               description="the caller's id (idempotency); default random")
+
+    @model_validator(mode="after")
+    def _replay_is_one_per_line(self) -> JobRequest:
+        if isinstance(self.tasks, ReplayTasks) and self.samples_per_task != 1:
+            raise ValueError("replay tasks are trajectories already: samples_per_task must "
+                             "be 1 (a workload's group_size sets its groups)")
+        return self
+
+
+class RolloutRequest(_Strict):
+    """`POST /v1/rollouts`: one trajectory of one suite task, answered when it ends."""
+
+    suite: str = Field(min_length=1, max_length=64)
+    task: dict[str, Any] = Field(description="one task record in the suite's format")
+    options: dict[str, Any] = Field(default_factory=dict)
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    limits: LimitParams = Field(default_factory=LimitParams)
+
+
+class JobCreated(BaseModel):
+    job_id: str
+    planned: int  # trajectories in the job
+
+
+class JobView(BaseModel):
+    """`GET /v1/jobs/{id}`."""
+
+    job_id: str
+    status: str  # queued | running | completed | cancelled | failed
+    reason: str | None
+    planned: int
+    delivered: int  # finished trajectories; the NDJSON stream's last sequence number
+    counts: dict[str, int]  # trajectories per status
+    progress: float  # delivered / planned
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    running: int  # trajectories in flight in this process now
+    queued: int  # trajectories waiting for a slot in this process now
+
+
+class EngineRequest(_Strict):
+    """`POST /v1/engines`: an engine already running somewhere."""
+
+    url: str = Field(min_length=1, max_length=2048, pattern=r"^https?://")
+    kind: Literal["vllm", "sglang", "emulated"] = "vllm"
+    model: str = Field(default="model", min_length=1, max_length=256,
+                       description="the served model name")
+    tp: int = Field(default=1, ge=1, le=64)
+    max_batch: int = Field(default=256, ge=1, le=65_536)
+    kv_capacity_tokens: int = Field(default=1 << 20, ge=1, le=1 << 40)
+
+    @field_validator("url")
+    @classmethod
+    def _parses(cls, url: str) -> str:
+        # What the engine client will parse; a URL it cannot is a field error, not a crash.
+        try:
+            parsed = httpx.URL(url)
+        except (httpx.InvalidURL, ValueError) as e:
+            raise ValueError(f"not a valid URL: {e}") from None
+        if not parsed.host:
+            raise ValueError("the URL has no host")
+        return url
+
+
+class EngineView(BaseModel):
+    engine_id: str
+    label: str
+    tp: int
+    max_batch: int
+    kv_capacity_tokens: int
+    calls_in_flight: int
+    draining: bool
+
+
+class PauseRequest(_Strict):
+    """`POST /v1/weights/pause`."""
+
+    mode: Literal["wait", "abort"] = "wait"
+
+
+class ResumeRequest(_Strict):
+    """`POST /v1/weights/resume`: the engines now serve `policy_version`."""
+
+    policy_version: int = Field(ge=0, le=MAX_INT64)
+
+
+class WeightUpdateRequest(_Strict):
+    """`POST /v1/weights/update`: the whole barrier in one call — pause, every engine
+    loads `weights_path` (a directory of safetensors it can read), resume."""
+
+    policy_version: int = Field(ge=0, le=MAX_INT64)
+    weights_path: str = Field(min_length=1, max_length=4096)
+    mode: Literal["wait", "abort"] = "wait"
+
+
+class WeightsView(BaseModel):
+    policy_version: int
+    paused: bool
+
+
+class FieldError(BaseModel):
+    """One bad field of a 422."""
+
+    loc: list[str | int]  # where: ["body", "tasks", "count"], ["query", "after"]
+    msg: str
+    type: str
+
+
+class ErrorReply(BaseModel):
+    """Every error answer: a message, or (422) one entry per bad field."""
+
+    detail: str | list[FieldError]

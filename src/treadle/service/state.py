@@ -1,0 +1,157 @@
+"""The service's parts, built from a configuration, started and closed together.
+
+    service = build_service(ServiceConfig(db="treadle.db", token="s3cret",
+                                          engines=[EngineRequest(url=..., model=...)]))
+    app = create_app(service)          # treadle.service.app; its lifespan starts it
+
+`Service` owns one store (SQLite, its calls on one worker thread), one runtime
+(the scheduler of `policy` over the engine pool) and the job runner. Engines come
+from `engines` (already running, registered at start), `emulate` (emulated engine
+processes the runtime starts, laid out by the policy on that many GPUs), or later
+through `POST /v1/engines`. Suite tasks need `tokenizer` (the served model's
+`tokenizer.json` directory) and, for suites that run code, a sandbox backend.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from treadle.agent.chat import HFTokenizer
+from treadle.core.cost_model import CostModel
+from treadle.core.policies import build_policy, parse_policy
+from treadle.engines.base import Engine
+from treadle.runtime.clock import ScaledClock, WallClock
+from treadle.runtime.driver import Runtime
+from treadle.runtime.launcher import EmulatedProcess, EngineLauncher, LocalLauncher, VLLMProcess
+from treadle.sandbox.base import SandboxBackend
+from treadle.service.jobs import Rollouts
+from treadle.service.schemas import EngineRequest, WeightsView
+from treadle.store.aio import AsyncStore
+from treadle.store.db import Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class ServiceConfig:
+    """How `treadle serve` (or a test, or the demo) sets a service up."""
+
+    db: str = "treadle.db"  # SQLite file (":memory:" for throwaway runs)
+    token: str | None = None  # bearer token; None = no auth (loopback use only)
+    policy: str = "treadle"  # scheduling policy (treadle.core.policies)
+    model: str = "qwen3-14b"  # cost-model entry the policy plans with
+    gpu: str = "h100"  # cost-model entry
+    engines: list[EngineRequest] = field(default_factory=list)  # registered at start
+    emulate: int = 0  # GPUs of emulated engines to start (0: none)
+    time_scale: float = 1.0  # of the emulated engines, and then of the runtime's clock
+    tokenizer: str | None = None  # tokenizer.json directory; None: replay tasks only
+    sandbox: SandboxBackend | None = None  # for suites that run code
+    max_live: int = 4096  # trajectories running at once
+    max_queued: int = 262_144  # trajectories waiting for a slot (a fuller submit is a 503)
+    max_body_bytes: int = 64 << 20  # request body limit
+    max_requests: int = 256  # API requests at once (streams apart)
+    max_streams: int = 256  # NDJSON streams at once
+    request_timeout_s: float | None = 600.0  # per engine call
+    engine_wait_s: float = 60.0  # a turn with no engine at all gives up after this
+    vllm_model: str | None = None  # start vLLM engines serving this model directory
+    vllm_engines: int = 1  # how many (each a TP-1 process of its own)
+    vllm_python: str = "python3"  # the interpreter vLLM is installed in
+    vllm_max_model_len: int = 1024  # --max-model-len of the started engines
+
+
+class Service:
+    """The parts of a running service; see the module docstring."""
+
+    def __init__(self, config: ServiceConfig, runtime: Runtime, store: AsyncStore,
+                 rollouts: Rollouts) -> None:
+        self.config = config
+        self.runtime = runtime
+        self.store = store
+        self.rollouts = rollouts
+        self.token = config.token
+        self.max_body_bytes = config.max_body_bytes
+        self.max_requests = config.max_requests
+        self.max_streams = config.max_streams
+
+    async def start(self) -> None:
+        # Engines started here from a model directory are TP-1 processes, whatever
+        # layout the policy would plan for GPUs it does not have.
+        pool = [1] * self.config.vllm_engines if self.config.vllm_model else None
+        await self.runtime.start(pool)
+        for request in self.config.engines:
+            engine = engine_client(request)
+            if not await engine.health():
+                log.warning("engine %s is not healthy; registering it anyway (the runtime "
+                            "fails it if it stays down)", request.url)
+            self.runtime.register_engine(engine, tp=request.tp, max_batch=request.max_batch,
+                                         kv_capacity_tokens=request.kv_capacity_tokens,
+                                         label=request.url)
+        recovered = await self.rollouts.start()
+        if recovered:
+            log.info("resumed %d unfinished job(s): %s", len(recovered), ", ".join(recovered))
+
+    async def close(self) -> None:
+        await self.rollouts.close()
+        await self.runtime.close()
+        await self.store.aclose()
+
+    def metrics_text(self) -> str:
+        m = self.rollouts.metrics
+        return m.render(active=self.rollouts.live, queued=self.rollouts.queued,
+                        engines={s.label: s.calls for s in self.runtime.engines()},
+                        policy_version=self.runtime.policy_version)
+
+    def weights_view(self) -> WeightsView:
+        return WeightsView(policy_version=self.runtime.policy_version,
+                           paused=self.runtime.paused)
+
+
+def build_service(config: ServiceConfig) -> Service:
+    """The parts, not started (the app's lifespan starts them)."""
+    cost = CostModel.named(config.model, config.gpu)
+    scheduler = build_policy(parse_policy(config.policy), cost, batch_size=1024)
+    launcher: EngineLauncher | None = None
+    gpus = 0
+    if config.emulate and config.vllm_model:
+        raise ValueError("emulate and vllm_model exclude each other: one kind of engine")
+    if config.emulate:
+        launcher = LocalLauncher(EmulatedProcess(config.model, config.gpu,
+                                                 time_scale=config.time_scale))
+        gpus = config.emulate
+    elif config.vllm_model:
+        # Dev mode for the RL endpoints: the weight-update barrier reloads weights.
+        launcher = LocalLauncher(VLLMProcess(
+            model_dir=config.vllm_model, served_name="policy", python=config.vllm_python,
+            max_model_len=config.vllm_max_model_len,
+            extra_env=(("VLLM_CPU_KVCACHE_SPACE", "1"), ("VLLM_SERVER_DEV_MODE", "1"))))
+        gpus = config.vllm_engines
+    # Emulated engines run `time_scale` times real; the scheduler and the replays'
+    # tool latencies must see the same modelled seconds, or a replay sleeps its tools
+    # in real seconds between turns that run 1/time_scale times faster.
+    clock = ScaledClock(config.time_scale) if config.emulate else WallClock()
+    runtime = Runtime(scheduler, launcher=launcher, gpus=gpus, clock=clock,
+                      request_timeout_s=config.request_timeout_s,
+                      engine_wait_s=config.engine_wait_s)
+    store = AsyncStore(Store(config.db))
+    tokenizer = HFTokenizer(config.tokenizer) if config.tokenizer else None
+    rollouts = Rollouts(runtime, store, tokenizer=tokenizer, sandbox_backend=config.sandbox,
+                        max_live=config.max_live, max_queued=config.max_queued,
+                        max_context=cost.model.max_context)
+    runtime.control.observer = rollouts.metrics.decisions.observe
+    return Service(config, runtime, store, rollouts)
+
+
+def engine_client(request: EngineRequest) -> Engine:
+    """The client for a registered engine of `request.kind`."""
+    if request.kind == "sglang":
+        from treadle.engines.sglang import SGLangEngine
+
+        return SGLangEngine(request.url)
+    if request.kind == "emulated":
+        from treadle.engines.emulated_client import EmulatedEngineClient
+
+        return EmulatedEngineClient(request.url, model=request.model)
+    from treadle.engines.vllm import VLLMEngine
+
+    return VLLMEngine(request.url, model=request.model)

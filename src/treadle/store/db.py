@@ -1,0 +1,416 @@
+"""The durable store: jobs, their trajectories and results, events, in one SQLite file.
+
+    store = Store("treadle.db")                      # WAL mode; ":memory:" for tests
+    store.create_job("job-1", spec, planned)         # one transaction
+    attempt = store.start("job-1", "t0")             # None: already finished, skip it
+    store.finish("job-1", trajectory)                # -> Finish(seq, duplicate)
+    page = store.results("job-1", after=cursor)      # resume a stream at a cursor
+
+Contracts:
+
+- Delivery. Each finished trajectory gets a per-job *sequence number* 1, 2, 3, ...
+  in the order `finish` calls commit; `results(job, after=k)` returns those with seq
+  > k in seq order, a page at a time. A client that remembers the last seq it
+  processed resumes exactly there: the numbers are dense, so nothing is skipped, and
+  each trajectory has one, so nothing is delivered twice.
+- Exactly once. `finish` is idempotent by (job id, trajectory id): a second result
+  for a finished trajectory (a re-run after a crash, a late result after a cancel)
+  keeps the first record and its seq and returns ``Finish(seq, duplicate=True)``.
+- Atomicity. Every call is one transaction (``BEGIN IMMEDIATE``); a process killed
+  at any instant leaves the file as of the last committed call. In WAL mode with
+  ``synchronous=NORMAL`` (the default) a committed call survives the process being
+  killed; ``synchronous="FULL"`` makes it survive a power cut too, at an fsync per
+  call.
+- Recovery. After a restart, `recover()` returns the unfinished jobs and puts their
+  in-flight trajectories back to pending; `unfinished(job)` lists what to run again.
+  Starting one again counts another attempt.
+- Cancel and fail. `cancel` (status ABORTED) and `fail` (status ERROR) finish every
+  unfinished trajectory of the job with a minimal record, delivered like any other,
+  so a stream always ends with exactly `planned` results.
+- Job status: queued (created) -> running (first trajectory started or finished) ->
+  completed (every planned trajectory finished) | cancelled | failed.
+- Time comes from the injected `clock` (seconds, a float; `time.time` by default).
+- Memory: the store keeps nothing per job in Python; results and events are read in
+  pages (`iter_results` fetches one page per query). SQLite's page cache is its
+  default (about 2 MB).
+- Threads. One connection, serialised by a lock: any thread may call, one call runs
+  at a time. The calls block on disk, so asyncio code must not call them on the event
+  loop: use `treadle.store.aio.AsyncStore`, which runs every call on one worker
+  thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Literal
+
+from treadle.store.errors import NotFound, StoreConflict
+from treadle.store.jobs import (
+    Delivery,
+    Event,
+    Finish,
+    JobInfo,
+    JobStatus,
+    PlannedTrajectory,
+    TrajectoryState,
+)
+from treadle.store.record import dumps_record, trajectory_to_record
+from treadle.store.schema import migrate
+from treadle.types import FailureStage, GroupKey, Timings, Trajectory, TrajectoryStatus
+
+_STATE_COLUMNS = "trajectory_id, group_id, task_id, repetition, status, attempts, seq"
+_PAGE = 500  # rows per internal batch when cancelling or failing a large job
+
+
+class Store:
+    """Jobs, trajectories and events in one SQLite file. See the module docstring."""
+
+    def __init__(self, path: str | os.PathLike[str], *, clock: Callable[[], float] = time.time,
+                 synchronous: Literal["NORMAL", "FULL"] = "NORMAL") -> None:
+        if synchronous not in ("NORMAL", "FULL"):
+            raise ValueError(f"synchronous must be NORMAL or FULL, got {synchronous!r}")
+        self.path = str(path)
+        self._clock = clock
+        self._lock = threading.Lock()
+        # isolation_level=None: no implicit transactions; every write says BEGIN itself.
+        self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
+            self._conn.execute("PRAGMA busy_timeout = 10000")
+            # "wal" for a file; SQLite keeps "memory" for ":memory:".
+            self.journal_mode = str(self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+            self._conn.execute(f"PRAGMA synchronous = {synchronous}")
+            self._conn.execute("PRAGMA foreign_keys = ON")
+            migrate(self._conn)
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- jobs ---------------------------------------------------------------------------
+
+    def create_job(self, job_id: str, spec: Mapping[str, Any],
+                   planned: Sequence[PlannedTrajectory]) -> JobInfo:
+        """Store a job and its plan in one transaction; StoreConflict if the id is taken
+        or two planned trajectories share an id (ValueError/TypeError if `spec` is not
+        JSON). A job with an empty plan is completed at once."""
+        spec_json = json.dumps(spec, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        ids = [p.trajectory_id for p in planned]
+        if len(set(ids)) != len(ids):
+            raise StoreConflict(f"job {job_id!r}: planned trajectory ids are not unique")
+        now = self._clock()
+        status = JobStatus.QUEUED if planned else JobStatus.COMPLETED
+        with self._write():
+            if self._conn.execute("SELECT 1 FROM jobs WHERE job_id = ?", (job_id,)).fetchone():
+                raise StoreConflict(f"job {job_id!r} already exists")
+            self._conn.execute(
+                "INSERT INTO jobs (job_id, spec, status, created_at, finished_at, planned) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (job_id, spec_json, status.value, now, None if planned else now, len(planned)))
+            self._conn.executemany(
+                "INSERT INTO trajectories (job_id, trajectory_id, pos, group_id, task_id, "
+                "repetition, status) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                ((job_id, p.trajectory_id, i, p.group_id, p.task_id, p.repetition,
+                  TrajectoryStatus.PENDING.value) for i, p in enumerate(planned)))
+            self._event(job_id, None, "job_created", {"planned": len(planned)}, now)
+            return self._job_info(job_id)
+
+    def job(self, job_id: str) -> JobInfo:
+        """The job's state; NotFound if there is none."""
+        with self._read():
+            return self._job_info(job_id)
+
+    def job_spec(self, job_id: str) -> dict[str, Any]:
+        """The spec given to create_job, decoded."""
+        with self._lock:
+            row = self._conn.execute("SELECT spec FROM jobs WHERE job_id = ?",
+                                     (job_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"no job {job_id!r}")
+        spec: dict[str, Any] = json.loads(row[0])
+        return spec
+
+    def unfinished_jobs(self) -> list[JobInfo]:
+        """Jobs queued or running, oldest first."""
+        with self._read():
+            ids = [r[0] for r in self._conn.execute(
+                "SELECT job_id FROM jobs WHERE status IN (?, ?) ORDER BY created_at, job_id",
+                (JobStatus.QUEUED.value, JobStatus.RUNNING.value))]
+            return [self._job_info(job_id) for job_id in ids]
+
+    def recover(self) -> list[JobInfo]:
+        """At startup: put in-flight trajectories of unfinished jobs back to pending
+        (an event "recovered" per job says how many) and return the unfinished jobs."""
+        now = self._clock()
+        with self._write():
+            ids = [r[0] for r in self._conn.execute(
+                "SELECT job_id FROM jobs WHERE status IN (?, ?)",
+                (JobStatus.QUEUED.value, JobStatus.RUNNING.value))]
+            for job_id in ids:
+                n = self._conn.execute(
+                    "UPDATE trajectories SET status = ? WHERE job_id = ? AND status = ?",
+                    (TrajectoryStatus.PENDING.value, job_id,
+                     TrajectoryStatus.RUNNING.value)).rowcount
+                if n:
+                    self._event(job_id, None, "recovered", {"in_flight": n}, now)
+        return self.unfinished_jobs()
+
+    def cancel(self, job_id: str, reason: str = "cancelled") -> JobInfo:
+        """Cancel a job: every unfinished trajectory is finished as ABORTED with `reason`.
+        A job already completed, cancelled or failed is left as it is."""
+        return self._end_job(job_id, JobStatus.CANCELLED, reason, None)
+
+    def fail(self, job_id: str, reason: str,
+             stage: FailureStage = FailureStage.RUNTIME) -> JobInfo:
+        """Give a job up: every unfinished trajectory is finished as ERROR at `stage`."""
+        return self._end_job(job_id, JobStatus.FAILED, reason, stage)
+
+    def delete_job(self, job_id: str) -> None:
+        """Remove a job with its trajectories and events (disk retention)."""
+        with self._write():
+            if self._conn.execute("DELETE FROM jobs WHERE job_id = ?", (job_id,)).rowcount == 0:
+                raise NotFound(f"no job {job_id!r}")
+
+    # -- trajectories -------------------------------------------------------------------
+
+    def start(self, job_id: str, trajectory_id: str) -> int | None:
+        """Mark a trajectory running and count the attempt. Returns the attempt index
+        (0 the first time, for `Trajectory.attempt`), or None if it is already finished
+        (cancelled meanwhile, or finished before a crash): do not run it."""
+        now = self._clock()
+        with self._write():
+            row = self._conn.execute(
+                "SELECT seq, attempts FROM trajectories WHERE job_id = ? AND trajectory_id = ?",
+                (job_id, trajectory_id)).fetchone()
+            if row is None:
+                raise NotFound(f"job {job_id!r} has no trajectory {trajectory_id!r}")
+            if row[0] is not None:
+                return None
+            self._conn.execute(
+                "UPDATE trajectories SET status = ?, attempts = attempts + 1, "
+                "started_at = coalesce(started_at, ?) WHERE job_id = ? AND trajectory_id = ?",
+                (TrajectoryStatus.RUNNING.value, now, job_id, trajectory_id))
+            self._mark_job_running(job_id, now)
+            return int(row[1])
+
+    def finish(self, job_id: str, trajectory: Trajectory) -> Finish:
+        """Store a terminal trajectory and give it the job's next seq; idempotent.
+
+        StoreConflict if its status is not terminal or its group, repetition or task
+        differ from the plan; RecordError if it breaks a record invariant.
+        """
+        t = trajectory
+        if not t.status.terminal:
+            raise StoreConflict(f"trajectory {t.trajectory_id!r}: status {t.status.value!r} "
+                                f"is not terminal")
+        record_json = dumps_record(trajectory_to_record(t))
+        now = self._clock()
+        with self._write():
+            row = self._conn.execute(
+                "SELECT seq, group_id, repetition, task_id FROM trajectories "
+                "WHERE job_id = ? AND trajectory_id = ?", (job_id, t.trajectory_id)).fetchone()
+            if row is None:
+                raise NotFound(f"job {job_id!r} has no trajectory {t.trajectory_id!r}")
+            seq, group_id, repetition, task_id = row
+            if (group_id, repetition, task_id) != (t.key.group_id, t.key.repetition, t.task_id):
+                raise StoreConflict(
+                    f"trajectory {t.trajectory_id!r}: result is for group {t.key.group_id!r} "
+                    f"repetition {t.key.repetition} task {t.task_id!r}, the plan says "
+                    f"{group_id!r} {repetition} {task_id!r}")
+            if seq is not None:
+                self._event(job_id, t.trajectory_id, "duplicate_finish",
+                            {"status": t.status.value, "kept_seq": seq}, now)
+                return Finish(int(seq), duplicate=True)
+            self._mark_job_running(job_id, now)
+            return Finish(self._deliver(job_id, t.trajectory_id, t.status, t.reason,
+                                        record_json, now), duplicate=False)
+
+    def results(self, job_id: str, after: int = 0, limit: int = 100) -> list[Delivery]:
+        """Up to `limit` results with seq > `after`, in seq order (`after=0`: from the
+        first). An empty page at the end of a finished job means the stream is over."""
+        if limit < 1:
+            raise ValueError("limit must be >= 1")
+        with self._read():
+            self._require_job(job_id)
+            rows = self._conn.execute(
+                "SELECT seq, trajectory_id, record FROM trajectories "
+                "WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                (job_id, after, limit)).fetchall()
+        return [Delivery(int(s), tid, rec) for s, tid, rec in rows]
+
+    def iter_results(self, job_id: str, after: int = 0,
+                     page_size: int = 100) -> Iterator[Delivery]:
+        """Every result with seq > `after`, one query per page (memory: one page)."""
+        while True:
+            page = self.results(job_id, after, page_size)
+            yield from page
+            if len(page) < page_size:
+                return
+            after = page[-1].seq
+
+    def unfinished(self, job_id: str) -> list[TrajectoryState]:
+        """The job's trajectories without a result, in plan order: what to run again."""
+        with self._read():
+            self._require_job(job_id)
+            rows = self._conn.execute(
+                f"SELECT {_STATE_COLUMNS} FROM trajectories WHERE job_id = ? AND seq IS NULL "
+                "ORDER BY pos", (job_id,)).fetchall()
+        return [_state(r) for r in rows]
+
+    def trajectory_state(self, job_id: str, trajectory_id: str) -> TrajectoryState:
+        """One trajectory's bookkeeping; NotFound if the job has no such trajectory."""
+        with self._lock:
+            row = self._conn.execute(
+                f"SELECT {_STATE_COLUMNS} FROM trajectories "
+                "WHERE job_id = ? AND trajectory_id = ?", (job_id, trajectory_id)).fetchone()
+        if row is None:
+            raise NotFound(f"job {job_id!r} has no trajectory {trajectory_id!r}")
+        return _state(row)
+
+    # -- events -------------------------------------------------------------------------
+
+    def add_event(self, job_id: str, kind: str, payload: Mapping[str, Any] | None = None,
+                  trajectory_id: str | None = None) -> int:
+        """Append a diagnostic event; returns its id."""
+        now = self._clock()
+        with self._write():
+            self._require_job(job_id)
+            return self._event(job_id, trajectory_id, kind, payload or {}, now)
+
+    def events(self, job_id: str, after: int = 0, limit: int = 100) -> list[Event]:
+        """Up to `limit` of the job's events with id > `after`, oldest first."""
+        with self._read():
+            self._require_job(job_id)
+            rows = self._conn.execute(
+                "SELECT event_id, job_id, trajectory_id, kind, payload, at FROM events "
+                "WHERE job_id = ? AND event_id > ? ORDER BY event_id LIMIT ?",
+                (job_id, after, limit)).fetchall()
+        return [Event(int(r[0]), r[1], r[2], r[3], json.loads(r[4]), float(r[5])) for r in rows]
+
+    # -- internals ----------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[None]:
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+    @contextlib.contextmanager
+    def _read(self) -> Iterator[None]:
+        # One snapshot for several statements, even while another process writes.
+        with self._lock:
+            self._conn.execute("BEGIN")
+            try:
+                yield
+            finally:
+                self._conn.execute("COMMIT")
+
+    def _require_job(self, job_id: str) -> None:
+        if not self._conn.execute("SELECT 1 FROM jobs WHERE job_id = ?", (job_id,)).fetchone():
+            raise NotFound(f"no job {job_id!r}")
+
+    def _job_info(self, job_id: str) -> JobInfo:
+        row = self._conn.execute(
+            "SELECT status, reason, created_at, started_at, finished_at, planned, delivered "
+            "FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"no job {job_id!r}")
+        counts = dict.fromkeys(TrajectoryStatus, 0)
+        for status, n in self._conn.execute(
+                "SELECT status, count(*) FROM trajectories WHERE job_id = ? GROUP BY status",
+                (job_id,)):
+            counts[TrajectoryStatus(status)] = int(n)
+        return JobInfo(job_id, JobStatus(row[0]), row[1], row[2], row[3], row[4],
+                       int(row[5]), int(row[6]), counts)
+
+    def _mark_job_running(self, job_id: str, now: float) -> None:
+        self._conn.execute(
+            "UPDATE jobs SET status = ?, started_at = coalesce(started_at, ?) "
+            "WHERE job_id = ? AND status = ?",
+            (JobStatus.RUNNING.value, now, job_id, JobStatus.QUEUED.value))
+
+    def _deliver(self, job_id: str, trajectory_id: str, status: TrajectoryStatus,
+                 reason: str | None, record_json: str, now: float) -> int:
+        """Give the job's next seq to an unfinished trajectory; completes the job if it
+        was the last. Inside a write transaction."""
+        self._conn.execute("UPDATE jobs SET delivered = delivered + 1 WHERE job_id = ?",
+                           (job_id,))
+        planned, delivered = self._conn.execute(
+            "SELECT planned, delivered FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+        self._conn.execute(
+            "UPDATE trajectories SET status = ?, seq = ?, record = ?, reason = ?, "
+            "finished_at = ? WHERE job_id = ? AND trajectory_id = ?",
+            (status.value, delivered, record_json, reason, now, job_id, trajectory_id))
+        if delivered == planned:
+            self._conn.execute(
+                "UPDATE jobs SET status = ?, finished_at = ? WHERE job_id = ? AND status IN (?, ?)",
+                (JobStatus.COMPLETED.value, now, job_id, JobStatus.QUEUED.value,
+                 JobStatus.RUNNING.value))
+        return int(delivered)
+
+    def _end_job(self, job_id: str, status: JobStatus, reason: str,
+                 stage: FailureStage | None) -> JobInfo:
+        now = self._clock()
+        outcome = TrajectoryStatus.ABORTED if stage is None else TrajectoryStatus.ERROR
+        with self._write():
+            info = self._job_info(job_id)
+            if info.status.terminal:
+                return info
+            # Mark the job first so that _deliver does not call it completed.
+            self._conn.execute(
+                "UPDATE jobs SET status = ?, reason = ?, finished_at = ? WHERE job_id = ?",
+                (status.value, reason, now, job_id))
+            ended = 0
+            while True:
+                rows = self._conn.execute(
+                    "SELECT trajectory_id, group_id, task_id, repetition, attempts "
+                    "FROM trajectories WHERE job_id = ? AND seq IS NULL ORDER BY pos LIMIT ?",
+                    (job_id, _PAGE)).fetchall()
+                for tid, group_id, task_id, repetition, attempts in rows:
+                    t = Trajectory(trajectory_id=tid, key=GroupKey(group_id, int(repetition)),
+                                   status=outcome, reason=reason, failure_stage=stage,
+                                   attempt=max(int(attempts) - 1, 0),
+                                   timings=Timings(finished_at=now), task_id=task_id)
+                    self._deliver(job_id, tid, outcome, reason,
+                                  dumps_record(trajectory_to_record(t)), now)
+                ended += len(rows)
+                if len(rows) < _PAGE:
+                    break
+            self._event(job_id, None, f"job_{status.value}", {"reason": reason, "ended": ended},
+                        now)
+            return self._job_info(job_id)
+
+    def _event(self, job_id: str, trajectory_id: str | None, kind: str,
+               payload: Mapping[str, Any], now: float) -> int:
+        cur = self._conn.execute(
+            "INSERT INTO events (job_id, trajectory_id, kind, payload, at) VALUES (?, ?, ?, ?, ?)",
+            (job_id, trajectory_id, kind,
+             json.dumps(dict(payload), ensure_ascii=False, allow_nan=False, separators=(",", ":")),
+             now))
+        return int(cur.lastrowid or 0)
+
+
+def _state(row: tuple[Any, ...]) -> TrajectoryState:
+    """A TrajectoryState from a row of _STATE_COLUMNS."""
+    tid, group_id, task_id, repetition, status, attempts, seq = row
+    return TrajectoryState(tid, group_id, task_id, int(repetition), TrajectoryStatus(status),
+                           int(attempts), None if seq is None else int(seq))

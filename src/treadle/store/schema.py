@@ -1,0 +1,102 @@
+"""The SQLite schema and its migrations, versioned by ``PRAGMA user_version``.
+
+``MIGRATIONS[v]`` takes a database from version ``v`` to ``v + 1``; a new file is
+version 0 and gets every step. Each step runs in its own ``BEGIN IMMEDIATE``
+transaction together with the version bump, and re-reads the version inside it, so
+two processes opening the same new file cannot both apply a step. Migrations are
+append-only: a released step is never edited, a change is a new step.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from treadle.store.errors import SchemaError
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    # 1: jobs, their planned trajectories (one row each, the result once finished),
+    # and diagnostic events.
+    (
+        """CREATE TABLE jobs (
+            job_id       TEXT PRIMARY KEY,
+            spec         TEXT NOT NULL,            -- the request, as JSON
+            status       TEXT NOT NULL,            -- JobStatus value
+            reason       TEXT,                     -- why it was cancelled or failed
+            created_at   REAL NOT NULL,
+            started_at   REAL,                     -- first trajectory started or finished
+            finished_at  REAL,                     -- status became terminal
+            planned      INTEGER NOT NULL,         -- trajectories in the plan
+            delivered    INTEGER NOT NULL DEFAULT 0  -- results so far = last seq given
+        )""",
+        "CREATE INDEX jobs_by_status ON jobs (status, created_at)",
+        """CREATE TABLE trajectories (
+            job_id        TEXT NOT NULL REFERENCES jobs (job_id) ON DELETE CASCADE,
+            trajectory_id TEXT NOT NULL,
+            pos           INTEGER NOT NULL,        -- position in the plan
+            group_id      TEXT NOT NULL,
+            task_id       TEXT NOT NULL,
+            repetition    INTEGER NOT NULL,
+            status        TEXT NOT NULL,           -- TrajectoryStatus value
+            attempts      INTEGER NOT NULL DEFAULT 0,  -- times started
+            seq           INTEGER,                 -- delivery number; NULL until finished
+            record        TEXT,                    -- the trajectory record; NULL until finished
+            reason        TEXT,
+            started_at    REAL,
+            finished_at   REAL,
+            PRIMARY KEY (job_id, trajectory_id),
+            UNIQUE (job_id, seq)
+        )""",
+        "CREATE INDEX trajectories_by_status ON trajectories (job_id, status)",
+        "CREATE INDEX trajectories_by_pos ON trajectories (job_id, pos)",
+        """CREATE TABLE events (
+            event_id      INTEGER PRIMARY KEY AUTOINCREMENT,
+            job_id        TEXT NOT NULL REFERENCES jobs (job_id) ON DELETE CASCADE,
+            trajectory_id TEXT,
+            kind          TEXT NOT NULL,
+            payload       TEXT NOT NULL,           -- JSON
+            at            REAL NOT NULL
+        )""",
+        "CREATE INDEX events_by_job ON events (job_id, event_id)",
+    ),
+)
+
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def user_version(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+
+def migrate(conn: sqlite3.Connection) -> int:
+    """Bring the database to SCHEMA_VERSION; returns the version it had before.
+
+    `conn` must be in autocommit mode (isolation_level None). Raises SchemaError for
+    a file from a newer treadle or a version-0 file that already holds other tables.
+    """
+    before = user_version(conn)
+    while True:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            version = user_version(conn)
+            if version > SCHEMA_VERSION:
+                raise SchemaError(f"the store's schema version is {version}, newer than this "
+                                  f"treadle's {SCHEMA_VERSION}; upgrade treadle to open it")
+            if version == SCHEMA_VERSION:
+                conn.execute("COMMIT")
+                return before
+            if version == 0:
+                tables = {row[0] for row in conn.execute(
+                    "SELECT name FROM sqlite_master WHERE type = 'table' "
+                    "AND name NOT LIKE 'sqlite_%'")}
+                if tables:
+                    raise SchemaError(f"not a treadle store: it holds tables "
+                                      f"{', '.join(sorted(tables))} but no schema version")
+            for statement in MIGRATIONS[version]:
+                conn.execute(statement)
+            # PRAGMA takes no parameters; the value is an int we computed.
+            conn.execute(f"PRAGMA user_version = {version + 1}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+

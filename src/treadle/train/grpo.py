@@ -1,0 +1,419 @@
+"""GRPO on the small model, with every rollout served by treadle: the end-to-end RL loop.
+
+    report = train_grpo(GRPOConfig(), Path("out/rl"), cache_root=Path("~/.cache/treadle"))
+
+One run:
+
+1. **Start.** The supervised checkpoint (`train.sft`, cached) is copied with its
+   embeddings untied (vLLM's CPU build reloads tied ones wrongly; see
+   `VLLMEngine.update_weights`) — the same function, as version 0 of the policy.
+2. **Serve.** `treadle serve --vllm <policy v0>` in a child process: the rollout
+   service, which starts a real vLLM engine (CPU build) with its RL endpoints, runs
+   the math suite's tools in sandboxes and scores the answers. The trainer talks to
+   it only over HTTP (`treadle.client.RolloutClient`), as any trainer would.
+3. **Step.** Submit a job: `prompts_per_step` training tasks (never a held-out
+   question) × `group_size` samples at temperature 1.0, stamped to start only once
+   the engine serves the current version. Take each GRPO group as it completes
+   (`client.groups`): group-normalised advantages, infrastructure failures dropped
+   (never a reward of 0). Recompute every sampled token's log-probability with the
+   trainer's copy of the weights (one forward pass with gradients), record how far
+   it is from the engine's (max and mean |Δ|: in fp32 on the same weights they agree
+   to about 1e-6), and take one policy-gradient step on the clipped ratio
+   objective (PPO's, which at one update per batch is the plain GRPO gradient),
+   averaged over sampled tokens. Save the weights (safetensors) and push them to
+   the engine through the service's weight-update barrier (`POST /v1/weights/update`):
+   the policy version advances, and the next job's tokens carry it.
+4. **Measure.** Every `eval_every` steps, and at the start and the end, the
+   held-out success rate (mean reward on `eval_tasks` held-out tasks, one sample
+   each at temperature 1.0) through the same service.
+
+Stops after `max_steps` or `max_minutes` of RL (wall clock, evaluations included).
+The report (`rl.json`) holds the configuration, one row per step (reward, success,
+rollout throughput, logprob gap, timings, policy version) and the evaluations; the
+plot (`rl.png`) is drawn from it (`train.plot`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from treadle.client.http import RolloutClient
+from treadle.client.samples import TrainingSequence
+from treadle.client.wire import suite_tasks
+from treadle.train.evaluate import EVAL_LIMITS
+from treadle.train.sft import SFTConfig, sft
+from treadle.train.transcripts import KINDS, heldout_tasks, math_suite, train_tasks
+from treadle.types import Trajectory
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+Log = Callable[[str], None]
+_LIMITS = {"max_turns": EVAL_LIMITS.max_turns, "max_total_tokens": EVAL_LIMITS.max_total_tokens,
+           "max_tokens_per_turn": EVAL_LIMITS.max_tokens_per_turn}
+_OPTIONS = {"kinds": list(KINDS)}
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class GRPOConfig:
+    """One RL run's settings (all of them go into the report)."""
+
+    sft: SFTConfig = field(default_factory=SFTConfig)  # the supervised starting point
+    prompts_per_step: int = 16  # training tasks per step
+    group_size: int = 8  # samples per task (GRPO group)
+    lr: float = 2e-4  # AdamW learning rate (constant)
+    clip: float = 0.2  # PPO ratio clip
+    max_grad_norm: float = 1.0  # gradient norm clip
+    micro_batch: int = 32  # sequences per forward/backward (memory bound)
+    temperature: float = 1.0  # rollout and evaluation sampling
+    max_steps: int = 1000  # step limit
+    max_minutes: float = 15.0  # RL wall-clock limit, evaluations included
+    eval_every: int = 5  # steps between held-out evaluations
+    eval_tasks: int = 128  # held-out tasks per evaluation (one sample each)
+    seed: int = 0  # torch seed of the trainer (the tasks of step s use seed 1000 + s)
+    sandbox: str = "bwrap"  # where the tools run (bwrap; local where it is missing)
+    vllm_python: str = ".venv-vllm/bin/python"  # the interpreter vLLM is installed in
+
+
+@dataclass(slots=True)
+class StepRow:
+    """What one step measured."""
+
+    step: int  # 0-based
+    policy_version: int  # of the rollouts this step trained on
+    trajectories: int  # delivered
+    trained: int  # trajectories with a non-zero advantage in their group
+    excluded: int  # infrastructure failures (dropped, never scored)
+    reward: float  # mean reward of the step's rollouts
+    success: float  # share with reward 1
+    rollout_s: float  # submit to the last group
+    train_s: float  # forward, backward, optimizer
+    update_s: float  # save the weights and push them through the barrier
+    tokens: int  # sampled tokens
+    tokens_per_s: float  # sampled tokens / rollout_s
+    logprob_gap_max: float  # max |engine - trainer| logprob of a sampled token
+    logprob_gap_mean: float
+    loss: float
+    minutes: float  # RL wall clock at the end of the step
+
+
+@dataclass(slots=True)
+class EvalRow:
+    step: int  # steps trained before it (0: the supervised checkpoint)
+    policy_version: int  # the version it asked for
+    success: float  # held-out success rate
+    tasks: int
+    minutes: float  # RL wall clock when it ended
+    versions: list[int] = field(default_factory=list)  # versions its tokens carry
+
+
+@dataclass(slots=True)
+class GRPOReport:
+    config: dict[str, Any]
+    steps: list[StepRow] = field(default_factory=list)
+    evals: list[EvalRow] = field(default_factory=list)
+    machine: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        first, last = (self.evals[0], self.evals[-1]) if self.evals else (None, None)
+        gaps = [s.logprob_gap_max for s in self.steps]
+        return {
+            "start_success": first.success if first else None,
+            "final_success": last.success if last else None,
+            "gain_points": 100 * (last.success - first.success) if first and last else None,
+            "best_success": max((e.success for e in self.evals), default=None),
+            "steps": len(self.steps),
+            "rl_minutes": self.steps[-1].minutes if self.steps else 0.0,
+            "max_logprob_gap": max(gaps, default=None),
+            "final_policy_version": last.policy_version if last else 0,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"config": self.config, "summary": self.summary(), "machine": self.machine,
+                "steps": [asdict(s) for s in self.steps],
+                "evals": [asdict(e) for e in self.evals]}
+
+
+def train_grpo(config: GRPOConfig, out: Path, *, cache_root: Path,
+               log: Log = print) -> GRPOReport:
+    """Run GRPO (see the module docstring); writes `out/rl.json` (and `rl.png`)."""
+    import torch
+
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(config.seed)
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    checkpoint = sft(config.sft, cache_root, log=log)
+    policy = untied_copy(checkpoint, out / "weights" / "v0")
+    model = _load_for_training(policy)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.99),
+                                  weight_decay=0.0)
+    report = GRPOReport(config=_config_dict(config),
+                        machine={"python": platform.python_version(),
+                                 "processor": platform.machine(), "cpus": os.cpu_count(),
+                                 "torch": torch.__version__})
+    with serving(policy, out, config, log=log) as client:
+        started = time.monotonic()
+
+        def minutes() -> float:
+            return (time.monotonic() - started) / 60.0
+
+        report.evals.append(evaluate_heldout(client, config, step=0, version=0,
+                                             minutes=minutes()))
+        log(f"held-out success at the start: {report.evals[-1].success:.1%}")
+        for step in range(config.max_steps):
+            if minutes() >= config.max_minutes:
+                break
+            row = run_step(client, model, optimizer, config, step, out, minutes)
+            report.steps.append(row)
+            log(f"step {step}: reward {row.reward:.3f}, {row.tokens_per_s:,.0f} tok/s, "
+                f"logprob gap max {row.logprob_gap_max:.1e}, loss {row.loss:+.4f} "
+                f"({row.minutes:.1f} min)")
+            if (step + 1) % config.eval_every == 0:
+                report.evals.append(evaluate_heldout(client, config, step=step + 1,
+                                                     version=step + 1, minutes=minutes()))
+                log(f"held-out success after {step + 1} steps: {report.evals[-1].success:.1%}")
+            _write(report, out)
+        if not report.evals or report.evals[-1].step != len(report.steps):
+            report.evals.append(evaluate_heldout(client, config, step=len(report.steps),
+                                                 version=len(report.steps), minutes=minutes()))
+    _write(report, out)
+    return report
+
+
+def run_step(client: RolloutClient, model: Qwen2ForCausalLM, optimizer: torch.optim.Optimizer,
+             config: GRPOConfig, step: int, out: Path,
+             minutes: Callable[[], float]) -> StepRow:
+    """One rollout job, one policy-gradient step, one weight update."""
+    suite = math_suite()
+    tasks = [suite.task_to_record(t) for t in train_tasks(config.prompts_per_step,
+                                                            seed=1000 + step)]
+    t0 = time.monotonic()
+    job = client.submit(tasks=suite_tasks("math", tasks=tasks, options=_OPTIONS),
+                        samples_per_task=config.group_size,
+                        sampling={"temperature": config.temperature}, limits=_LIMITS,
+                        min_policy_version=step, job_id=f"train-{step:04d}-{secrets.token_hex(3)}")
+    sequences: list[TrainingSequence] = []
+    trajectories: list[Trajectory] = []
+    excluded = 0
+    for group in client.groups(job):
+        trajectories += group.trajectories
+        batch = group.batch()
+        excluded += len(batch.exclusions)
+        sequences += [s for s in batch.sequences if s.excluded is None]
+    rollout_s = time.monotonic() - t0
+    versions = {v for s in sequences for v, m in zip(s.policy_versions, s.loss_mask, strict=True)
+                if m}
+    if versions - {step}:
+        raise RuntimeError(f"step {step} trained on tokens of versions {sorted(versions)}")
+    t1 = time.monotonic()
+    loss, gap_max, gap_mean = policy_gradient_step(model, optimizer, sequences, config)
+    train_s = time.monotonic() - t1
+    t2 = time.monotonic()
+    weights = out / "weights" / f"v{step + 1}"
+    model.save_pretrained(weights)
+    client.update_weights(str(weights.resolve()), step + 1)
+    _prune(out / "weights", keep={"v0", f"v{step}", f"v{step + 1}"})
+    update_s = time.monotonic() - t2
+    scored = [t for t in trajectories if t.reward is not None]
+    tokens = sum(sum(s.loss_mask) for s in sequences)
+    return StepRow(
+        step=step, policy_version=step, trajectories=len(trajectories),
+        trained=sum(1 for s in sequences if s.advantage), excluded=excluded,
+        reward=_mean([t.reward or 0.0 for t in scored]),
+        success=_mean([1.0 if t.reward == 1.0 else 0.0 for t in scored]),
+        rollout_s=rollout_s, train_s=train_s, update_s=update_s, tokens=tokens,
+        tokens_per_s=tokens / rollout_s if rollout_s > 0 else 0.0,
+        logprob_gap_max=gap_max, logprob_gap_mean=gap_mean, loss=loss, minutes=minutes())
+
+
+def policy_gradient_step(model: Qwen2ForCausalLM, optimizer: torch.optim.Optimizer,
+                         sequences: Sequence[TrainingSequence],
+                         config: GRPOConfig) -> tuple[float, float, float]:
+    """One optimizer step on the clipped-ratio objective averaged over every sampled
+    token; returns (loss, max |Δ logprob|, mean |Δ logprob|) between the engine's
+    logprobs and the trainer's before the step, over every sampled token."""
+    import torch
+
+    from treadle.train.logprobs import token_logprobs
+
+    rows = [s for s in sequences if sum(s.loss_mask)]
+    # A group whose members all scored alike has advantage 0 everywhere: no gradient,
+    # so those sequences only get a forward pass without one (for the gap).
+    train_tokens = sum(sum(s.loss_mask) for s in rows if s.advantage)
+    all_tokens = sum(sum(s.loss_mask) for s in rows)
+    if not all_tokens:
+        return 0.0, 0.0, 0.0
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    loss_sum, gap_max, gap_sum = 0.0, 0.0, 0.0
+    for trains in (True, False):
+        part = [s for s in rows if bool(s.advantage) is trains]
+        for start in range(0, len(part), config.micro_batch):
+            ids, attention, mask, old, adv = _tensors(part[start:start + config.micro_batch])
+            with torch.set_grad_enabled(trains):
+                new = token_logprobs(model, ids, attention)  # (B, T-1)
+            gap = (new.detach() - old).abs() * mask
+            gap_max = max(gap_max, float(gap.max()))
+            gap_sum += float(gap.sum())
+            if not trains:
+                continue
+            ratio = torch.exp(new - old)
+            clipped = torch.clamp(ratio, 1.0 - config.clip, 1.0 + config.clip)
+            objective = torch.minimum(ratio * adv[:, None], clipped * adv[:, None])
+            loss = -(objective * mask).sum() / train_tokens
+            loss.backward()  # type: ignore[no-untyped-call]
+            loss_sum += float(loss)
+    if train_tokens:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+        optimizer.step()
+    model.eval()  # type: ignore[no-untyped-call]
+    return loss_sum, gap_max, gap_sum / all_tokens
+
+
+def _tensors(rows: Sequence[TrainingSequence]) -> tuple[torch.Tensor, ...]:
+    """Right-padded ids and attention (B, T); mask, engine logprobs (B, T-1) aligned
+    with `token_logprobs`'s targets; advantages (B,)."""
+    import torch
+
+    length = max(len(r.prompt_ids) + len(r.response_ids) for r in rows)
+    ids = torch.zeros(len(rows), length, dtype=torch.long)
+    attention = torch.zeros(len(rows), length, dtype=torch.long)
+    mask = torch.zeros(len(rows), length - 1)
+    old = torch.zeros(len(rows), length - 1)
+    for i, r in enumerate(rows):
+        seq = r.prompt_ids + r.response_ids
+        ids[i, :len(seq)] = torch.tensor(seq)
+        attention[i, :len(seq)] = 1
+        first = len(r.prompt_ids) - 1  # target position of the first response token
+        mask[i, first:first + len(r.response_ids)] = torch.tensor(r.loss_mask,
+                                                                  dtype=torch.float32)
+        old[i, first:first + len(r.response_ids)] = torch.tensor(r.logprobs)
+    adv = torch.tensor([r.advantage or 0.0 for r in rows])
+    return ids, attention, mask, old, adv
+
+
+def evaluate_heldout(client: RolloutClient, config: GRPOConfig, *, step: int, version: int,
+                     minutes: float) -> EvalRow:
+    """Held-out success rate through the service (one sample per task)."""
+    suite = math_suite()
+    tasks = [suite.task_to_record(t) for t in heldout_tasks(config.eval_tasks)]
+    job = client.submit(tasks=suite_tasks("math", tasks=tasks, options=_OPTIONS),
+                        samples_per_task=1, sampling={"temperature": config.temperature},
+                        limits=_LIMITS, min_policy_version=version, priority=1,
+                        job_id=f"eval-{step:04d}-{secrets.token_hex(3)}")
+    done = [d.trajectory for d in client.trajectories(job.job_id)]
+    rewards = [t.reward for t in done if not t.infra_failure]
+    versions = sorted({v for t in done for seg in t.segments
+                       for v, m in zip(seg.policy_versions, seg.loss_mask, strict=True) if m})
+    return EvalRow(step, version, _mean([1.0 if r == 1.0 else 0.0 for r in rewards]),
+                   len(rewards), minutes, versions)
+
+
+def untied_copy(checkpoint: Path, out: Path) -> Path:
+    """`checkpoint` with its output projection a copy of the embeddings (the same
+    function), saved to `out` with the tokenizer files."""
+    import torch
+
+    from treadle.train.model import load_model
+
+    model = load_model(checkpoint)
+    if model.config.tie_word_embeddings:
+        model.config.tie_word_embeddings = False
+        model.lm_head.weight = torch.nn.Parameter(
+            model.model.embed_tokens.weight.detach().clone())
+    model.save_pretrained(out)
+    for f in checkpoint.iterdir():
+        if f.name.startswith("tokenizer") or f.name in ("special_tokens_map.json",
+                                                        "generation_config.json"):
+            shutil.copy2(f, out / f.name)
+    return out
+
+
+@contextmanager
+def serving(policy: Path, out: Path, config: GRPOConfig, *,
+            log: Log) -> Iterator[RolloutClient]:
+    """`treadle serve --vllm policy` as a child process, and a client of it."""
+    token = secrets.token_hex(16)
+    port = _free_port()
+    sandbox = config.sandbox if config.sandbox != "bwrap" or shutil.which("bwrap") else "local"
+    cmd = [sys.executable, "-m", "treadle", "serve", "--port", str(port), "--token", token,
+           "--db", str(out / "rollouts.db"), "--vllm", str(policy), "--vllm-python",
+           config.vllm_python, "--sandbox", sandbox, "--policy", "verl",
+           "--log-level", "warning"]
+    with open(out / "serve.log", "ab") as service_log:
+        proc = subprocess.Popen(cmd, stdout=service_log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    client = RolloutClient(url, token=token, timeout_s=60.0)
+    try:
+        log(f"starting the rollout service with a vLLM engine ({url}; log {out / 'serve.log'})")
+        deadline = time.monotonic() + 300
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"treadle serve exited with {proc.returncode}; see "
+                                   f"{out / 'serve.log'}")
+            try:
+                if client.health().engines >= 1:
+                    break
+            except Exception:  # not up yet
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the service did not come up in 300 s; see "
+                                   f"{out / 'serve.log'}")
+            time.sleep(1.0)
+        yield client
+    finally:
+        client.close()
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _load_for_training(path: Path) -> Qwen2ForCausalLM:
+    from treadle.train.model import load_model
+
+    return load_model(path)
+
+
+def _prune(folder: Path, keep: set[str]) -> None:
+    for d in folder.iterdir():
+        if d.is_dir() and d.name not in keep:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _write(report: GRPOReport, out: Path) -> None:
+    (out / "rl.json").write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+
+
+def _config_dict(config: GRPOConfig) -> dict[str, Any]:
+    return asdict(config)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port

@@ -1,0 +1,100 @@
+"""The runtime over real engine processes (`treadle engine emulate`, over HTTP):
+an engine killed with SIGKILL mid-batch loses no trajectory and hangs none."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from typing import Any
+
+import pytest
+
+from treadle.core.cost_model import CostModel
+from treadle.core.policies.baselines import Slime
+from treadle.engines.errors import NoEngineAvailable
+from treadle.runtime.clock import ScaledClock
+from treadle.runtime.driver import Runtime
+from treadle.runtime.launcher import EmulatedProcess, LocalLauncher
+from treadle.runtime.replay import replay
+from treadle.sim.workload import generate
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+SCALE = 0.02  # 50x faster than the modelled cluster
+
+
+def _workload(n: int) -> Any:
+    cost = CostModel.named("qwen3-14b", "h100")
+    return generate("math", n, seed=3, group_size=4, max_context=cost.model.max_context)
+
+
+async def _run(kill: str, n: int = 16) -> tuple[list[Any], Runtime, list[Any]]:
+    wl = _workload(n)
+    clock = ScaledClock(SCALE)
+    rt = Runtime(Slime(1, 1), launcher=LocalLauncher(EmulatedProcess(time_scale=SCALE)),
+                 gpus=3, clock=clock, engine_wait_s=5.0)
+    await rt.start()
+    try:
+        launched = [s.launched for s in rt.engines()]
+        assert len(launched) == 3 and all(x is not None and x.pid for x in launched)
+        jobs = [asyncio.ensure_future(replay(t, rt.turns(t.traj_id, t.group_id), clock))
+                for t in wl.trajectories]
+        await asyncio.sleep(1.0)  # mid-batch: every engine is busy
+        assert sum(j.done() for j in jobs) < len(jobs) // 2
+        victims = launched[:1] if kill == "one" else launched
+        for x in victims:
+            assert x is not None and x.pid is not None
+            os.kill(x.pid, signal.SIGKILL)
+        out = await asyncio.wait_for(asyncio.gather(*jobs, return_exceptions=True), 300)
+    finally:
+        await rt.close()
+    return out, rt, list(wl.trajectories)
+
+
+def test_an_engine_killed_mid_batch_loses_and_hangs_nothing() -> None:
+    out, rt, specs = asyncio.run(_run("one"))
+    assert [getattr(r, "output_tokens", r) for r in out] == [s.output_tokens for s in specs]
+    assert len(rt.failures) == 1 and len(rt.engines()) == 2
+    assert rt.live_trajectories == 0
+
+
+def test_with_every_engine_killed_each_trajectory_ends_with_the_reason() -> None:
+    out, rt, specs = asyncio.run(_run("all"))
+    errors = [r for r in out if isinstance(r, BaseException)]
+    assert len(errors) > len(out) // 2 and all(isinstance(e, NoEngineAvailable) for e in errors)
+    assert all("no engine left" in str(e) for e in errors)
+    for r, s in zip(out, specs, strict=True):  # finished before the kill: complete
+        assert isinstance(r, BaseException) or r.output_tokens == s.output_tokens
+    assert len(rt.failures) == 3 and rt.live_trajectories == 0
+
+
+CRASHING_RUNTIME = """
+import asyncio, os, sys
+from treadle.runtime.launcher import EmulatedProcess, LocalLauncher
+
+async def main():
+    launched = await LocalLauncher(EmulatedProcess(time_scale=0.02)).start(1)
+    print(launched.pid, flush=True)
+    os._exit(1)  # dies without stopping its engine
+
+asyncio.run(main())
+"""
+
+
+def test_engines_do_not_outlive_a_runtime_that_crashed() -> None:
+    import subprocess
+    import sys
+    import time
+
+    out = subprocess.run([sys.executable, "-c", CRASHING_RUNTIME], capture_output=True,
+                         text=True, timeout=60)
+    pid = int(out.stdout.split()[0])
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+    raise AssertionError(f"engine {pid} outlived its runtime")

@@ -1,0 +1,187 @@
+"""The runtime over a REAL vLLM server (CPU build): a multi-turn trajectory's tokens
+are exactly what the engine returned, and the engine's logprobs are the model's.
+
+The model is the tiny seeded Qwen2 of `vllm_server` (random weights: the text is
+gibberish, the token ids and logprobs are real). Teacher forcing runs the same
+weights in transformers, fp32, on the whole context.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from treadle.agent.chat import IM_END, HermesFormat, HFTokenizer
+from treadle.agent.loop import Sampling
+from treadle.core.policies.baselines import Slime
+from treadle.engines.base import Engine, EngineLoad, GenerateRequest, GenerateResult
+from treadle.engines.vllm import VLLMEngine
+from treadle.runtime.driver import Runtime
+from treadle.types import TokenSegment
+from vllm_server import VLLMServer, serve_vllm
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+FMT = HermesFormat()
+
+
+class RecordingEngine(Engine):
+    """Passes every call to the real engine and keeps what it returned (a spy)."""
+
+    def __init__(self, inner: Engine) -> None:
+        self.inner = inner
+        self.results: list[GenerateResult] = []
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        result = await self.inner.generate(request)
+        self.results.append(result)
+        return result
+
+    async def abort(self, request_id: str) -> None:
+        await self.inner.abort(request_id)
+
+    async def load(self) -> EngineLoad:
+        return await self.inner.load()
+
+    async def health(self) -> bool:
+        return await self.inner.health()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def teacher_forced(model_dir: Path, prompt: list[int], response: list[int]) -> list[float]:
+    """log p(response[i] | prompt + response[:i]) under the model, fp32."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.eval()
+    ids = torch.tensor([prompt + response])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1:-1].float()
+    logprobs = torch.log_softmax(logits, dim=-1)
+    picked = logprobs.gather(1, torch.tensor(response).unsqueeze(1)).squeeze(1)
+    return [float(x) for x in picked]
+
+
+async def _three_turns(server: VLLMServer) -> tuple[TokenSegment, RecordingEngine, Any]:
+    tok = HFTokenizer(server.model_dir)
+    engine = RecordingEngine(VLLMEngine(server.url, server.model))
+    rt = Runtime(Slime(1, 1))
+    rt.register_engine(engine, max_batch=16, kv_capacity_tokens=16_384, label="vllm")
+    await rt.start()
+    try:
+        turns = rt.turns("t0", "g0")
+        seg = TokenSegment(prompt_ids=tok.encode(FMT.prompt_text("the agent calls a tool")))
+        context = list(seg.prompt_ids)
+        observations = []
+        for i in range(3):
+            out = await turns.generate(context, 24, Sampling(temperature=1.0),
+                                       [tok.token_id(IM_END)])
+            context += out.output_ids
+            seg.response_ids += out.output_ids
+            seg.loss_mask += [1] * len(out.output_ids)
+            seg.logprobs += out.logprobs
+            seg.policy_versions += out.policy_versions
+            turns.turn_finished(len(out.output_ids), len(context), final=i == 2)
+            if i == 2:
+                break
+            turns.tool_started()
+            obs = tok.encode(FMT.observation_text([f"result {i}: the tool returns ok"]))
+            observations.append(obs)
+            context += obs
+            seg.response_ids += obs
+            seg.loss_mask += [0] * len(obs)
+            seg.logprobs += [0.0] * len(obs)
+            seg.policy_versions += [0] * len(obs)
+            turns.tool_finished(0.0, len(obs), final=False)
+    finally:
+        await rt.close()
+    return seg, engine, observations
+
+
+def test_a_multi_turn_trajectory_is_what_vllm_returned(vllm_server: VLLMServer) -> None:
+    seg, engine, observations = asyncio.run(asyncio.wait_for(_three_turns(vllm_server), 120))
+    seg.validate()
+    r1, r2, r3 = engine.results
+    assert seg.response_ids == (r1.output_ids + observations[0] + r2.output_ids +
+                                observations[1] + r3.output_ids)
+    sampled = [lp for lp, m in zip(seg.logprobs, seg.loss_mask, strict=True) if m]
+    assert sampled == r1.logprobs + r2.logprobs + r3.logprobs  # bit for bit
+    assert sum(seg.loss_mask) == sum(len(r.output_ids) for r in engine.results)
+    # Each call's prompt was the trajectory so far: prompt + replies + observations.
+    assert [r.prompt_tokens for r in engine.results] == [
+        len(seg.prompt_ids), len(seg.prompt_ids) + len(r1.output_ids) + len(observations[0]),
+        len(seg.prompt_ids) + len(r1.output_ids) + len(observations[0]) +
+        len(r2.output_ids) + len(observations[1])]
+
+    forced = teacher_forced(vllm_server.model_dir, seg.prompt_ids, seg.response_ids)
+    deltas = [abs(f - lp) for f, lp, m in zip(forced, seg.logprobs, seg.loss_mask, strict=True)
+              if m]
+    assert deltas and max(deltas) < 1e-3, f"max |delta| {max(deltas):.2e}"
+
+
+@pytest.fixture(scope="module")
+def dev_server(vllm_server: VLLMServer, tmp_path_factory: pytest.TempPathFactory
+               ) -> Iterator[tuple[VLLMServer, Path]]:
+    """A second vLLM with the RL endpoints (dev mode), and a perturbed copy of the
+    weights to load into it.
+
+    The embeddings are untied first: vLLM's CPU build (0.32) reloads a model with
+    `tie_word_embeddings` in place into logprobs that match neither the old nor the
+    new weights (its output projection keeps a stale packed copy), while an untied
+    model reloads exactly.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    work = tmp_path_factory.mktemp("vllm-dev")
+    model_dir, updated = work / "v0", work / "v1"
+    model = AutoModelForCausalLM.from_pretrained(vllm_server.model_dir, dtype=torch.float32)
+    model.config.tie_word_embeddings = False
+    model.lm_head.weight = torch.nn.Parameter(model.model.embed_tokens.weight.detach().clone())
+    model.save_pretrained(model_dir)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (model_dir / name).write_bytes((vllm_server.model_dir / name).read_bytes())
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    model.save_pretrained(updated)
+    with serve_vllm(model_dir, work, extra_env={"VLLM_SERVER_DEV_MODE": "1"}) as server:
+        yield server, updated
+
+
+def test_a_weight_update_changes_the_logprobs_and_stamps_the_version(
+        dev_server: tuple[VLLMServer, Path]) -> None:
+    server, updated = dev_server
+    tok = HFTokenizer(server.model_dir)
+    prompt = tok.encode(FMT.prompt_text("the agent calls a tool"))
+
+    async def main() -> tuple[Any, Any, str | None]:
+        engine = VLLMEngine(server.url, server.model)
+        rt = Runtime(Slime(1, 1))
+        rt.register_engine(engine, max_batch=16, kv_capacity_tokens=16_384)
+        await rt.start()
+        try:
+            before = await rt.turns("a", "g").generate(prompt, 12, Sampling(temperature=0.0),
+                                                       [])
+            await rt.update_weights(str(updated), policy_version=5)
+            after = await rt.turns("b", "g").generate(prompt, 12, Sampling(temperature=0.0),
+                                                      [])
+            version = await engine.weight_version()
+        finally:
+            await rt.close()
+        return before, after, version
+
+    before, after, version = asyncio.run(asyncio.wait_for(main(), 120))
+    assert before.policy_versions == [0] * 12 and after.policy_versions == [5] * 12
+    assert version == "5"
+    forced = teacher_forced(updated, prompt, after.output_ids)
+    assert max(abs(f - lp) for f, lp in zip(forced, after.logprobs, strict=True)) < 1e-3
+    old = teacher_forced(server.model_dir, prompt, after.output_ids)
+    assert max(abs(f - lp) for f, lp in zip(old, after.logprobs, strict=True)) > 1e-2

