@@ -74,3 +74,10 @@ def test_sft_is_cached_and_deterministic(tmp_path: Path) -> None:
     again = sft(CONFIG, tmp_path / "b", log=logs.append)  # a fresh cache: trains again
     assert json.loads((again / META_FILE).read_text())["weights_sha256"] == meta["weights_sha256"]
     assert (again / "tokenizer.json").read_bytes() == (first / "tokenizer.json").read_bytes()
+
+
+def test_too_few_examples_for_a_batch_is_refused(transcripts: list[Transcript],
+                                                 tiny_dir: Path) -> None:
+    examples = [tokenize(t, HFTokenizer(tiny_dir)) for t in transcripts[:3]]
+    with pytest.raises(ValueError, match="cannot fill a batch of 8"):
+        train(CONFIG, examples, 1024, log=lambda _: None)

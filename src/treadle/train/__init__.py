@@ -9,6 +9,8 @@
 - `logprobs`: teacher-forced log-probabilities of a response (engine parity, RL);
 - `engine`: an in-process `Engine` that samples from the model (no server needed);
 - `evaluate`: held-out success rate with real multi-turn episodes.
+- `grpo`, `plot`: GRPO on the checkpoint with rollouts served by treadle, its plot;
+- `cli`: `treadle train sft | eval | grpo`.
 
 torch, transformers and tokenizers (the ``train`` extra) are imported inside the
 functions that need them, so that importing this package costs nothing.

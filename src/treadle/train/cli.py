@@ -1,7 +1,7 @@
 """`treadle train sft | eval | grpo`: fine-tune the small model (cached), measure a
 checkpoint, run RL on it through treadle.
 
-    treadle train sft --out ~/.cache/treadle --steps 300      # prints the checkpoint dir
+    treadle train sft --out ~/.cache/treadle --steps 400      # prints the checkpoint dir
     treadle train eval --model DIR --tasks 200 --temperature 1.0
     treadle train grpo --out out/rl --minutes 15              # rl.json and rl.png
 
@@ -32,7 +32,7 @@ def add_train_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
     sft.add_argument("--out", type=Path, default=DEFAULT_CACHE,
                      help=f"cache root; the checkpoint is OUT/sft-<key> (default {DEFAULT_CACHE}"
                           ", or $TREADLE_CACHE)")
-    sft.add_argument("--steps", type=int, default=None, help="optimizer steps (default 300)")
+    sft.add_argument("--steps", type=int, default=None, help="optimizer steps (default 400)")
     sft.add_argument("--train-tasks", type=int, default=None,
                      help="distinct training transcripts (default 2000)")
     sft.add_argument("--seed", type=int, default=None, help="initialisation and batch order")
@@ -55,7 +55,7 @@ def _quiet() -> None:
     import transformers
 
     transformers.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-    logging.basicConfig(level=logging.WARNING, format="treadle: %(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
 
 
 def _fail(command: str, message: str) -> int:

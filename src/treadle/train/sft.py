@@ -1,6 +1,6 @@
 """Supervised fine-tuning of the small model on math transcripts, cached.
 
-    path = sft(SFTConfig(steps=300), cache_root)   # trains once (minutes), then instant
+    path = sft(SFTConfig(steps=400), cache_root)   # trains once (minutes), then instant
     model, tokenizer = load_model(path), HFTokenizer(path)
 
 What it does: record `train_tasks` transcripts with the real `python` tool in
@@ -62,7 +62,7 @@ class SFTConfig:
     model: ModelConfig = field(default_factory=ModelConfig)  # architecture, vocabulary size
     train_tasks: int = 2000  # distinct training transcripts
     data_seed: int = 0  # MathSuite seed of the training tasks (not the held-out seed)
-    steps: int = 300  # optimizer steps: the knob that sets how good the checkpoint is
+    steps: int = 400  # optimizer steps: the knob that sets how good the checkpoint is
     batch_size: int = 32  # transcripts per step
     lr: float = 2e-3  # peak learning rate
     warmup_steps: int = 20  # linear warm-up before the cosine decay
@@ -190,6 +190,8 @@ def train(config: SFTConfig, examples: Sequence[Example], vocab_size: int, log: 
     the loss history (one entry per `log_every` steps: mean loss over them)."""
     import torch
 
+    if len(examples) < config.batch_size:
+        raise ValueError(f"{len(examples)} examples cannot fill a batch of {config.batch_size}")
     model = build_model(config.model, vocab_size, config.seed)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95),
