@@ -70,8 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_parser(sub)
     add_run_parser(sub)
     add_train_parser(sub)
-    demo = sub.add_parser("demo", help="the README's main job on its embedded default")
-    demo.add_argument("--out", default="out", help="folder for the report files")
+    from treadle.demo import add_demo_parser
+
+    add_demo_parser(sub)
     return parser
 
 
@@ -80,7 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "sim":
             return _sim(args)
-        if args.command in ("sandbox", "sandbox-server", "engine", "serve", "run", "train") or (
+        if args.command in ("sandbox", "sandbox-server", "engine", "serve", "run", "train",
+                            "demo") or (
                 args.command == "bench" and args.bench in ("sandbox", "live", "service")):
             result: int = args.func(args)
             return result
@@ -91,8 +93,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.json:
                 print(json.dumps(report, indent=2))
             return 0
-        if args.command == "demo":
-            return _demo(args)
     except UsageError as exc:
         print(f"treadle: error: {exc}", file=sys.stderr)
         return 2
@@ -180,12 +180,3 @@ def format_table(rows: Sequence[Any]) -> str:
     return "\n".join("  ".join(c.rjust(w) if i else c.ljust(w)
                                for i, (c, w) in enumerate(zip(row, widths, strict=True)))
                      for row in lines)
-
-
-def _demo(args: argparse.Namespace) -> int:
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    _log("demo: simulating a 1,024-trajectory coding rollout step on 64 H100s (Qwen3-14B)")
-    return main(["sim", "--workload", "coding", "--policies",
-                 "slime,verl,verl@tp8,heddle,treadle", "--timeline",
-                 str(out / "timeline.html")])

@@ -115,7 +115,7 @@ def run_batch(args: argparse.Namespace) -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         with _service(args, request) as (url, token, where):
-            return _run(request, url, token, where, out)
+            return watch_job(request, url, token, where, out)
     except BadInput as e:
         print(f"treadle run: {e}", file=sys.stderr)
         return 2
@@ -238,11 +238,7 @@ def _service(args: argparse.Namespace,
     if args.url:
         yield args.url, args.token, f"the service at {args.url}"
         return
-    import uvicorn
-
     from treadle.errors import TreadleError
-    from treadle.served import loopback_socket, serving_in_thread
-    from treadle.service.app import create_app
     from treadle.service.schemas import EngineRequest
     from treadle.service.state import ServiceConfig, build_service
 
@@ -260,18 +256,32 @@ def _service(args: argparse.Namespace,
         service = build_service(config)
     except (ValueError, KeyError, OSError, TreadleError) as e:
         raise BadInput(str(e).strip("'\"")) from None
-    sock = loopback_socket()
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(service), log_level="warning",
-                                           lifespan="on", access_log=False))
     engines = (f"emulated engines on {emulate} GPU{'s' * (emulate != 1)} at time scale "
                f"{args.time_scale:g} (timings in modelled seconds)" if emulate
                else f"a vLLM engine serving {args.vllm}" if args.vllm
                else f"{len(args.engine)} engine{'s' * (len(args.engine) != 1)}")
+    with serve_here(service, engines) as (url, where):
+        yield url, None, where
+
+
+@contextlib.contextmanager
+def serve_here(service: Any, engines: str, *,
+               startup_timeout_s: float = 300.0) -> Iterator[tuple[str, str]]:
+    """`service` (treadle.service.state.Service) on loopback in a thread of this process:
+    (its url, a description). `engines` describes its engines for the messages."""
+    import uvicorn
+
+    from treadle.served import loopback_socket, serving_in_thread
+    from treadle.service.app import create_app
+
+    sock = loopback_socket()
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(service), log_level="warning",
+                                           lifespan="on", access_log=False))
     print(f"treadle run: starting a service here with {engines}", file=sys.stderr, flush=True)
     with serving_in_thread(server, sock, name=f"treadle-run-service-{port}",
-                           startup_timeout_s=180):
-        yield f"http://127.0.0.1:{port}", None, f"a service started here with {engines}"
+                           startup_timeout_s=startup_timeout_s):
+        yield f"http://127.0.0.1:{port}", f"a service started here with {engines}"
 
 
 def _sandbox(name: str) -> Any:
@@ -282,7 +292,10 @@ def _sandbox(name: str) -> Any:
     return get_backend(name)
 
 
-def _run(request: dict[str, Any], url: str, token: str | None, where: str, out: Path) -> int:
+def watch_job(request: dict[str, Any], url: str, token: str | None, where: str,
+              out: Path) -> int:
+    """Submit `request` to the service at `url`, show its progress, print the summary,
+    write OUT/JOB.parquet and OUT/JOB.html; the exit code (0, or 130 on Ctrl-C)."""
     from treadle.client.http import RolloutClient
     from treadle.client.stream import RetryPolicy
     from treadle.run.progress import Progress, summary_rows, summary_table
