@@ -5,6 +5,7 @@
 trained in code (`engines/tiny_model.py`, a few seconds), serves it with
 `vllm.entrypoints.openai.api_server` on a free loopback port, and stops it after the
 session. `serve_vllm(model_dir)` does the same for any model directory.
+`RecordingEngine` is a spy around any engine.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from treadle.engines.base import Engine, EngineLoad, GenerateRequest, GenerateResult
+
 REPO = Path(__file__).resolve().parents[1]
 VENV_PYTHON = Path(os.environ.get("TREADLE_VLLM_VENV", REPO / ".venv-vllm")) / "bin" / "python"
 MODEL = "tiny-qwen2"
@@ -34,6 +37,36 @@ class VLLMServer:
     url: str  # http://127.0.0.1:<port>
     model: str  # the served model name
     model_dir: Path  # what it serves (save_pretrained output, with tokenizer.json)
+
+
+class RecordingEngine(Engine):
+    """Passes every call to the real engine and keeps each request with what it
+    returned (a spy: the tests compare trajectories against the engine's replies)."""
+
+    def __init__(self, inner: Engine) -> None:
+        self.inner = inner
+        self.calls: list[tuple[GenerateRequest, GenerateResult]] = []
+
+    @property
+    def results(self) -> list[GenerateResult]:
+        return [result for _, result in self.calls]
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        result = await self.inner.generate(request)
+        self.calls.append((request, result))
+        return result
+
+    async def abort(self, request_id: str) -> None:
+        await self.inner.abort(request_id)
+
+    async def load(self) -> EngineLoad:
+        return await self.inner.load()
+
+    async def health(self) -> bool:
+        return await self.inner.health()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
 
 
 def _free_port() -> int:

@@ -18,39 +18,13 @@ import pytest
 from treadle.agent.chat import IM_END, HermesFormat, HFTokenizer
 from treadle.agent.loop import Sampling
 from treadle.core.policies.baselines import Slime
-from treadle.engines.base import Engine, EngineLoad, GenerateRequest, GenerateResult
 from treadle.engines.vllm import VLLMEngine
 from treadle.runtime.driver import Runtime
 from treadle.types import TokenSegment
-from vllm_server import VLLMServer, serve_vllm
+from vllm_server import RecordingEngine, VLLMServer, serve_vllm
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 FMT = HermesFormat()
-
-
-class RecordingEngine(Engine):
-    """Passes every call to the real engine and keeps what it returned (a spy)."""
-
-    def __init__(self, inner: Engine) -> None:
-        self.inner = inner
-        self.results: list[GenerateResult] = []
-
-    async def generate(self, request: GenerateRequest) -> GenerateResult:
-        result = await self.inner.generate(request)
-        self.results.append(result)
-        return result
-
-    async def abort(self, request_id: str) -> None:
-        await self.inner.abort(request_id)
-
-    async def load(self) -> EngineLoad:
-        return await self.inner.load()
-
-    async def health(self) -> bool:
-        return await self.inner.health()
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
 
 def teacher_forced(model_dir: Path, prompt: list[int], response: list[int]) -> list[float]:

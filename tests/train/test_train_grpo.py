@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from treadle.demo import DEMO_SFT_STEPS
 from treadle.train.grpo import GRPOConfig, train_grpo
 from treadle.train.model import load_model, weights_digest
 from treadle.train.plot import plot_report
@@ -20,14 +21,18 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_two_rl_steps_change_the_weights_and_advance_the_policy_version(
-        tmp_path: Path) -> None:
-    config = GRPOConfig(sft=SFTConfig(steps=10, train_tasks=32), prompts_per_step=2,
-                        group_size=2, max_steps=2, eval_every=1000, eval_tasks=4,
+        tmp_path: Path, trained_checkpoint: Path) -> None:
+    # The checkpoint gets about 15% right at T=1.0: a group of 4 has mixed rewards
+    # about half the time, so 16 groups without one would be a 1-in-30,000 event.
+    config = GRPOConfig(sft=SFTConfig(steps=DEMO_SFT_STEPS), prompts_per_step=8,
+                        group_size=4, max_steps=2, eval_every=1000, eval_tasks=4,
                         sandbox="local", vllm_python=str(ensure_vllm()))
     out = tmp_path / "rl"
-    report = train_grpo(config, out, cache_root=tmp_path / "cache", log=lambda _m: None)
+    report = train_grpo(config, out, cache_root=trained_checkpoint.parent,
+                        log=lambda _m: None)
     assert [s.policy_version for s in report.steps] == [0, 1]  # each step's own rollouts
-    assert all(s.trajectories == 4 and s.excluded == 0 for s in report.steps)
+    assert all(s.trajectories == 32 and s.excluded == 0 for s in report.steps)
+    assert sum(s.trained for s in report.steps) > 0, "no group with mixed rewards"
     first, last = report.evals
     assert (first.policy_version, first.versions) == (0, [0])
     assert (last.policy_version, last.versions) == (2, [2])  # the new weights sampled them

@@ -115,6 +115,9 @@ def add_grpo_parser(commands: argparse._SubParsersAction[Any]) -> None:
     g.add_argument("--prompts", type=int, default=16, help="training tasks per step")
     g.add_argument("--group", type=int, default=8, help="samples per task (GRPO group)")
     g.add_argument("--lr", type=float, default=2e-4)
+    g.add_argument("--epochs", type=int, default=1, help="passes over each step's rollouts")
+    g.add_argument("--minibatches", type=int, default=1,
+                   help="optimizer steps per pass")
     g.add_argument("--eval-every", type=int, default=5, help="steps between evaluations")
     g.add_argument("--eval-tasks", type=int, default=128, help="held-out tasks per evaluation")
     g.add_argument("--sft-steps", type=int, default=None,
@@ -147,7 +150,8 @@ def run_grpo(args: argparse.Namespace) -> int:
     sft_config = replace(SFTConfig(), **{k: v for k, v in sft_overrides.items()
                                          if v is not None})
     config = GRPOConfig(sft=sft_config, prompts_per_step=args.prompts, group_size=args.group,
-                        lr=args.lr, max_steps=args.steps, max_minutes=args.minutes,
+                        lr=args.lr, epochs=args.epochs, minibatches=args.minibatches,
+                        max_steps=args.steps, max_minutes=args.minutes,
                         eval_every=args.eval_every, eval_tasks=args.eval_tasks,
                         sandbox=args.sandbox, vllm_python=os.path.abspath(args.vllm_python))
     report = train_grpo(config, args.out, cache_root=args.cache,

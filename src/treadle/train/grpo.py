@@ -53,8 +53,10 @@ from typing import TYPE_CHECKING, Any
 
 from treadle.client.http import RolloutClient
 from treadle.client.samples import TrainingSequence
+from treadle.client.stream import RetryPolicy
 from treadle.client.wire import suite_tasks
 from treadle.train.evaluate import EVAL_LIMITS
+from treadle.train.logprobs import token_logprobs
 from treadle.train.sft import SFTConfig, sft
 from treadle.train.transcripts import KINDS, heldout_tasks, math_suite, train_tasks
 from treadle.types import Trajectory
@@ -79,6 +81,8 @@ class GRPOConfig:
     group_size: int = 8  # samples per task (GRPO group)
     lr: float = 2e-4  # AdamW learning rate (constant)
     clip: float = 0.2  # PPO ratio clip
+    epochs: int = 1  # passes over each step's rollouts (PPO epochs)
+    minibatches: int = 1  # optimizer steps per pass (the step's rollouts split evenly)
     max_grad_norm: float = 1.0  # gradient norm clip
     micro_batch: int = 32  # sequences per forward/backward (memory bound)
     temperature: float = 1.0  # rollout and evaluation sampling
@@ -245,45 +249,62 @@ def run_step(client: RolloutClient, model: Qwen2ForCausalLM, optimizer: torch.op
 def policy_gradient_step(model: Qwen2ForCausalLM, optimizer: torch.optim.Optimizer,
                          sequences: Sequence[TrainingSequence],
                          config: GRPOConfig) -> tuple[float, float, float]:
-    """One optimizer step on the clipped-ratio objective averaged over every sampled
-    token; returns (loss, max |Δ logprob|, mean |Δ logprob|) between the engine's
-    logprobs and the trainer's before the step, over every sampled token."""
+    """`config.epochs` passes over the step's sequences with a non-zero advantage, each
+    in `config.minibatches` optimizer steps on the clipped-ratio objective averaged
+    over the minibatch's sampled tokens (PPO's update; with one epoch of one minibatch
+    it is the plain GRPO gradient). Returns (mean loss, max |Δ logprob|, mean |Δ
+    logprob|): the gap between the engine's logprobs and the trainer's, measured
+    before the first update (on the weights the engine sampled with) over every
+    sampled token."""
     import torch
 
-    from treadle.train.logprobs import token_logprobs
-
     rows = [s for s in sequences if sum(s.loss_mask)]
-    # A group whose members all scored alike has advantage 0 everywhere: no gradient,
-    # so those sequences only get a forward pass without one (for the gap).
-    train_tokens = sum(sum(s.loss_mask) for s in rows if s.advantage)
-    all_tokens = sum(sum(s.loss_mask) for s in rows)
-    if not all_tokens:
-        return 0.0, 0.0, 0.0
+    gap_max, gap_mean = logprob_gap(model, rows, config.micro_batch)
+    # A group whose members all scored alike has advantage 0 everywhere: no gradient.
+    trained = [s for s in rows if s.advantage]
+    if not trained:
+        return 0.0, gap_max, gap_mean
     model.train()
-    optimizer.zero_grad(set_to_none=True)
-    loss_sum, gap_max, gap_sum = 0.0, 0.0, 0.0
-    for trains in (True, False):
-        part = [s for s in rows if bool(s.advantage) is trains]
-        for start in range(0, len(part), config.micro_batch):
-            ids, attention, mask, old, adv = _tensors(part[start:start + config.micro_batch])
-            with torch.set_grad_enabled(trains):
+    losses: list[float] = []
+    for _epoch in range(config.epochs):
+        order = torch.randperm(len(trained)).tolist()  # seeded in train_grpo
+        parts = max(1, min(config.minibatches, len(trained)))
+        for part in range(parts):
+            batch = [trained[i] for i in order[part::parts]]
+            tokens = sum(sum(s.loss_mask) for s in batch)
+            optimizer.zero_grad(set_to_none=True)
+            total = 0.0
+            for start in range(0, len(batch), config.micro_batch):
+                ids, attention, mask, old, adv = _tensors(batch[start:start + config.micro_batch])
                 new = token_logprobs(model, ids, attention)  # (B, T-1)
-            gap = (new.detach() - old).abs() * mask
+                ratio = torch.exp(new - old)
+                clipped = torch.clamp(ratio, 1.0 - config.clip, 1.0 + config.clip)
+                objective = torch.minimum(ratio * adv[:, None], clipped * adv[:, None])
+                loss = -(objective * mask).sum() / tokens
+                loss.backward()  # type: ignore[no-untyped-call]
+                total += float(loss.detach())
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+            optimizer.step()
+            losses.append(total)
+    model.eval()  # type: ignore[no-untyped-call]
+    return _mean(losses), gap_max, gap_mean
+
+
+def logprob_gap(model: Qwen2ForCausalLM, rows: Sequence[TrainingSequence],
+                micro_batch: int) -> tuple[float, float]:
+    """(max, mean) |engine logprob - trainer logprob| over every sampled token."""
+    import torch
+
+    gap_max, gap_sum, count = 0.0, 0.0, 0.0
+    model.eval()  # type: ignore[no-untyped-call]
+    with torch.no_grad():
+        for start in range(0, len(rows), micro_batch):
+            ids, attention, mask, old, _adv = _tensors(rows[start:start + micro_batch])
+            gap = (token_logprobs(model, ids, attention) - old).abs() * mask
             gap_max = max(gap_max, float(gap.max()))
             gap_sum += float(gap.sum())
-            if not trains:
-                continue
-            ratio = torch.exp(new - old)
-            clipped = torch.clamp(ratio, 1.0 - config.clip, 1.0 + config.clip)
-            objective = torch.minimum(ratio * adv[:, None], clipped * adv[:, None])
-            loss = -(objective * mask).sum() / train_tokens
-            loss.backward()  # type: ignore[no-untyped-call]
-            loss_sum += float(loss)
-    if train_tokens:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-        optimizer.step()
-    model.eval()  # type: ignore[no-untyped-call]
-    return loss_sum, gap_max, gap_sum / all_tokens
+            count += float(mask.sum())
+    return gap_max, gap_sum / count if count else 0.0
 
 
 def _tensors(rows: Sequence[TrainingSequence]) -> tuple[torch.Tensor, ...]:
@@ -361,6 +382,8 @@ def serving(policy: Path, out: Path, config: GRPOConfig, *,
                                 start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     client = RolloutClient(url, token=token, timeout_s=60.0)
+    # One try per probe: the start-up wait is this loop's, not the client's retries.
+    probe = RolloutClient(url, token=token, timeout_s=5.0, retry=RetryPolicy(attempts=1))
     try:
         log(f"starting the rollout service with a vLLM engine ({url}; log {out / 'serve.log'})")
         deadline = time.monotonic() + 300
@@ -369,7 +392,7 @@ def serving(policy: Path, out: Path, config: GRPOConfig, *,
                 raise RuntimeError(f"treadle serve exited with {proc.returncode}; see "
                                    f"{out / 'serve.log'}")
             try:
-                if client.health().engines >= 1:
+                if probe.health().engines >= 1:
                     break
             except Exception:  # not up yet
                 pass
@@ -379,6 +402,7 @@ def serving(policy: Path, out: Path, config: GRPOConfig, *,
             time.sleep(1.0)
         yield client
     finally:
+        probe.close()
         client.close()
         proc.terminate()
         try:
