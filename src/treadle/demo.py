@@ -56,7 +56,7 @@ def run_demo(args: argparse.Namespace) -> int:
     from treadle.run.cli import serve_here, watch_job
     from treadle.service.state import ServiceConfig, build_service
     from treadle.train.cli import _quiet
-    from treadle.train.sft import SFTConfig, sft
+    from treadle.train.sft import SFTConfig, cache_key, data_key, sft
     from treadle.train.transcripts import KINDS
 
     _quiet()
@@ -65,13 +65,19 @@ def run_demo(args: argparse.Namespace) -> int:
     started = time.monotonic()
     log("demo [1/3]: the model (built and fine-tuned on the first run, a few minutes on "
         "2 cores; cached after)")
-    model = sft(SFTConfig(steps=DEMO_SFT_STEPS), args.cache, log=log)
+    config = SFTConfig(steps=DEMO_SFT_STEPS)
+    if not (args.cache / f"sft-{cache_key(config)}").is_dir():
+        if not (args.cache / f"transcripts-{data_key(config)}.jsonl").is_file():
+            log(f"demo: recording {config.train_tasks:,} training transcripts, each with a "
+                "real python run (about 100 s on 2 cores), then fine-tuning")
+        log(f"demo: {config.steps} fine-tuning steps (about 140 s on 2 cores)")
+    model = sft(config, args.cache, log=log)
     backend, name = usable_sandbox()
     log(f"demo [2/3]: the service: SQLite at {out / 'demo.db'}, vLLM serving {model}, "
         f"tools in {name} sandboxes")
-    config = ServiceConfig(db=str(out / "demo.db"), vllm_model=str(model),
-                           tokenizer=str(model), sandbox=backend,
-                           vllm_python=os.path.abspath(args.vllm_python), policy="treadle")
+    service = ServiceConfig(db=str(out / "demo.db"), vllm_model=str(model),
+                            tokenizer=str(model), sandbox=backend,
+                            vllm_python=os.path.abspath(args.vllm_python), policy="treadle")
     limits = {"max_turns": 4, "max_total_tokens": 1024, "max_tokens_per_turn": 96}
     jobs = [
         {"tasks": {"suite": "math", "count": DEMO_MATH_TASKS, "seed": 7,
@@ -80,7 +86,7 @@ def run_demo(args: argparse.Namespace) -> int:
         {"tasks": {"suite": "code", "count": DEMO_CODE_TASKS, "seed": 7},
          "samples_per_task": DEMO_GROUP, "sampling": {"temperature": 1.0}, "limits": limits},
     ]
-    with serve_here(build_service(config), "a vLLM engine (CPU) serving the small model") \
+    with serve_here(build_service(service), "a vLLM engine (CPU) serving the small model") \
             as (url, where):
         log("demo [3/3]: a math job and a code job, GRPO groups of "
             f"{DEMO_GROUP}, through the service at {url}")

@@ -215,7 +215,7 @@ class LocalLauncher(EngineLauncher):
             proc = await asyncio.create_subprocess_exec(
                 *self.spec.command(tp, port, index), stdout=log, stderr=asyncio.subprocess.STDOUT,
                 stdin=asyncio.subprocess.DEVNULL, env={**os.environ, **self.spec.env()},
-                start_new_session=True, preexec_fn=_die_with_parent)
+                start_new_session=True, preexec_fn=die_with_parent)
         url = f"http://127.0.0.1:{port}"
         client = self.spec.client(url)
         stopped = False
@@ -268,9 +268,9 @@ async def _end_process_group(proc: asyncio.subprocess.Process, timeout_s: float)
         os.killpg(proc.pid, signal.SIGKILL)
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM it when the runtime's process dies (Linux's
-    PR_SET_PDEATHSIG), so a crashed runtime leaves no engine behind."""
+def die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when its parent process dies (Linux's
+    PR_SET_PDEATHSIG), so a crashed runtime or trainer leaves no engine behind."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG

@@ -55,6 +55,10 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
                    help="the served model's tokenizer.json directory (needed for suite tasks)")
     p.add_argument("--sandbox", default="bwrap", choices=("bwrap", "local", "remote", "none"),
                    help="where tools run (local isolates nothing; development only)")
+    p.add_argument("--sandbox-max-live", type=int, default=64,
+                   help="sandboxes at once, per suite")
+    p.add_argument("--sandbox-rate", type=float, default=64.0,
+                   help="sandbox starts a second, per suite (a guard against start storms)")
     p.add_argument("--policy", default="treadle", help="scheduling policy")
     p.add_argument("--model", default="qwen3-14b", help="cost-model entry the policy plans with")
     p.add_argument("--gpu", default="h100", help="cost-model entry")
@@ -75,6 +79,8 @@ def run_serve(args: argparse.Namespace) -> int:
             raise ValueError("--port must be in 1-65535")
         if args.time_scale <= 0 or args.emulate < 0 or args.max_live < 1:
             raise ValueError("--time-scale must be > 0, --emulate >= 0, --max-live >= 1")
+        if args.sandbox_rate <= 0 or args.sandbox_max_live < 1:
+            raise ValueError("--sandbox-rate must be > 0, --sandbox-max-live >= 1")
         engines = [EngineRequest(url=u, kind=args.engine_kind, model=args.served_model)
                    for u in args.engine]
         sandbox = None if args.sandbox == "none" else _sandbox(args.sandbox)
@@ -86,6 +92,8 @@ def run_serve(args: argparse.Namespace) -> int:
                                emulate=args.emulate, time_scale=args.time_scale,
                                tokenizer=args.tokenizer or args.vllm, sandbox=sandbox,
                                max_live=args.max_live, vllm_model=args.vllm,
+                               sandbox_max_live=args.sandbox_max_live,
+                               sandbox_rate_per_s=args.sandbox_rate,
                                vllm_engines=args.vllm_engines,
                                vllm_python=os.path.abspath(args.vllm_python),
                                vllm_max_model_len=args.max_model_len)

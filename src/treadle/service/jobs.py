@@ -112,6 +112,7 @@ class Rollouts:
                  sandbox_backend: SandboxBackend | None, max_live: int = 4096,
                  max_queued: int = 262_144, max_context: int = 40_960,
                  sandbox_warm: int = 2, sandbox_max_live: int = 64,
+                 sandbox_rate_per_s: float = 64.0,
                  metrics: Metrics | None = None) -> None:
         self.runtime = runtime
         self.store = store
@@ -121,7 +122,8 @@ class Rollouts:
         self.max_queued = max_queued  # trajectories waiting for a slot, all jobs together
         self.max_context = max_context  # tokens a replayed trajectory may reach
         self.sandbox_warm = sandbox_warm
-        self.sandbox_max_live = sandbox_max_live
+        self.sandbox_max_live = sandbox_max_live  # per suite's pool
+        self.sandbox_rate_per_s = sandbox_rate_per_s  # sandbox starts a second, per pool
         self.metrics = metrics or Metrics()
         self._jobs: dict[str, _Job] = {}
         self._queue: list[tuple[int, int, int, str, str]] = []  # heap; see _enqueue
@@ -376,7 +378,8 @@ class Rollouts:
         pool = self._pools.get(suite.name)
         if pool is None:
             pool = SandboxPool(self.sandbox_backend, suite.limits, warm=self.sandbox_warm,
-                               max_live=self.sandbox_max_live)
+                               max_live=self.sandbox_max_live,
+                               create_rate_per_s=self.sandbox_rate_per_s, create_burst=16)
             self._pools[suite.name] = pool
         return pool
 

@@ -47,6 +47,11 @@ class ServiceConfig:
     time_scale: float = 1.0  # of the emulated engines, and then of the runtime's clock
     tokenizer: str | None = None  # tokenizer.json directory; None: replay tasks only
     sandbox: SandboxBackend | None = None  # for suites that run code
+    sandbox_max_live: int = 64  # sandboxes at once, per suite (in use, warm, starting)
+    # Sandbox starts a second, per suite (token bucket; bursts of 16). bwrap sustains
+    # ~77 fresh sandboxes a second on 2 cores (benchmarks/sandbox.json), so this guards
+    # against start storms on remote backends without pacing a local one.
+    sandbox_rate_per_s: float = 64.0
     max_live: int = 4096  # trajectories running at once
     max_queued: int = 262_144  # trajectories waiting for a slot (a fuller submit is a 503)
     max_body_bytes: int = 64 << 20  # request body limit
@@ -137,7 +142,9 @@ def build_service(config: ServiceConfig) -> Service:
     tokenizer = HFTokenizer(config.tokenizer) if config.tokenizer else None
     rollouts = Rollouts(runtime, store, tokenizer=tokenizer, sandbox_backend=config.sandbox,
                         max_live=config.max_live, max_queued=config.max_queued,
-                        max_context=cost.model.max_context)
+                        max_context=cost.model.max_context,
+                        sandbox_max_live=config.sandbox_max_live,
+                        sandbox_rate_per_s=config.sandbox_rate_per_s)
     runtime.control.observer = rollouts.metrics.decisions.observe
     return Service(config, runtime, store, rollouts)
 

@@ -114,8 +114,8 @@ def add_grpo_parser(commands: argparse._SubParsersAction[Any]) -> None:
     g.add_argument("--steps", type=int, default=1000, help="step limit")
     g.add_argument("--prompts", type=int, default=16, help="training tasks per step")
     g.add_argument("--group", type=int, default=8, help="samples per task (GRPO group)")
-    g.add_argument("--lr", type=float, default=2e-4)
-    g.add_argument("--epochs", type=int, default=1, help="passes over each step's rollouts")
+    g.add_argument("--lr", type=float, default=1e-4)
+    g.add_argument("--epochs", type=int, default=2, help="passes over each step's rollouts")
     g.add_argument("--minibatches", type=int, default=1,
                    help="optimizer steps per pass")
     g.add_argument("--eval-every", type=int, default=5, help="steps between evaluations")

@@ -55,6 +55,7 @@ from treadle.client.http import RolloutClient
 from treadle.client.samples import TrainingSequence
 from treadle.client.stream import RetryPolicy
 from treadle.client.wire import suite_tasks
+from treadle.runtime.launcher import die_with_parent
 from treadle.train.evaluate import EVAL_LIMITS
 from treadle.train.logprobs import token_logprobs
 from treadle.train.sft import SFTConfig, sft
@@ -69,6 +70,7 @@ Log = Callable[[str], None]
 _LIMITS = {"max_turns": EVAL_LIMITS.max_turns, "max_total_tokens": EVAL_LIMITS.max_total_tokens,
            "max_tokens_per_turn": EVAL_LIMITS.max_tokens_per_turn}
 _OPTIONS = {"kinds": list(KINDS)}
+LOSS_AGGREGATIONS = ("seq-mean-token-mean", "token-mean")  # verl's names
 log = logging.getLogger(__name__)
 
 
@@ -79,9 +81,15 @@ class GRPOConfig:
     sft: SFTConfig = field(default_factory=SFTConfig)  # the supervised starting point
     prompts_per_step: int = 16  # training tasks per step
     group_size: int = 8  # samples per task (GRPO group)
-    lr: float = 2e-4  # AdamW learning rate (constant)
+    lr: float = 1e-4  # AdamW learning rate (constant; 3e-4 degraded, see docs/training.md)
     clip: float = 0.2  # PPO ratio clip
-    epochs: int = 1  # passes over each step's rollouts (PPO epochs)
+    # How token terms are averaged: "seq-mean-token-mean" (GRPO's: each trajectory
+    # weighs the same, so in a group whose advantages sum to 0 the tokens all members
+    # share cancel out) or "token-mean" (every sampled token weighs the same: long
+    # failures outweigh short successes, and on this model that drags the shared
+    # format tokens down; see docs/training.md).
+    loss_agg: str = "seq-mean-token-mean"
+    epochs: int = 2  # passes over each step's rollouts (PPO epochs)
     minibatches: int = 1  # optimizer steps per pass (the step's rollouts split evenly)
     max_grad_norm: float = 1.0  # gradient norm clip
     micro_batch: int = 32  # sequences per forward/backward (memory bound)
@@ -93,6 +101,12 @@ class GRPOConfig:
     seed: int = 0  # torch seed of the trainer (the tasks of step s use seed 1000 + s)
     sandbox: str = "bwrap"  # where the tools run (bwrap; local where it is missing)
     vllm_python: str = ".venv-vllm/bin/python"  # the interpreter vLLM is installed in
+
+    def __post_init__(self) -> None:
+        if self.loss_agg not in LOSS_AGGREGATIONS:
+            raise ValueError(f"loss_agg {self.loss_agg!r}: one of {', '.join(LOSS_AGGREGATIONS)}")
+        if self.epochs < 1 or self.minibatches < 1:
+            raise ValueError("epochs and minibatches must be >= 1")
 
 
 @dataclass(slots=True)
@@ -270,7 +284,9 @@ def policy_gradient_step(model: Qwen2ForCausalLM, optimizer: torch.optim.Optimiz
         order = torch.randperm(len(trained)).tolist()  # seeded in train_grpo
         parts = max(1, min(config.minibatches, len(trained)))
         for part in range(parts):
-            batch = [trained[i] for i in order[part::parts]]
+            # Micro-batches of similar lengths: padding to a long failure's length
+            # would otherwise cost most of the step. The sum is order-independent.
+            batch = sorted((trained[i] for i in order[part::parts]), key=_length)
             tokens = sum(sum(s.loss_mask) for s in batch)
             optimizer.zero_grad(set_to_none=True)
             total = 0.0
@@ -279,8 +295,11 @@ def policy_gradient_step(model: Qwen2ForCausalLM, optimizer: torch.optim.Optimiz
                 new = token_logprobs(model, ids, attention)  # (B, T-1)
                 ratio = torch.exp(new - old)
                 clipped = torch.clamp(ratio, 1.0 - config.clip, 1.0 + config.clip)
-                objective = torch.minimum(ratio * adv[:, None], clipped * adv[:, None])
-                loss = -(objective * mask).sum() / tokens
+                objective = torch.minimum(ratio * adv[:, None], clipped * adv[:, None]) * mask
+                if config.loss_agg == "token-mean":
+                    loss = -objective.sum() / tokens
+                else:  # seq-mean-token-mean
+                    loss = -(objective.sum(1) / mask.sum(1)).sum() / len(batch)
                 loss.backward()  # type: ignore[no-untyped-call]
                 total += float(loss.detach())
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
@@ -296,6 +315,7 @@ def logprob_gap(model: Qwen2ForCausalLM, rows: Sequence[TrainingSequence],
     import torch
 
     gap_max, gap_sum, count = 0.0, 0.0, 0.0
+    rows = sorted(rows, key=_length)  # micro-batches of similar lengths
     model.eval()  # type: ignore[no-untyped-call]
     with torch.no_grad():
         for start in range(0, len(rows), micro_batch):
@@ -305,6 +325,10 @@ def logprob_gap(model: Qwen2ForCausalLM, rows: Sequence[TrainingSequence],
             gap_sum += float(gap.sum())
             count += float(mask.sum())
     return gap_max, gap_sum / count if count else 0.0
+
+
+def _length(row: TrainingSequence) -> int:
+    return len(row.prompt_ids) + len(row.response_ids)
 
 
 def _tensors(rows: Sequence[TrainingSequence]) -> tuple[torch.Tensor, ...]:
@@ -379,7 +403,7 @@ def serving(policy: Path, out: Path, config: GRPOConfig, *,
            "--log-level", "warning"]
     with open(out / "serve.log", "ab") as service_log:
         proc = subprocess.Popen(cmd, stdout=service_log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=die_with_parent)
     url = f"http://127.0.0.1:{port}"
     client = RolloutClient(url, token=token, timeout_s=60.0)
     # One try per probe: the start-up wait is this loop's, not the client's retries.
