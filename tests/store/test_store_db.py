@@ -52,6 +52,15 @@ def test_create_job_stores_spec_plan_and_times(store: Store, clock: FakeClock) -
     assert [e.kind for e in store.events("j")] == ["job_created"]
 
 
+def test_job_ids_list_every_job_oldest_first(store: Store, clock: FakeClock) -> None:
+    assert store.job_ids() == []
+    for job_id in ("b", "a", "c"):
+        store.create_job(job_id, SPEC, plan(1, 1))
+        clock.now += 1.0
+    store.cancel("a")
+    assert store.job_ids() == ["b", "a", "c"]
+
+
 def test_create_job_conflicts(store: Store) -> None:
     store.create_job("j", SPEC, plan(1, 2))
     with pytest.raises(StoreConflict, match="already exists"):

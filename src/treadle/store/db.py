@@ -144,6 +144,12 @@ class Store:
         spec: dict[str, Any] = json.loads(row[0])
         return spec
 
+    def job_ids(self) -> list[str]:
+        """Every job's id, oldest first."""
+        with self._read():
+            return [r[0] for r in self._conn.execute(
+                "SELECT job_id FROM jobs ORDER BY created_at, job_id")]
+
     def unfinished_jobs(self) -> list[JobInfo]:
         """Jobs queued or running, oldest first."""
         with self._read():

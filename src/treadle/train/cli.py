@@ -116,10 +116,12 @@ def add_grpo_parser(commands: argparse._SubParsersAction[Any]) -> None:
     g.add_argument("--group", type=int, default=8, help="samples per task (GRPO group)")
     g.add_argument("--lr", type=float, default=1e-4)
     g.add_argument("--epochs", type=int, default=2, help="passes over each step's rollouts")
+    g.add_argument("--negative-scale", type=float, default=1.0,
+                   help="weight of negative advantages (1: GRPO; 0: successes only)")
     g.add_argument("--minibatches", type=int, default=1,
                    help="optimizer steps per pass")
     g.add_argument("--eval-every", type=int, default=5, help="steps between evaluations")
-    g.add_argument("--eval-tasks", type=int, default=128, help="held-out tasks per evaluation")
+    g.add_argument("--eval-tasks", type=int, default=256, help="held-out tasks per evaluation")
     g.add_argument("--sft-steps", type=int, default=None,
                    help="optimizer steps of the supervised starting point (default: SFT's)")
     g.add_argument("--sft-train-tasks", type=int, default=None,
@@ -151,6 +153,7 @@ def run_grpo(args: argparse.Namespace) -> int:
                                          if v is not None})
     config = GRPOConfig(sft=sft_config, prompts_per_step=args.prompts, group_size=args.group,
                         lr=args.lr, epochs=args.epochs, minibatches=args.minibatches,
+                        negative_scale=args.negative_scale,
                         max_steps=args.steps, max_minutes=args.minutes,
                         eval_every=args.eval_every, eval_tasks=args.eval_tasks,
                         sandbox=args.sandbox, vllm_python=os.path.abspath(args.vllm_python))

@@ -16,12 +16,12 @@ One run:
    the engine serves the current version. Take each GRPO group as it completes
    (`client.groups`): group-normalised advantages, infrastructure failures dropped
    (never a reward of 0). Recompute every sampled token's log-probability with the
-   trainer's copy of the weights (one forward pass with gradients), record how far
-   it is from the engine's (max and mean |Δ|: in fp32 on the same weights they agree
-   to about 1e-6), and take one policy-gradient step on the clipped ratio
-   objective (PPO's, which at one update per batch is the plain GRPO gradient),
-   averaged over sampled tokens. Save the weights (safetensors) and push them to
-   the engine through the service's weight-update barrier (`POST /v1/weights/update`):
+   trainer's copy of the weights, record how far it is from the engine's (max and
+   mean |Δ|: in fp32 on the same weights they agree to about 1e-5), and update on
+   the clipped ratio objective: `epochs` passes of `minibatches` optimizer steps
+   (PPO's update; one of one is the plain GRPO gradient), each trajectory weighing
+   the same (`loss_agg`). Save the weights (safetensors) and push them to the
+   engine through the service's weight-update barrier (`POST /v1/weights/update`):
    the policy version advances, and the next job's tokens carry it.
 4. **Measure.** Every `eval_every` steps, and at the start and the end, the
    held-out success rate (mean reward on `eval_tasks` held-out tasks, one sample
@@ -89,6 +89,10 @@ class GRPOConfig:
     # failures outweigh short successes, and on this model that drags the shared
     # format tokens down; see docs/training.md).
     loss_agg: str = "seq-mean-token-mean"
+    # Weight of negative advantages (1.0: GRPO as written). A failed trajectory's
+    # tokens after its mistake are often right given it (the answer copies a wrong
+    # program's output faithfully); pushing them down unlearns the copy.
+    negative_scale: float = 1.0
     epochs: int = 2  # passes over each step's rollouts (PPO epochs)
     minibatches: int = 1  # optimizer steps per pass (the step's rollouts split evenly)
     max_grad_norm: float = 1.0  # gradient norm clip
@@ -97,7 +101,7 @@ class GRPOConfig:
     max_steps: int = 1000  # step limit
     max_minutes: float = 15.0  # RL wall-clock limit, evaluations included
     eval_every: int = 5  # steps between held-out evaluations
-    eval_tasks: int = 128  # held-out tasks per evaluation (one sample each)
+    eval_tasks: int = 256  # held-out tasks per evaluation (one sample each; ±3 points)
     seed: int = 0  # torch seed of the trainer (the tasks of step s use seed 1000 + s)
     sandbox: str = "bwrap"  # where the tools run (bwrap; local where it is missing)
     vllm_python: str = ".venv-vllm/bin/python"  # the interpreter vLLM is installed in
@@ -105,6 +109,8 @@ class GRPOConfig:
     def __post_init__(self) -> None:
         if self.loss_agg not in LOSS_AGGREGATIONS:
             raise ValueError(f"loss_agg {self.loss_agg!r}: one of {', '.join(LOSS_AGGREGATIONS)}")
+        if not 0.0 <= self.negative_scale <= 1.0:
+            raise ValueError("negative_scale must be in [0, 1]")
         if self.epochs < 1 or self.minibatches < 1:
             raise ValueError("epochs and minibatches must be >= 1")
 
@@ -292,6 +298,7 @@ def policy_gradient_step(model: Qwen2ForCausalLM, optimizer: torch.optim.Optimiz
             total = 0.0
             for start in range(0, len(batch), config.micro_batch):
                 ids, attention, mask, old, adv = _tensors(batch[start:start + config.micro_batch])
+                adv = torch.where(adv < 0, adv * config.negative_scale, adv)
                 new = token_logprobs(model, ids, attention)  # (B, T-1)
                 ratio = torch.exp(new - old)
                 clipped = torch.clamp(ratio, 1.0 - config.clip, 1.0 + config.clip)

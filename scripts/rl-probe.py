@@ -1,0 +1,112 @@
+"""What a GRPO run's data can teach, offline: a fixed number of `policy_gradient_step`
+updates from the run's starting weights, then held-out success on `TorchEngine`.
+
+    .venv/bin/python scripts/rl-probe.py out/rl --data transcripts|successes|rollouts \
+        [--steps 20] [--lr 2e-4] [--tasks 256]
+
+`out/rl` is a `treadle train grpo --out` folder (its `weights/v0` and
+`rollouts.db`). The data of update k:
+
+- `transcripts`: 64 of the supervised transcripts (advantage 1): supervised
+  learning through the RL loss, the update's sanity check;
+- `successes`: the successful rollouts of the run's step k (advantage 1);
+- `rollouts`: all of step k's rollouts with their GRPO advantages.
+
+Old logprobs are recomputed on the weights being trained, so every update starts
+on-policy (ratio 1). Prints one JSON line: the data, the settings, the held-out
+success at T=1.0 and per kind. By hand, not in the test suite (a few minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from treadle.agent.chat import HFTokenizer
+from treadle.client.samples import TrainingSequence, training_sequences
+from treadle.sandbox.local import LocalBackend
+from treadle.store.db import Store
+from treadle.train.engine import TorchEngine
+from treadle.train.evaluate import evaluate
+from treadle.train.grpo import GRPOConfig, policy_gradient_step
+from treadle.train.logprobs import token_logprobs
+from treadle.train.model import load_model
+from treadle.train.sft import SFTConfig, load_or_record_transcripts
+from treadle.train.transcripts import heldout_tasks, tokenize
+from treadle.types import TrajectoryStatus
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run", type=Path)
+    ap.add_argument("--data", choices=("transcripts", "successes", "rollouts"), required=True)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--lr", type=float, default=2e-4)
+    ap.add_argument("--tasks", type=int, default=256)
+    ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "treadle")
+    args = ap.parse_args()
+    start = args.run / "weights" / "v0"
+    tokenizer = HFTokenizer(start)
+    torch.manual_seed(0)
+    model = load_model(start)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.99),
+                                  weight_decay=0.0)
+    config = GRPOConfig(epochs=1)
+
+    def on_policy(s: TrainingSequence, advantage: float | None = None) -> TrainingSequence:
+        with torch.no_grad():
+            lp = token_logprobs(model, torch.tensor([s.prompt_ids + s.response_ids]))
+        lp_list = lp[0, len(s.prompt_ids) - 1:].tolist()
+        return replace(s, logprobs=[x if m else 0.0 for x, m in zip(lp_list, s.loss_mask,
+                                                                    strict=True)],
+                       advantage=s.advantage if advantage is None else advantage)
+
+    if args.data == "transcripts":
+        found = load_or_record_transcripts(SFTConfig(), args.cache, print)
+        random.Random(0).shuffle(found)
+    else:
+        store = Store(args.run / "rollouts.db")
+        jobs = [j for j in store.job_ids() if j.startswith("train-")]
+    for k in range(args.steps):
+        if args.data == "transcripts":
+            rows = []
+            for t in found[k * 64:(k + 1) * 64]:
+                ex = tokenize(t, tokenizer)
+                cut = ex.piece_lengths[0]
+                response = ex.ids[cut:]
+                rows.append(on_policy(TrainingSequence(
+                    t.task_id, t.task_id, t.task_id, 0, 0, 1, ex.ids[:cut], response,
+                    ex.mask[cut:], [0.0] * len(response), [0] * len(response), 1.0, 1.0,
+                    TrajectoryStatus.COMPLETED, None), 1.0))
+        else:
+            done = [d.trajectory() for d in store.iter_results(jobs[k % len(jobs)])]
+            seqs = training_sequences(done).sequences
+            rows = ([on_policy(s, 1.0) for s in seqs if s.reward == 1.0]
+                    if args.data == "successes" else
+                    [on_policy(s) for s in seqs if s.advantage])
+        policy_gradient_step(model, optimizer, rows, config)
+    out = args.run / f"probe-{args.data}"
+    model.save_pretrained(out)
+    for f in start.iterdir():
+        if f.name.startswith("tokenizer"):
+            shutil.copy2(f, out / f.name)
+
+    async def held_out() -> dict[str, object]:
+        async with TorchEngine.from_checkpoint(out, seed=0, max_batch=64) as engine:
+            report = await evaluate(engine, HFTokenizer(out), heldout_tasks(args.tasks),
+                                    LocalBackend(), temperature=1.0)
+        return {"success": report.success, "per_kind": report.per_kind}
+
+    print(json.dumps({"data": args.data, "steps": args.steps, "lr": args.lr,
+                      "tasks": args.tasks, **asyncio.run(held_out())}))
+
+
+if __name__ == "__main__":
+    main()
