@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ import httpx
 import pytest
 
 from treadle.engines.base import Engine, EngineLoad, GenerateRequest, GenerateResult
+from treadle.runtime.launcher import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_PYTHON = Path(os.environ.get("TREADLE_VLLM_VENV", REPO / ".venv-vllm")) / "bin" / "python"
@@ -69,13 +69,6 @@ class RecordingEngine(Engine):
         await self.inner.aclose()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def _tail(path: Path, lines: int = 40) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
@@ -92,7 +85,7 @@ def serve_vllm(model_dir: Path, work: Path, *, model: str = MODEL,
     """vLLM serving `model_dir` until the block exits; pytest.fail with the log tail
     if it does not come up."""
     python = ensure_vllm()
-    port = _free_port()
+    port = free_port()
     log_path = work / f"vllm-{port}.log"
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **(extra_env or {})}
     with log_path.open("wb") as log:

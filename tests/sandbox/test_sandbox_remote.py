@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -30,6 +29,7 @@ from treadle.errors import (
     SandboxStartError,
     SandboxUnavailable,
 )
+from treadle.runtime.launcher import free_port
 from treadle.sandbox import Limits, LocalBackend, Sandbox
 from treadle.sandbox.cli import main as sandbox_main
 from treadle.sandbox.remote import RemoteBackend, RemoteSandbox, RemoteSandboxError
@@ -61,14 +61,6 @@ def api(server: RunningServer, token: str | None = TOKEN) -> httpx.Client:
     """A raw HTTP client: requests the RemoteBackend would never send."""
     headers = {"authorization": f"Bearer {token}"} if token is not None else {}
     return httpx.Client(base_url=server.url, headers=headers, trust_env=False, timeout=10)
-
-
-def free_port() -> int:
-    """A port nothing listens on (bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
 
 
 # -- auth ---------------------------------------------------------------------------

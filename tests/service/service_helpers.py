@@ -34,13 +34,6 @@ def running_service(config: ServiceConfig) -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def serve_process(db: Path, port: int, log: Path, *, token: str,
                   time_scale: float = 0.05) -> subprocess.Popen[bytes]:
     """`treadle serve` on `port` (two emulated engines, policy verl) in its own

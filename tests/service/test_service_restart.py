@@ -17,9 +17,10 @@ from typing import Any
 
 import httpx
 import pytest
-from service_helpers import free_port, serve_process
+from service_helpers import serve_process
 
 from treadle.client import AsyncRolloutClient, Delivered, RetryPolicy, RolloutClient, replay_tasks
+from treadle.runtime.launcher import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TOKEN = "restart-token"

@@ -209,7 +209,7 @@ class LocalLauncher(EngineLauncher):
     async def start(self, tp: int) -> LaunchedEngine:
         index = self._started
         self._started += 1
-        port = _free_port()
+        port = free_port()
         log_path = self.log_dir / f"{self.spec.name}-{index:03d}-tp{tp}.log"
         with open(log_path, "wb") as log:
             proc = await asyncio.create_subprocess_exec(
@@ -278,7 +278,9 @@ def die_with_parent() -> None:
         pass  # not Linux: the runtime's close() is then the only cleanup
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback port nothing listens on (bound, then released; another process
+    may take it before the caller binds it, which start-up then reports)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]

@@ -41,7 +41,6 @@ import os
 import platform
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -55,7 +54,7 @@ from treadle.client.http import RolloutClient
 from treadle.client.samples import TrainingSequence
 from treadle.client.stream import RetryPolicy
 from treadle.client.wire import suite_tasks
-from treadle.runtime.launcher import die_with_parent
+from treadle.runtime.launcher import die_with_parent, free_port
 from treadle.train.evaluate import EVAL_LIMITS
 from treadle.train.logprobs import token_logprobs
 from treadle.train.sft import SFTConfig, sft
@@ -176,18 +175,20 @@ class GRPOReport:
 
 def train_grpo(config: GRPOConfig, out: Path, *, cache_root: Path,
                log: Log = print) -> GRPOReport:
-    """Run GRPO (see the module docstring); writes `out/rl.json` (and `rl.png`)."""
+    """Run GRPO (see the module docstring); writes `out/rl.json` after every step."""
     import torch
+
+    from treadle.train.model import load_model
 
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(config.seed)
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     checkpoint = sft(config.sft, cache_root, log=log)
     policy = untied_copy(checkpoint, out / "weights" / "v0")
-    model = _load_for_training(policy)
+    model = load_model(policy)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.99),
                                   weight_decay=0.0)
-    report = GRPOReport(config=_config_dict(config),
+    report = GRPOReport(config=asdict(config),
                         machine={"python": platform.python_version(),
                                  "processor": platform.machine(), "cpus": os.cpu_count(),
                                  "torch": torch.__version__})
@@ -402,7 +403,7 @@ def serving(policy: Path, out: Path, config: GRPOConfig, *,
             log: Log) -> Iterator[RolloutClient]:
     """`treadle serve --vllm policy` as a child process, and a client of it."""
     token = secrets.token_hex(16)
-    port = _free_port()
+    port = free_port()
     sandbox = config.sandbox if config.sandbox != "bwrap" or shutil.which("bwrap") else "local"
     cmd = [sys.executable, "-m", "treadle", "serve", "--port", str(port), "--token", token,
            "--db", str(out / "rollouts.db"), "--vllm", str(policy), "--vllm-python",
@@ -443,12 +444,6 @@ def serving(policy: Path, out: Path, config: GRPOConfig, *,
             proc.wait()
 
 
-def _load_for_training(path: Path) -> Qwen2ForCausalLM:
-    from treadle.train.model import load_model
-
-    return load_model(path)
-
-
 def _prune(folder: Path, keep: set[str]) -> None:
     for d in folder.iterdir():
         if d.is_dir() and d.name not in keep:
@@ -459,16 +454,5 @@ def _write(report: GRPOReport, out: Path) -> None:
     (out / "rl.json").write_text(json.dumps(report.to_dict(), indent=2) + "\n")
 
 
-def _config_dict(config: GRPOConfig) -> dict[str, Any]:
-    return asdict(config)
-
-
 def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else 0.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
