@@ -30,8 +30,7 @@ from treadle.client import (
     training_sequences,
     treadle_reward,
 )
-from treadle.client.skyrl import GENERATOR_OUTPUT_KEYS, stop_reason
-from treadle.client.trl import REQUIRED_KEYS
+from treadle.client.skyrl import stop_reason
 from treadle.types import Trajectory, TrajectoryStatus
 
 
@@ -134,12 +133,33 @@ def skyrl_validate(num_prompts: int, out: dict[str, Any], step_wise: bool) -> No
             assert last[i] == (keys[i] != keys[i + 1])
 
 
+# The keys of SkyRL's GeneratorOutput TypedDict, and the keys TRL's rollout_func must
+# return (it raises without them), as those trainers define them.
+SKYRL_GENERATOR_OUTPUT_KEYS = {
+    "prompt_token_ids", "response_ids", "rewards", "loss_masks", "stop_reasons",
+    "rollout_metrics", "rollout_logprobs", "trajectory_ids", "trajectory_generation_times",
+    "trajectory_time_splits", "rollout_expert_indices", "is_last_step", "env_metrics",
+    "pixel_values", "image_grid_thw"}
+TRL_ROLLOUT_FUNC_KEYS = {"prompt_ids", "completion_ids", "logprobs"}
+
+
 def skyrl_step_wise_advantages(out: dict[str, Any]) -> list[float]:
-    """SkyRL's step-wise GRPO: advantages on last rows by uid, broadcast to the rest."""
+    """SkyRL's step-wise GRPO, written apart from treadle's: (r - mean) / (std + 1e-6)
+    over the last rows of each uid (std with n - 1; a one-member group keeps its raw
+    reward, as SkyRL's does), broadcast to the trajectory's other rows."""
     last = out["is_last_step"]
     idx = [i for i, x in enumerate(last) if x]
-    adv = group_advantages([out["rewards"][i] for i in idx],
-                           [out["trajectory_ids"][i].instance_id for i in idx])
+    by_uid: dict[str, list[float]] = {}
+    for i in idx:
+        by_uid.setdefault(out["trajectory_ids"][i].instance_id, []).append(out["rewards"][i])
+    adv = []
+    for i in idx:
+        rewards = by_uid[out["trajectory_ids"][i].instance_id]
+        if len(rewards) == 1:
+            adv.append(rewards[0])
+            continue
+        mean, std = statistics.fmean(rewards), statistics.stdev(rewards)
+        adv.append(0.0 if std == 0 else (out["rewards"][i] - mean) / (std + 1e-6))
     traj_of_row, k = [], 0
     for i in range(len(last)):  # cumsum of the shifted is_last_step
         traj_of_row.append(k)
@@ -150,7 +170,7 @@ def skyrl_step_wise_advantages(out: dict[str, Any]) -> list[float]:
 def test_skyrl_step_wise_output_validates_and_broadcasts_our_advantages() -> None:
     batch = _mixed_batch()
     out = to_skyrl(batch, step_wise=True)
-    assert set(out.data) == set(GENERATOR_OUTPUT_KEYS)
+    assert set(out.data) == SKYRL_GENERATOR_OUTPUT_KEYS
     skyrl_validate(len(batch), out.data, step_wise=True)
     ours = [s.advantage for s in training_sequences(batch).sequences]
     assert skyrl_step_wise_advantages(out.data) == ours
@@ -208,7 +228,7 @@ def test_trl_dict_has_one_row_per_prompt_entry() -> None:
     prompts = ["pa"] * 4 + ["pb"] * 4  # what TRL hands rollout_func
     out = to_trl(batch, pad_token_id=0, num_generations=4)
     data = out.data
-    assert set(REQUIRED_KEYS) <= set(data)  # TRL raises without them
+    assert set(data) >= TRL_ROLLOUT_FUNC_KEYS  # TRL raises without them
     assert all(len(data[k]) == len(prompts) for k in data)
     for ids, lp, mask in zip(data["completion_ids"], data["logprobs"], data["env_mask"],
                              strict=True):

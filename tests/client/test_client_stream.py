@@ -237,9 +237,14 @@ def test_requests_leave_out_what_is_not_set_and_keywords_win() -> None:
 
 
 def test_group_sizes_follow_the_request_and_the_service_defaults() -> None:
-    assert group_sizes({"tasks": suite_tasks("math", count=4)}, "j") == 1
+    from treadle.service.schemas import JobRequest, ReplayTasks
+
+    # The client's defaults are the service's: read them from its schema.
+    samples = JobRequest.model_fields["samples_per_task"].default
+    group = ReplayTasks.model_fields["group_size"].default
+    assert group_sizes({"tasks": suite_tasks("math", count=4)}, "j") == samples
     assert group_sizes({"tasks": suite_tasks("math", count=4), "samples_per_task": 8}, "j") == 8
-    assert group_sizes({"tasks": replay_tasks("math", trajectories=32)}, "j") == 16
+    assert group_sizes({"tasks": replay_tasks("math", trajectories=32)}, "j") == group
     assert group_sizes({"tasks": replay_tasks("math", trajectories=32, group_size=4)}, "j") == 4
     trace: list[dict[str, Any]] = [{"id": "a", "group": "g1"}, {"id": "b", "group": "g2"},
                                    {"id": "c", "group": "g1"}]

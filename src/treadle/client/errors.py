@@ -28,6 +28,7 @@ group iterator flags it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from treadle.errors import TreadleError
@@ -64,8 +65,7 @@ class ServiceError(ClientError):
         """(dotted location, message) per bad field of a 422; [] otherwise."""
         if not isinstance(self.detail, list):
             return []
-        return [(".".join(str(p) for p in d.get("loc", [])), str(d.get("msg", "")))
-                for d in self.detail if isinstance(d, dict)]
+        return [(_dotted(d), str(d.get("msg", ""))) for d in self.detail if isinstance(d, dict)]
 
 
 class ServiceUnavailable(ClientError):
@@ -83,13 +83,18 @@ class ServiceProtocolError(ClientError):
     """A reply the API does not allow; the message says what and where."""
 
 
+def _dotted(error: Mapping[str, Any]) -> str:
+    """A 422 error's ``loc`` as a dotted path (``body.tasks.0.id``)."""
+    return ".".join(str(p) for p in error.get("loc", []))
+
+
 def describe_detail(detail: Any) -> str:
     """A 422's field list as ``loc: msg; loc: msg``, anything else as its text."""
     if isinstance(detail, list):
         parts = []
         for d in detail:
             if isinstance(d, dict):
-                loc = ".".join(str(p) for p in d.get("loc", []))
+                loc = _dotted(d)
                 parts.append(f"{loc}: {d.get('msg', '')}" if loc else str(d.get("msg", "")))
             else:
                 parts.append(str(d))

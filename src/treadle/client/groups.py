@@ -21,15 +21,12 @@ advantages over the members that ran.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from treadle.client.errors import GroupError
 from treadle.client.samples import Batch, exclusion_reason, training_sequences
-from treadle.client.wire import Delivered
+from treadle.client.wire import Delivered, GroupSizes
 from treadle.types import Trajectory
-
-GroupSizes = int | Mapping[str, int]  # one size for all groups, or per group id
 
 
 @dataclass(frozen=True, slots=True)

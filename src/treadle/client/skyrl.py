@@ -47,13 +47,6 @@ from treadle.client.errors import ConversionError
 from treadle.client.samples import Converted, training_sequences
 from treadle.types import Trajectory, TrajectoryStatus
 
-# The keys of SkyRL's GeneratorOutput TypedDict.
-GENERATOR_OUTPUT_KEYS = (
-    "prompt_token_ids", "response_ids", "rewards", "loss_masks", "stop_reasons",
-    "rollout_metrics", "rollout_logprobs", "trajectory_ids", "trajectory_generation_times",
-    "trajectory_time_splits", "rollout_expert_indices", "is_last_step", "env_metrics",
-    "pixel_values", "image_grid_thw")
-
 
 @dataclass(frozen=True, slots=True)
 class SkyRLTrajectoryID:

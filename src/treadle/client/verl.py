@@ -46,11 +46,6 @@ from typing import Any
 from treadle.client.samples import Converted, TrainingSequence, training_sequences
 from treadle.types import Trajectory
 
-# The fields of verl's AgentLoopOutput that treadle fills, and AgentLoopMetrics'.
-AGENT_LOOP_OUTPUT_FIELDS = ("prompt_ids", "response_ids", "response_mask", "response_logprobs",
-                            "reward_score", "num_turns", "metrics", "extra_fields")
-AGENT_LOOP_METRICS_FIELDS = ("generate_sequences", "tool_calls", "num_preempted")
-
 
 def to_verl(trajectories: Sequence[Trajectory], *, drop_failed: bool = True,
             drop_group_on_failure: bool = False) -> Converted[list[dict[str, Any]]]:

@@ -25,14 +25,12 @@ import httpx
 
 from treadle.client.errors import ServiceError, ServiceProtocolError
 from treadle.store.errors import RecordError
+from treadle.store.jobs import JobStatus
 from treadle.store.record import trajectory_from_record
 from treadle.types import Trajectory
 
 _T = TypeVar("_T")
 _V = TypeVar("_V")
-
-TERMINAL_JOB_STATUSES = frozenset({"completed", "cancelled", "failed"})
-
 
 # -- answers ------------------------------------------------------------------------
 
@@ -74,7 +72,7 @@ class JobState:
     @property
     def terminal(self) -> bool:
         """Completed, cancelled or failed: nothing more will be delivered after `delivered`."""
-        return self.status in TERMINAL_JOB_STATUSES
+        return self.status in {s.value for s in JobStatus if s.terminal}
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,8 +328,11 @@ def auth_headers(token: str | None) -> dict[str, str]:
     return {"authorization": f"Bearer {token}"} if token else {}
 
 
+GroupSizes = int | Mapping[str, int]  # one size for all groups, or per group id
+
+
 def group_args(job: str | SubmittedJob,
-               group_size: int | Mapping[str, int] | None) -> tuple[str, int | Mapping[str, int]]:
+               group_size: GroupSizes | None) -> tuple[str, GroupSizes]:
     """(job id, group sizes) for `groups()`: a SubmittedJob knows its sizes."""
     if isinstance(job, SubmittedJob):
         return job.job_id, job.group_size if group_size is None else group_size
