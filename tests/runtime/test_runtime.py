@@ -15,6 +15,7 @@ from treadle.core.policies.baselines import Slime
 from treadle.core.scheduler import Scheduler
 from treadle.engines.errors import EngineUnavailable, NoEngineAvailable
 from treadle.runtime.driver import Runtime
+from treadle.runtime.launcher import EngineLauncher, LaunchedEngine
 from treadle.runtime.replay import replay
 from treadle.runtime.turns import ScheduledTurns
 from treadle.sim.workload import TrajectorySpec, TurnSpec
@@ -158,6 +159,39 @@ def test_an_engine_registered_later_picks_up_waiting_turns() -> None:
         return out
 
     assert len(run(main).output_ids) == 5
+
+
+class SlowLauncherDouble(EngineLauncher):
+    """Starts a `FakeEngine` after a delay, as a real process would take to come up."""
+
+    async def start(self, tp: int) -> LaunchedEngine:
+        await asyncio.sleep(0.2)
+
+        async def stop() -> None:
+            return None
+
+        return LaunchedEngine(FakeEngine("late"), tp, 16, 1 << 20, "fake://late", "late", stop)
+
+    def startup_s(self, tp: int) -> float:
+        return 0.2
+
+
+def test_turns_waiting_on_a_launch_run_on_the_engine_it_starts() -> None:
+    async def main() -> int:
+        rt = Runtime(Slime(1, 1), launcher=SlowLauncherDouble(), gpus=1, engine_wait_s=5.0)
+        turns = rt.turns("t0", "g")
+        first = asyncio.ensure_future(turns.generate([1], 5, Sampling(), []))
+        await asyncio.sleep(0.01)
+        await rt._launch(1)  # the pool was empty while it started
+        out = await first
+        turns.turn_finished(5, 6, final=False)
+        turns.tool_started()
+        turns.tool_finished(0.0, 1, final=False)
+        second = await turns.generate([1] * 7, 5, Sampling(), [])  # still has its engine
+        await rt.close()
+        return len(out.output_ids) + len(second.output_ids)
+
+    assert run(main) == 10
 
 
 def test_a_flaky_but_live_engine_is_retried_then_given_up_on() -> None:

@@ -112,6 +112,16 @@ class TurnOutput:
     queued_s: float = 0.0  # waiting for an engine, preemptions included
     generating_s: float = 0.0  # inside engine calls
 
+    @property
+    def last_version(self) -> int:
+        """The policy version of the last sampled token (0 for an empty reply)."""
+        return self.policy_versions[-1] if self.policy_versions else 0
+
+    def turn(self, index: int) -> Turn:
+        """The trajectory's record of this reply as turn `index`."""
+        return Turn(index, len(self.output_ids), self.engine_id, queued_s=self.queued_s,
+                    generating_s=self.generating_s, policy_version=self.last_version)
+
 
 class TurnRunner(Protocol):
     """Where the agent's LLM turns run, and who hears its scheduling events."""
@@ -254,14 +264,12 @@ async def _turns(episode: Episode, tokenizer: Tokenizer, runner: TurnRunner, sta
         try:
             async with asyncio.timeout(_left(deadline, clock)):
                 out = await runner.generate(list(context), budget, sampling, stop_ids)
+            _append_reply(state, out)  # a malformed reply is the engine's failure
         except TimeoutError:
             raise _Stop(TrajectoryStatus.TIMEOUT, "deadline") from None
         except EngineError as e:
             raise _Stop(TrajectoryStatus.ERROR, f"engine: {e}", FailureStage.ENGINE) from None
-        _append_reply(state, out)
-        turn = Turn(index, len(out.output_ids), out.engine_id, queued_s=out.queued_s,
-                    generating_s=out.generating_s,
-                    policy_version=out.policy_versions[-1] if out.policy_versions else 0)
+        turn = out.turn(index)
         traj.turns.append(turn)
         traj.timings.llm_s += out.generating_s
         traj.timings.queue_s += out.queued_s
@@ -353,7 +361,7 @@ def _append_reply(state: _State, out: TurnOutput) -> None:
 
 def _append_observation(state: _State, ids: list[int], after: TurnOutput) -> None:
     # Observation tokens carry the version of the reply they answer (not trained on).
-    version = after.policy_versions[-1] if after.policy_versions else 0
+    version = after.last_version
     seg = state.segment
     state.context.extend(ids)
     seg.response_ids.extend(ids)

@@ -388,11 +388,11 @@ class Runtime:
             launched = await self.launcher.start(tp)
         except BaseException:
             self._gpus_used -= tp
-            raise
-        finally:
             self._launching -= 1
-            if not self.has_engines():
+            if not self.has_engines():  # that was the last hope of the waiting turns
                 self._fail_waiters()
+            raise
+        self._launching -= 1
         return self.register_engine(launched.engine, tp=tp, max_batch=launched.max_batch,
                                     kv_capacity_tokens=launched.kv_capacity_tokens,
                                     label=launched.label, launched=launched)

@@ -61,9 +61,7 @@ async def replay(spec: TrajectorySpec, turns: TurnRunner, clock: Clock) -> Repla
             context += out.output_ids
             sampled += len(out.output_ids)
             queued += out.queued_s
-            record = Turn(index, len(out.output_ids), out.engine_id, queued_s=out.queued_s,
-                          generating_s=out.generating_s,
-                          policy_version=out.policy_versions[-1] if out.policy_versions else 0)
+            record = out.turn(index)
             records.append(record)
             turns.turn_finished(len(out.output_ids), len(context), final=index == last)
             if index == last:

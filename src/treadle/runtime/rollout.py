@@ -51,23 +51,28 @@ async def run_task(runtime: Runtime, suite: Suite, task: Task, *, traj_id: str, 
                    clock: Callable[[], float] = time.monotonic) -> Trajectory:
     """One suite task, start to end, on the runtime's engines (see the module docstring)."""
     turns = runtime.turns(traj_id, key.group_id)
-    started = clock()
-    async with contextlib.AsyncExitStack() as stack:
-        stack.push(_log_teardown_failure(traj_id))  # outermost: sees the teardown's errors
-        try:
-            episode = await stack.enter_async_context(open_episode(suite, task, sandboxes))
-        except TreadleError as e:
-            turns.ended("init failed")
-            traj = Trajectory(traj_id, key, task_id=task.task_id,
-                              status=TrajectoryStatus.ERROR, failure_stage=FailureStage.INIT,
-                              reason=f"init: {type(e).__name__}: {e}", attempt=attempt)
-            traj.timings.started_at, traj.timings.finished_at = started, clock()
-            return traj
-        traj = await run_agent(episode, tokenizer, turns, traj_id=traj_id, key=key,
-                               limits=limits or AgentLimits(), sampling=sampling or Sampling(),
-                               fmt=fmt, clock=clock)
-    traj.attempt = attempt
-    return traj
+    try:
+        started = clock()
+        async with contextlib.AsyncExitStack() as stack:
+            stack.push(_log_teardown_failure(traj_id))  # outermost: sees the teardown's errors
+            try:
+                episode = await stack.enter_async_context(open_episode(suite, task, sandboxes))
+            except TreadleError as e:
+                turns.ended("init failed")
+                traj = Trajectory(traj_id, key, task_id=task.task_id,
+                                  status=TrajectoryStatus.ERROR, failure_stage=FailureStage.INIT,
+                                  reason=f"init: {type(e).__name__}: {e}", attempt=attempt)
+                traj.timings.started_at, traj.timings.finished_at = started, clock()
+                return traj
+            traj = await run_agent(episode, tokenizer, turns, traj_id=traj_id, key=key,
+                                   limits=limits or AgentLimits(), sampling=sampling or Sampling(),
+                                   fmt=fmt, clock=clock)
+        traj.attempt = attempt
+        return traj
+    finally:
+        # Whatever ended it (a cancelled job, a bug in a suite), the runtime forgets
+        # the trajectory; a no-op once the agent loop has ended it.
+        turns.ended("abandoned")
 
 
 def _log_teardown_failure(traj_id: str) -> Callable[..., bool]:

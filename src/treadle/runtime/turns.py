@@ -172,6 +172,7 @@ class ScheduledTurns:
 
     def _admit(self, engine_id: str, priority: float) -> None:
         self._admission = (engine_id, priority)
+        self._failure = None  # an engine came after all
         self._admitted.set()
 
     def _preempt(self, engine_id: str) -> None:
