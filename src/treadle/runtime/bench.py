@@ -125,7 +125,7 @@ async def live_run(workload: Workload, spec: PolicySpec, cost: CostModel, gpus: 
         replan_max_ms=ctl.percentile_ms(1.0, "replans"), decisions=ctl.decisions,
         events=ctl.events,
         max_live=ctl.max_live, preemptions=scheduler.preemptions,
-        migrations=runtime.migrations, layout=layout_label(pool), errors=errors)
+        migrations=runtime.scheduler.migrations, layout=layout_label(pool), errors=errors)
 
 
 async def _progress(jobs: Sequence[asyncio.Future[ReplayResult]], runtime: Runtime,

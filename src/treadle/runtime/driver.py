@@ -154,7 +154,6 @@ class Runtime:
         self.health_interval_s = health_interval_s  # real seconds between idle checks
         self.policy_version = 0  # stamped on every sampled token
         self.control = ControlStats()
-        self.migrations = 0
         self.failures: deque[tuple[str, str]] = deque(maxlen=8)  # (engine, why), latest
         self._slots: dict[str, EngineSlot] = {}
         self._runners: dict[str, ScheduledTurns] = {}
@@ -362,7 +361,7 @@ class Runtime:
             if runner is not None:
                 runner._preempt(d.engine_id)
         elif isinstance(d, Migrate):
-            self.migrations += 1  # the next Admit names the new engine
+            pass  # live, a move is the next Admit naming the new engine (re-prefill)
         elif isinstance(d, AddEngine):
             if self.launcher is None:
                 log.warning("the scheduler asked for a TP-%d engine, but the runtime has "

@@ -35,11 +35,18 @@ class ReplayResult:
     """What one replayed trajectory did."""
 
     traj_id: str
-    output_tokens: int  # tokens the engines sampled
     finished_at: float  # on the runtime's clock
-    queued_s: float  # waiting for engines, preemptions included
-    turns: int
     turn_records: tuple[Turn, ...] = ()  # per turn, as the agent loop records them
+
+    @property
+    def output_tokens(self) -> int:
+        """Tokens the engines sampled."""
+        return sum(t.output_tokens for t in self.turn_records)
+
+    @property
+    def queued_s(self) -> float:
+        """Waiting for engines, preemptions included."""
+        return sum(t.queued_s for t in self.turn_records)
 
 
 def _ids(rng: random.Random, n: int) -> list[int]:
@@ -51,16 +58,12 @@ async def replay(spec: TrajectorySpec, turns: TurnRunner, clock: Clock) -> Repla
     seed = hashlib.blake2b(spec.traj_id.encode(), digest_size=8).digest()
     rng = random.Random(int.from_bytes(seed, "big"))
     context = _ids(rng, spec.prompt_tokens)
-    sampled = 0
-    queued = 0.0
     last = len(spec.turns) - 1
     records: list[Turn] = []
     try:
         for index, turn in enumerate(spec.turns):
             out = await turns.generate(context, turn.output_tokens, Sampling(), [])
             context += out.output_ids
-            sampled += len(out.output_ids)
-            queued += out.queued_s
             record = out.turn(index)
             records.append(record)
             turns.turn_finished(len(out.output_ids), len(context), final=index == last)
@@ -76,5 +79,4 @@ async def replay(spec: TrajectorySpec, turns: TurnRunner, clock: Clock) -> Repla
     except BaseException as e:
         turns.ended(f"replay stopped: {type(e).__name__}")  # a no-op after the final event
         raise
-    return ReplayResult(spec.traj_id, sampled, clock.now(), queued, len(spec.turns),
-                        tuple(records))
+    return ReplayResult(spec.traj_id, clock.now(), tuple(records))

@@ -207,10 +207,6 @@ class ScheduledTurns:
         return self._arrived and not self.done and self._call is None and \
             self._admission is None and not self._admitted.is_set()
 
-    @property
-    def in_call(self) -> bool:
-        return self._call is not None
-
     # -- internals --------------------------------------------------------------------
 
     def _expect(self) -> None:
