@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from treadle.engines.base import Engine, EngineLoad, GenerateRequest, GenerateResult
-from treadle.runtime.launcher import free_port
+from treadle.runtime.launcher import VLLMProcess, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_PYTHON = Path(os.environ.get("TREADLE_VLLM_VENV", REPO / ".venv-vllm")) / "bin" / "python"
@@ -84,18 +84,16 @@ def serve_vllm(model_dir: Path, work: Path, *, model: str = MODEL,
                extra_env: dict[str, str] | None = None) -> Iterator[VLLMServer]:
     """vLLM serving `model_dir` until the block exits; pytest.fail with the log tail
     if it does not come up."""
-    python = ensure_vllm()
+    # The command line the service's launcher runs, plus eager mode (a faster start).
+    spec = VLLMProcess(model_dir=str(model_dir), served_name=model, python=str(ensure_vllm()),
+                       max_model_len=MAX_MODEL_LEN, extra_args=("--enforce-eager",))
     port = free_port()
     log_path = work / f"vllm-{port}.log"
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **(extra_env or {})}
+    env = {**os.environ, **spec.env(), **(extra_env or {})}
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            [str(python), "-m", "vllm.entrypoints.openai.api_server",
-             "--model", str(model_dir), "--served-model-name", model,
-             "--dtype", "float32", "--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN),
-             "--scheduling-policy", "priority", "--enable-prompt-tokens-details",
-             "--host", "127.0.0.1", "--port", str(port)],
-            cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
+            spec.command(1, port, 0), cwd=work, env=env, stdout=log,
+            stderr=subprocess.STDOUT,
             start_new_session=True)  # its own process group: the engine core is a child
     url = f"http://127.0.0.1:{port}"
     try:

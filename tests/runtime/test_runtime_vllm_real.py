@@ -20,6 +20,8 @@ from treadle.agent.loop import Sampling
 from treadle.core.policies.baselines import Slime
 from treadle.engines.vllm import VLLMEngine
 from treadle.runtime.driver import Runtime
+from treadle.train.logprobs import teacher_forced_logprobs
+from treadle.train.model import load_model
 from treadle.types import TokenSegment
 from vllm_server import RecordingEngine, VLLMServer, serve_vllm
 
@@ -29,17 +31,7 @@ FMT = HermesFormat()
 
 def teacher_forced(model_dir: Path, prompt: list[int], response: list[int]) -> list[float]:
     """log p(response[i] | prompt + response[:i]) under the model, fp32."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    model.eval()
-    ids = torch.tensor([prompt + response])
-    with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt) - 1:-1].float()
-    logprobs = torch.log_softmax(logits, dim=-1)
-    picked = logprobs.gather(1, torch.tensor(response).unsqueeze(1)).squeeze(1)
-    return [float(x) for x in picked]
+    return teacher_forced_logprobs(load_model(model_dir), prompt, response)
 
 
 async def _three_turns(server: VLLMServer) -> tuple[TokenSegment, RecordingEngine, Any]:
