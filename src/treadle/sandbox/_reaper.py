@@ -56,7 +56,7 @@ def format_spec(rlimits: list[tuple[str, int, int]]) -> str:
     return ",".join(f"{name}={soft}:{hard}" for name, soft, hard in rlimits)
 
 
-def _descendants(root: int) -> list[int]:
+def descendants(root: int) -> list[int]:
     """Live (non-zombie) descendants of `root`, from one scan of /proc."""
     children: dict[int, list[int]] = {}
     zombies: set[int] = set()
@@ -97,7 +97,7 @@ def kill_descendants() -> None:
     """SIGKILL every descendant until none is left; reap them all."""
     me = os.getpid()
     for _ in range(_MAX_KILL_ROUNDS):
-        pids = _descendants(me)
+        pids = descendants(me)
         if not pids:
             break
         for pid in pids:

@@ -89,13 +89,13 @@ def create_app(service: Service) -> FastAPI:
                   docs_url=None, redoc_url=None,
                   description="Rollouts for agentic RL: jobs of tasks in, token-exact "
                               "trajectories out.")
-    auth = Depends(_authorizer(service.token))
+    auth = Depends(_authorizer(service.config.token))
 
     @app.get("/openapi.json", dependencies=[auth], include_in_schema=False)
     async def openapi() -> JSONResponse:
         return JSONResponse(app.openapi())
     # The errors every authorised route can answer; routes add their own below.
-    common = _errors(*((401,) if service.token else ()), 413, 503)
+    common = _errors(*((401,) if service.config.token else ()), 413, 503)
 
     @app.exception_handler(NotFound)
     async def not_found(_r: Request, e: NotFound) -> Response:
@@ -168,9 +168,8 @@ def create_app(service: Service) -> FastAPI:
     @app.post("/v1/jobs/{job_id}/cancel", dependencies=[auth],
               responses={**common, **_errors(404)})
     async def cancel(job_id: str) -> JobView:
-        await service.rollouts.cancel(job_id)
-        info, running, queued = await service.rollouts.job(job_id)
-        return _job_view(info, running, queued)
+        # Nothing of a cancelled job runs or waits here any more.
+        return _job_view(await service.rollouts.cancel(job_id), 0, 0)
 
     @app.post("/v1/rollouts", dependencies=[auth], responses=common)
     async def rollout(request: RolloutRequest) -> dict[str, Any]:
@@ -315,19 +314,19 @@ class _Limits:
         if scope["type"] != "http" or scope["path"] == "/healthz":
             await self.app(scope, receive, send)
             return
-        svc = self.service
+        limits = self.service.config
         stream = scope["path"].endswith("/trajectories")
-        if (stream and self.streams >= svc.max_streams) or \
-                (not stream and self.requests >= svc.max_requests):
+        if (stream and self.streams >= limits.max_streams) or \
+                (not stream and self.requests >= limits.max_requests):
             await _reply(send, 503, b'{"detail":"too many requests at once; retry"}',
                          [(b"retry-after", b"1")])
             return
-        if declared_too_large(dict(scope["headers"]), svc.max_body_bytes):
+        if declared_too_large(dict(scope["headers"]), limits.max_body_bytes):
             await _reply(send, 413, b'{"detail":"request body too large"}')
             return
         # An HTTPException, so that FastAPI's body reader passes it on (it turns any
         # other error into a 400) and answers the 413.
-        limited = limit_body(receive, svc.max_body_bytes, _TooLarge)
+        limited = limit_body(receive, limits.max_body_bytes, _TooLarge)
 
         started = time.perf_counter()
         if stream:
@@ -343,7 +342,7 @@ class _Limits:
                 self.requests -= 1
             route = scope.get("route")
             name = getattr(route, "path", "other")
-            svc.rollouts.metrics.api_latency.observe(time.perf_counter() - started, name)
+            self.service.rollouts.metrics.api_latency.observe(time.perf_counter() - started, name)
 
 
 class _TooLarge(StarletteHTTPException):

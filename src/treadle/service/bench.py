@@ -44,7 +44,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -58,6 +57,8 @@ from typing import Any
 import httpx
 
 from treadle.reports import log, write_report
+from treadle.runtime.launcher import free_port
+from treadle.sandbox._reaper import descendants
 
 Log = Callable[[str], None]
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -96,21 +97,6 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
-def _descendants(pid: int) -> list[int]:
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                parents[int(entry)] = int(_stat(int(entry))[1])
-    out, frontier = [], [pid]
-    while frontier:
-        parent = frontier.pop()
-        children = [p for p, pp in parents.items() if pp == parent]
-        out += children
-        frontier += children
-    return out
-
-
 def _tree_cpu_s(pids: list[int]) -> float:
     total = 0.0
     for pid in pids:
@@ -140,9 +126,7 @@ def _machine_ticks() -> tuple[int, int]:
 @contextlib.contextmanager
 def serving(args: list[str], log_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """`treadle serve` with `args` on a free loopback port until the block exits."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     with log_path.open("ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "treadle", "serve", "--port", str(port), "--token", _TOKEN,
@@ -304,7 +288,7 @@ def run_service_bench(*, trajectories: int, jobs: int, workload: str, policy: st
                  "--time-scale", repr(time_scale), "--policy", policy, "--model", model,
                  "--gpu", gpu]
         with serving(serve, Path(tmp) / "serve.log") as (url, proc):
-            engine_pids = _descendants(proc.pid)
+            engine_pids = descendants(proc.pid)
             rss_start = _memory_mb(proc.pid, "VmRSS")
             log(f"service pid {proc.pid} up at {url} with {len(engine_pids)} engine "
                 f"processes; RSS {rss_start:.0f} MiB")
@@ -330,12 +314,10 @@ def run_service_bench(*, trajectories: int, jobs: int, workload: str, policy: st
                         service_cpu = _cpu_s(proc.pid) - before[1]
                         scheduler_cpu = await _scheduler_cpu_s(c) - decisions
                         engines_cpu = _tree_cpu_s(engine_pids) - before[2]
-                        sim, _ = simulate(generate(workload, trajectories, seed=seed + k,
-                                                   max_context=cost.model.max_context),
-                                          spec, cost, engines)
-                        turns = sum(len(t.turns) for t in generate(
-                            workload, trajectories, seed=seed + k,
-                            max_context=cost.model.max_context).trajectories)
+                        batch = generate(workload, trajectories, seed=seed + k,
+                                         max_context=cost.model.max_context)
+                        sim, _ = simulate(batch, spec, cost, engines)
+                        turns = sum(len(t.turns) for t in batch.trajectories)
                         row.update({
                             "job": job, "trajectories_per_s": trajectories / row["wall_s"],
                             "live_makespan_s": row["wall_s"] / time_scale,

@@ -34,6 +34,7 @@ step's job before its weights are live.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import heapq
 import itertools
@@ -91,7 +92,6 @@ class _Work:
     suite: Suite | None  # None for a replay
     sampling: Sampling
     limits: AgentLimits
-    min_version: int
 
 
 @dataclass(slots=True)
@@ -100,9 +100,13 @@ class _Job:
 
     priority: int
     order: int  # submission order (ties of priority: oldest first)
-    suite_key: str | None  # which sandbox pool its trajectories use
+    min_version: int  # its trajectories start once this policy version is live
+    queue: collections.deque[_Work]  # its trajectories not started yet, in plan order
     running: dict[str, asyncio.Task[None]]  # trajectory id -> its task
-    queued: int = 0  # of its trajectories in the queue
+
+    @property
+    def queued(self) -> int:
+        return len(self.queue)
 
 
 class Rollouts:
@@ -126,10 +130,11 @@ class Rollouts:
         self.sandbox_rate_per_s = sandbox_rate_per_s  # sandbox starts a second, per pool
         self.metrics = metrics or Metrics()
         self._jobs: dict[str, _Job] = {}
-        self._queue: list[tuple[int, int, int, str, str]] = []  # heap; see _enqueue
-        self._work: dict[tuple[str, str], _Work] = {}
+        # Jobs with work to start, highest priority then oldest first. An entry goes
+        # stale when its job is cancelled; _dispatch drops it (one entry per job).
+        self._ready: list[tuple[int, int, str]] = []  # heap of (-priority, order, job id)
+        self._waiting: dict[str, _Job] = {}  # jobs whose policy version is not live yet
         self._order = itertools.count()
-        self._pos = itertools.count()
         self._live = 0
         self._suites: dict[str, Suite] = {}
         self._pools: dict[str, SandboxPool] = {}
@@ -146,7 +151,9 @@ class Rollouts:
             try:
                 spec = await self.store.call(self.store.store.job_spec, info.job_id)
                 request = JobRequest.model_validate(spec["request"])
-                work = self._resolve(info.job_id, request)
+                # Planning can be long (a suite's tasks, a big trace): off the loop,
+                # where the jobs recovered before this one are already running.
+                work = await asyncio.to_thread(self._resolve, info.job_id, request)
             except (TreadleError, ValueError, KeyError) as e:
                 await self.store.call(self.store.store.fail, info.job_id,
                                       f"cannot resume after a restart: {e}")
@@ -174,12 +181,13 @@ class Rollouts:
         """Plan, store and queue a job; RequestRefused for what cannot run here,
         ServiceBusy if the queue is full, StoreConflict if `job_id` is taken."""
         job_id = request.job_id or uuid.uuid4().hex[:16]
-        work = await asyncio.to_thread(self._resolve, job_id, request)
+        work, stored = await asyncio.to_thread(
+            lambda: (self._resolve(job_id, request), request.model_dump(mode="json")))
         if self.queued + len(work) > self.max_queued:
             raise ServiceBusy(f"{self.queued} trajectories are queued here and the job adds "
                               f"{len(work)}, over the limit of {self.max_queued}; retry later")
         info = await self.store.call(self.store.store.create_job, job_id,
-                                     {"request": request.model_dump(mode="json")},
+                                     {"request": stored},
                                      [w.planned for w in work])
         self._admit_job(job_id, request, work)
         return info
@@ -187,11 +195,11 @@ class Rollouts:
     async def cancel(self, job_id: str) -> JobInfo:
         info = await self.store.call(self.store.store.cancel, job_id)
         job = self._jobs.pop(job_id, None)
+        self._waiting.pop(job_id, None)
         if job is not None:
+            job.queue.clear()
             for task in job.running.values():
                 task.cancel()
-            for key in [k for k in self._work if k[0] == job_id]:
-                del self._work[key]  # queue entries go stale
         await self._notify()
         return info
 
@@ -206,12 +214,9 @@ class Rollouts:
         """Results with seq > `after` in order; with `follow`, wait for more until the
         job ends. NotFound for an unknown job."""
         while True:
-            page = await self.store.call(self.store.store.results, job_id, after, 256)
-            for delivery in page:
+            async for delivery in self.store.iter_results(job_id, after, 256):
                 yield delivery
                 after = delivery.seq
-            if page:
-                continue
             info = await self.store.call(self.store.store.job, job_id)
             if not follow or (info.status.terminal and info.delivered <= after):
                 return
@@ -243,6 +248,10 @@ class Rollouts:
 
     def policy_version_changed(self) -> None:
         """Call after a weight update: jobs waiting for the version may start."""
+        for job_id, job in list(self._waiting.items()):
+            if job.min_version <= self.runtime.policy_version:
+                del self._waiting[job_id]
+                heapq.heappush(self._ready, (-job.priority, job.order, job_id))
         self._dispatch()
 
     # -- planning -------------------------------------------------------------------------
@@ -262,8 +271,7 @@ class Rollouts:
                 planned = PlannedTrajectory(f"{job_id}/{spec.traj_id}",
                                             f"{job_id}/{spec.group_id}", spec.group_id,
                                             repetition)
-                out.append(_Work(job_id, planned, spec, None, sampling, limits,
-                                 request.min_policy_version))
+                out.append(_Work(job_id, planned, spec, None, sampling, limits))
             return out
         n_tasks = tasks.count if tasks.count is not None else len(tasks.tasks or [])
         if n_tasks * request.samples_per_task > MAX_TRAJECTORIES_PER_JOB:
@@ -282,8 +290,7 @@ class Rollouts:
             for r in range(request.samples_per_task):
                 planned = PlannedTrajectory(f"{job_id}/{task.task_id}/{r}",
                                             f"{job_id}/{task.task_id}", task.task_id, r)
-                out.append(_Work(job_id, planned, task, suite, sampling, limits,
-                                 request.min_policy_version))
+                out.append(_Work(job_id, planned, task, suite, sampling, limits))
         return out
 
     def _suite(self, tasks: SuiteTasks) -> Suite:
@@ -298,37 +305,30 @@ class Rollouts:
         return suite
 
     def _admit_job(self, job_id: str, request: JobRequest, work: list[_Work]) -> None:
-        suite_key = _suite_key(request.tasks) if isinstance(request.tasks, SuiteTasks) else None
-        job = _Job(request.priority, next(self._order), suite_key, {})
+        job = _Job(request.priority, next(self._order), request.min_policy_version,
+                   collections.deque(work), {})
         self._jobs[job_id] = job
-        for w in work:
-            self._work[(job_id, w.planned.trajectory_id)] = w
-            heapq.heappush(self._queue, (-job.priority, job.order, next(self._pos), job_id,
-                                         w.planned.trajectory_id))
-            job.queued += 1
+        if not work:
+            return
+        if job.min_version > self.runtime.policy_version:
+            self._waiting[job_id] = job
+        else:
+            heapq.heappush(self._ready, (-job.priority, job.order, job_id))
         self._dispatch()
 
     # -- running ------------------------------------------------------------------------------
 
     def _dispatch(self) -> None:
         """Start queued trajectories while there are slots (and their version is live)."""
-        held: list[tuple[int, int, int, str, str]] = []
-        while self._queue and self._live < self.max_live and not self._closed:
-            entry = heapq.heappop(self._queue)
-            work = self._work.get((entry[3], entry[4]))
-            if work is None:
-                continue  # cancelled
-            if work.min_version > self.runtime.policy_version:
-                held.append(entry)
+        while self._ready and self._live < self.max_live and not self._closed:
+            job = self._jobs.get(self._ready[0][2])
+            if job is None or not job.queue:
+                heapq.heappop(self._ready)  # cancelled, or all started
                 continue
-            del self._work[(entry[3], entry[4])]
-            job = self._jobs[work.job_id]
-            job.queued -= 1
+            work = job.queue.popleft()
             self._live += 1
             task = asyncio.get_running_loop().create_task(self._run(work))
             job.running[work.planned.trajectory_id] = task
-        for entry in held:
-            heapq.heappush(self._queue, entry)
 
     async def _run(self, work: _Work) -> None:
         tid = work.planned.trajectory_id
@@ -442,8 +442,7 @@ def _replay_specs(tasks: ReplayTasks, max_context: int) -> list[TrajectorySpec]:
                                  f"{e.problem}") from None
         if spec.traj_id in seen:
             raise RequestRefused(f"tasks.trace.{i}: duplicate id {spec.traj_id!r}")
-        context = spec.prompt_tokens + sum(t.output_tokens + t.tool_output_tokens
-                                           for t in spec.turns)
+        context = spec.context_tokens
         if context > max_context:
             raise RequestRefused(f"tasks.trace.{i}: the trajectory needs {context} tokens of "
                                  f"context, over the served model's {max_context}")

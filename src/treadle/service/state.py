@@ -74,10 +74,6 @@ class Service:
         self.runtime = runtime
         self.store = store
         self.rollouts = rollouts
-        self.token = config.token
-        self.max_body_bytes = config.max_body_bytes
-        self.max_requests = config.max_requests
-        self.max_streams = config.max_streams
 
     async def start(self) -> None:
         # Engines started here from a model directory are TP-1 processes, whatever
