@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import json
 import random
-import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -33,10 +32,11 @@ from treadle.agent.chat import HFTokenizer
 from treadle.client.samples import TrainingSequence, training_sequences
 from treadle.sandbox.local import LocalBackend
 from treadle.store.db import Store
+from treadle.train.cli import DEFAULT_CACHE
 from treadle.train.engine import TorchEngine
 from treadle.train.evaluate import evaluate
-from treadle.train.grpo import GRPOConfig, policy_gradient_step
-from treadle.train.logprobs import token_logprobs
+from treadle.train.grpo import GRPOConfig, copy_tokenizer, policy_gradient_step
+from treadle.train.logprobs import teacher_forced_logprobs
 from treadle.train.model import load_model
 from treadle.train.sft import SFTConfig, load_or_record_transcripts
 from treadle.train.transcripts import heldout_tasks, tokenize
@@ -50,7 +50,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--lr", type=float, default=2e-4)
     ap.add_argument("--tasks", type=int, default=256)
-    ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "treadle")
+    ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     args = ap.parse_args()
     start = args.run / "weights" / "v0"
     tokenizer = HFTokenizer(start)
@@ -61,10 +61,8 @@ def main() -> None:
     config = GRPOConfig(epochs=1)
 
     def on_policy(s: TrainingSequence, advantage: float | None = None) -> TrainingSequence:
-        with torch.no_grad():
-            lp = token_logprobs(model, torch.tensor([s.prompt_ids + s.response_ids]))
-        lp_list = lp[0, len(s.prompt_ids) - 1:].tolist()
-        return replace(s, logprobs=[x if m else 0.0 for x, m in zip(lp_list, s.loss_mask,
+        lp = teacher_forced_logprobs(model, s.prompt_ids, s.response_ids)
+        return replace(s, logprobs=[x if m else 0.0 for x, m in zip(lp, s.loss_mask,
                                                                     strict=True)],
                        advantage=s.advantage if advantage is None else advantage)
 
@@ -82,9 +80,12 @@ def main() -> None:
                 cut = ex.piece_lengths[0]
                 response = ex.ids[cut:]
                 rows.append(on_policy(TrainingSequence(
-                    t.task_id, t.task_id, t.task_id, 0, 0, 1, ex.ids[:cut], response,
-                    ex.mask[cut:], [0.0] * len(response), [0] * len(response), 1.0, 1.0,
-                    TrajectoryStatus.COMPLETED, None), 1.0))
+                    trajectory_id=t.task_id, group_id=t.task_id, task_id=t.task_id,
+                    repetition=0, segment_index=0, num_segments=1, prompt_ids=ex.ids[:cut],
+                    response_ids=response, loss_mask=ex.mask[cut:],
+                    logprobs=[0.0] * len(response), policy_versions=[0] * len(response),
+                    reward=1.0, advantage=1.0, status=TrajectoryStatus.COMPLETED,
+                    excluded=None)))
         else:
             done = [d.trajectory() for d in store.iter_results(jobs[k % len(jobs)])]
             seqs = training_sequences(done).sequences
@@ -94,9 +95,7 @@ def main() -> None:
         policy_gradient_step(model, optimizer, rows, config)
     out = args.run / f"probe-{args.data}"
     model.save_pretrained(out)
-    for f in start.iterdir():
-        if f.name.startswith("tokenizer"):
-            shutil.copy2(f, out / f.name)
+    copy_tokenizer(start, out)
 
     async def held_out() -> dict[str, object]:
         async with TorchEngine.from_checkpoint(out, seed=0, max_batch=64) as engine:

@@ -1,6 +1,6 @@
 """Serve a checkpoint with real vLLM (CPU) and check its logprobs against the model's.
 
-    .venv/bin/python scripts/vllm-parity.py CHECKPOINT_DIR [--tasks 32] [--port 8011]
+    .venv/bin/python scripts/vllm-parity.py CHECKPOINT_DIR [--tasks 32]
 
 Starts `vllm.entrypoints.openai.api_server` from $TREADLE_VLLM_VENV (default
 .venv-vllm in the repo) on the checkpoint, runs held-out math tasks through the
@@ -18,16 +18,13 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-import httpx
-
 from treadle.agent.chat import HFTokenizer
-from treadle.engines.vllm import VLLMEngine
+from treadle.engines.errors import EngineStartError
+from treadle.runtime.launcher import LocalLauncher, VLLMProcess
 from treadle.sandbox.local import LocalBackend
 from treadle.train.evaluate import Rollout, rollouts, summarize
 from treadle.train.logprobs import segment_logprob_gaps
@@ -41,44 +38,31 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint", type=Path)
     parser.add_argument("--tasks", type=int, default=32)
-    parser.add_argument("--port", type=int, default=8011)
     args = parser.parse_args()
     venv = Path(os.environ.get("TREADLE_VLLM_VENV", REPO / ".venv-vllm"))
-    log_path = Path(f"/tmp/treadle-vllm-parity-{args.port}.log")
-    with log_path.open("wb") as log:
-        server = subprocess.Popen(
-            [str(venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
-             "--model", str(args.checkpoint), "--served-model-name", "sft",
-             "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024",
-             "--host", "127.0.0.1", "--port", str(args.port)],
-            env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}, stdout=log,
-            stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{args.port}"
-    try:
+    # The service's own launcher: a free port, a start-up deadline, the whole process
+    # group stopped at the end, and vLLM dies with this script.
+    launcher = LocalLauncher(VLLMProcess(model_dir=str(args.checkpoint), served_name="sft",
+                                         python=str(venv / "bin" / "python"),
+                                         extra_args=("--enforce-eager",)))
+
+    async def run() -> tuple[list[Rollout], float, float]:
         start = time.monotonic()
-        while True:
-            if server.poll() is not None:
-                print(f"vLLM exited ({server.returncode}); see {log_path}", file=sys.stderr)
-                return 1
-            try:
-                if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1.0)
+        launched = await launcher.start(1)
         ready_s = time.monotonic() - start
-
-        async def run() -> tuple[list[Rollout], float]:
+        try:
             t0 = time.perf_counter()
-            async with VLLMEngine(url, "sft") as engine:
-                runs = await rollouts(engine, HFTokenizer(args.checkpoint),
-                                      heldout_tasks(args.tasks), LocalBackend(), temperature=1.0)
-            return runs, time.perf_counter() - t0
+            runs = await rollouts(launched.engine, HFTokenizer(args.checkpoint),
+                                  heldout_tasks(args.tasks), LocalBackend(), temperature=1.0)
+            return runs, time.perf_counter() - t0, ready_s
+        finally:
+            await launched.stop()
 
-        runs, seconds = asyncio.run(run())
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=60)
+    try:
+        runs, seconds, ready_s = asyncio.run(run())
+    except EngineStartError as e:
+        print(f"vLLM did not start: {e}", file=sys.stderr)
+        return 1
     model = load_model(args.checkpoint)
     gaps = [g for r in runs for seg in r.trajectory.segments
             for g in segment_logprob_gaps(model, seg)]

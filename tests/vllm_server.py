@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -23,7 +22,7 @@ import httpx
 import pytest
 
 from treadle.engines.base import Engine, EngineLoad, GenerateRequest, GenerateResult
-from treadle.runtime.launcher import VLLMProcess, free_port
+from treadle.runtime.launcher import VLLMProcess, free_port, stop_process_group
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_PYTHON = Path(os.environ.get("TREADLE_VLLM_VENV", REPO / ".venv-vllm")) / "bin" / "python"
@@ -113,13 +112,7 @@ def serve_vllm(model_dir: Path, work: Path, *, model: str = MODEL,
             time.sleep(1.0)
         yield VLLMServer(url, model, model_dir)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_process_group(proc)
 
 
 @pytest.fixture(scope="session")

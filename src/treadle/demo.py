@@ -54,8 +54,10 @@ def run_demo(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     from treadle.run.cli import serve_here, watch_job
+    from treadle.sandbox.registry import get_backend, usable_backend_name
     from treadle.service.state import ServiceConfig, build_service
     from treadle.train.cli import _quiet
+    from treadle.train.evaluate import EVAL_LIMITS
     from treadle.train.sft import SFTConfig, cache_key, data_key, sft
     from treadle.train.transcripts import KINDS
 
@@ -72,13 +74,17 @@ def run_demo(args: argparse.Namespace) -> int:
                 "real python run (about 100 s on 2 cores), then fine-tuning")
         log(f"demo: {config.steps} fine-tuning steps (about 140 s on 2 cores)")
     model = sft(config, args.cache, log=log)
-    backend, name = usable_sandbox()
+    name = usable_backend_name()
+    if name == "local":
+        log("demo: bubblewrap does not run here; tools run in the local backend, which "
+            "isolates nothing (install bubblewrap to sandbox them)")
+    backend = get_backend(name)
     log(f"demo [2/3]: the service: SQLite at {out / 'demo.db'}, vLLM serving {model}, "
         f"tools in {name} sandboxes")
     service = ServiceConfig(db=str(out / "demo.db"), vllm_model=str(model),
                             tokenizer=str(model), sandbox=backend,
                             vllm_python=os.path.abspath(args.vllm_python), policy="treadle")
-    limits = {"max_turns": 4, "max_total_tokens": 1024, "max_tokens_per_turn": 96}
+    limits = EVAL_LIMITS.as_params()
     jobs = [
         {"tasks": {"suite": "math", "count": DEMO_MATH_TASKS, "seed": 7,
                    "options": {"kinds": list(KINDS)}},
@@ -97,27 +103,3 @@ def run_demo(args: argparse.Namespace) -> int:
     log(f"demo: done in {time.monotonic() - started:.0f} s; trajectories (Parquet) and "
         f"reports (HTML timelines) are in {out}/, the store in {out / 'demo.db'}")
     return 0
-
-
-def usable_sandbox() -> tuple[Any, str]:
-    """bwrap where it runs here, else the local backend (with its warning)."""
-    import asyncio
-
-    from treadle.errors import SandboxError
-    from treadle.sandbox import BwrapBackend, Limits, LocalBackend
-
-    async def probe() -> bool:
-        backend = BwrapBackend()
-        try:
-            async with await backend.start(Limits(wall_timeout_s=20)) as box:
-                return (await box.exec(["python3", "-c", "print(1)"], timeout_s=20)).ok
-        except SandboxError:
-            return False
-
-    if asyncio.run(probe()):
-        return BwrapBackend(), "bwrap"
-    log("demo: bubblewrap does not run here; tools run in the local backend, which "
-        "isolates nothing (install bubblewrap to sandbox them)")
-    return LocalBackend(), "local"
-
-

@@ -11,7 +11,7 @@ import torch
 
 from treadle.client.samples import TrainingSequence
 from treadle.train.grpo import GRPOConfig, logprob_gap, policy_gradient_step
-from treadle.train.logprobs import token_logprobs
+from treadle.train.logprobs import teacher_forced_logprobs
 from treadle.train.model import load_model, weights_digest
 from treadle.types import TrajectoryStatus
 
@@ -24,9 +24,7 @@ def _sequences(model: torch.nn.Module, advantages: list[float]) -> list[Training
         prompt, response = [5, 6, 7], [8 + (j * 7 + i) % 50 for j in range(4 + 3 * i)]
         mask = [1] * len(response)
         mask[1] = 0  # an observation token in the middle
-        ids = torch.tensor([prompt + response])
-        with torch.no_grad():
-            lp = token_logprobs(model, ids)[0, len(prompt) - 1:].tolist()
+        lp = teacher_forced_logprobs(model, prompt, response)
         rows.append(TrainingSequence(
             trajectory_id=f"t{i}", group_id="g", task_id="task", repetition=i,
             segment_index=0, num_segments=1, prompt_ids=prompt, response_ids=response,

@@ -49,11 +49,12 @@ cancel).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from treadle.agent.chat import IM_END, CallError, HermesFormat, Reply, Tokenizer
 from treadle.engines.base import Engine, FinishReason, GenerateRequest
@@ -82,6 +83,10 @@ class AgentLimits:
     max_total_tokens: int = 4096  # the whole context: prompt, replies and observations
     max_tokens_per_turn: int = 1024  # one reply at most
     deadline_s: float | None = None  # wall-clock seconds for the whole trajectory
+
+    def as_params(self) -> dict[str, Any]:
+        """The limits as a job request's `limits` (the service's wire form)."""
+        return dataclasses.asdict(self)
 
     def __post_init__(self) -> None:
         if self.max_turns < 1 or self.max_total_tokens < 2 or self.max_tokens_per_turn < 1:

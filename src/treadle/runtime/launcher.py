@@ -37,6 +37,7 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 from abc import ABC, abstractmethod
@@ -264,6 +265,23 @@ async def _end_process_group(proc: asyncio.subprocess.Process, timeout_s: float)
                 os.killpg(proc.pid, signal.SIGKILL)
             await proc.wait()
     # Children the engine spawned (vLLM's engine core) share its process group.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def stop_process_group(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
+    """`_end_process_group` for a process started with `subprocess.Popen(...,
+    start_new_session=True)` (a service, a vLLM server): SIGTERM its group, SIGKILL
+    it after `timeout_s`, and SIGKILL what is left of the group (vLLM's engine core)."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
 

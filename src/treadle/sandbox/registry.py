@@ -22,6 +22,23 @@ OPTIONAL_BACKENDS: dict[str, tuple[str, str, str]] = {
 }
 
 
+def usable_backend_name() -> str:
+    """"bwrap" where a bwrap sandbox really starts and runs python3 here (installed
+    is not enough: user namespaces may be off), else "local"."""
+    import asyncio
+
+    from treadle.errors import SandboxError
+
+    async def probe() -> bool:
+        try:
+            async with await BwrapBackend().start(Limits(wall_timeout_s=20)) as box:
+                return (await box.exec(["python3", "-c", "print(1)"], timeout_s=20)).ok
+        except SandboxError:
+            return False
+
+    return "bwrap" if asyncio.run(probe()) else "local"
+
+
 def backend_names() -> list[str]:
     """Every backend name `get_backend` accepts."""
     return sorted([*BACKENDS, *OPTIONAL_BACKENDS])

@@ -43,7 +43,6 @@ import contextlib
 import json
 import os
 import platform
-import signal
 import statistics
 import subprocess
 import sys
@@ -57,7 +56,7 @@ from typing import Any
 import httpx
 
 from treadle.reports import log, write_report
-from treadle.runtime.launcher import free_port
+from treadle.runtime.launcher import free_port, stop_process_group
 from treadle.sandbox._reaper import descendants
 
 Log = Callable[[str], None]
@@ -144,13 +143,7 @@ def serving(args: list[str], log_path: Path) -> Iterator[tuple[str, subprocess.P
             time.sleep(0.2)
         yield url, proc
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_process_group(proc)
 
 
 # -- one job under load --------------------------------------------------------------------

@@ -36,7 +36,6 @@ plot (`rl.png`) is drawn from it (`train.plot`).
 from __future__ import annotations
 
 import json
-import logging
 import os
 import platform
 import secrets
@@ -50,11 +49,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from treadle.client.errors import ServiceUnavailable
 from treadle.client.http import RolloutClient
 from treadle.client.samples import TrainingSequence
 from treadle.client.stream import RetryPolicy
 from treadle.client.wire import suite_tasks
-from treadle.runtime.launcher import die_with_parent, free_port
+from treadle.runtime.launcher import die_with_parent, free_port, stop_process_group
+from treadle.sandbox.registry import usable_backend_name
 from treadle.train.evaluate import EVAL_LIMITS
 from treadle.train.logprobs import token_logprobs
 from treadle.train.sft import SFTConfig, sft
@@ -66,11 +67,9 @@ if TYPE_CHECKING:
     from transformers import Qwen2ForCausalLM
 
 Log = Callable[[str], None]
-_LIMITS = {"max_turns": EVAL_LIMITS.max_turns, "max_total_tokens": EVAL_LIMITS.max_total_tokens,
-           "max_tokens_per_turn": EVAL_LIMITS.max_tokens_per_turn}
+_LIMITS = EVAL_LIMITS.as_params()
 _OPTIONS = {"kinds": list(KINDS)}
 LOSS_AGGREGATIONS = ("seq-mean-token-mean", "token-mean")  # verl's names
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,8 +197,7 @@ def train_grpo(config: GRPOConfig, out: Path, *, cache_root: Path,
         def minutes() -> float:
             return (time.monotonic() - started) / 60.0
 
-        report.evals.append(evaluate_heldout(client, config, step=0, version=0,
-                                             minutes=minutes()))
+        report.evals.append(evaluate_heldout(client, config, step=0, minutes=minutes()))
         log(f"held-out success at the start: {report.evals[-1].success:.1%}")
         for step in range(config.max_steps):
             if minutes() >= config.max_minutes:
@@ -211,12 +209,12 @@ def train_grpo(config: GRPOConfig, out: Path, *, cache_root: Path,
                 f"({row.minutes:.1f} min)")
             if (step + 1) % config.eval_every == 0:
                 report.evals.append(evaluate_heldout(client, config, step=step + 1,
-                                                     version=step + 1, minutes=minutes()))
+                                                     minutes=minutes()))
                 log(f"held-out success after {step + 1} steps: {report.evals[-1].success:.1%}")
             _write(report, out)
         if not report.evals or report.evals[-1].step != len(report.steps):
             report.evals.append(evaluate_heldout(client, config, step=len(report.steps),
-                                                 version=len(report.steps), minutes=minutes()))
+                                                 minutes=minutes()))
     _write(report, out)
     return report
 
@@ -361,9 +359,11 @@ def _tensors(rows: Sequence[TrainingSequence]) -> tuple[torch.Tensor, ...]:
     return ids, attention, mask, old, adv
 
 
-def evaluate_heldout(client: RolloutClient, config: GRPOConfig, *, step: int, version: int,
+def evaluate_heldout(client: RolloutClient, config: GRPOConfig, *, step: int,
                      minutes: float) -> EvalRow:
-    """Held-out success rate through the service (one sample per task)."""
+    """Held-out success rate through the service (one sample per task), on the policy
+    after `step` steps (version `step`)."""
+    version = step
     suite = math_suite()
     tasks = [suite.task_to_record(t) for t in heldout_tasks(config.eval_tasks)]
     job = client.submit(tasks=suite_tasks("math", tasks=tasks, options=_OPTIONS),
@@ -391,11 +391,16 @@ def untied_copy(checkpoint: Path, out: Path) -> Path:
         model.lm_head.weight = torch.nn.Parameter(
             model.model.embed_tokens.weight.detach().clone())
     model.save_pretrained(out)
+    copy_tokenizer(checkpoint, out)
+    return out
+
+
+def copy_tokenizer(checkpoint: Path, out: Path) -> None:
+    """The tokenizer files (and generation config) of `checkpoint`, copied to `out`."""
     for f in checkpoint.iterdir():
         if f.name.startswith("tokenizer") or f.name in ("special_tokens_map.json",
                                                         "generation_config.json"):
             shutil.copy2(f, out / f.name)
-    return out
 
 
 @contextmanager
@@ -404,7 +409,7 @@ def serving(policy: Path, out: Path, config: GRPOConfig, *,
     """`treadle serve --vllm policy` as a child process, and a client of it."""
     token = secrets.token_hex(16)
     port = free_port()
-    sandbox = config.sandbox if config.sandbox != "bwrap" or shutil.which("bwrap") else "local"
+    sandbox = usable_backend_name() if config.sandbox == "bwrap" else config.sandbox
     cmd = [sys.executable, "-m", "treadle", "serve", "--port", str(port), "--token", token,
            "--db", str(out / "rollouts.db"), "--vllm", str(policy), "--vllm-python",
            config.vllm_python, "--sandbox", sandbox, "--policy", "verl",
@@ -426,7 +431,7 @@ def serving(policy: Path, out: Path, config: GRPOConfig, *,
             try:
                 if probe.health().engines >= 1:
                     break
-            except Exception:  # not up yet
+            except ServiceUnavailable:  # not up yet (anything else is a real error)
                 pass
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the service did not come up in 300 s; see "
@@ -436,12 +441,7 @@ def serving(policy: Path, out: Path, config: GRPOConfig, *,
     finally:
         probe.close()
         client.close()
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process_group(proc, timeout_s=60)
 
 
 def _prune(folder: Path, keep: set[str]) -> None:
