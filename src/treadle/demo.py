@@ -58,7 +58,7 @@ def run_demo(args: argparse.Namespace) -> int:
     from treadle.service.state import ServiceConfig, build_service
     from treadle.train.cli import _quiet
     from treadle.train.evaluate import EVAL_LIMITS
-    from treadle.train.sft import SFTConfig, cache_key, data_key, sft
+    from treadle.train.sft import META_FILE, SFTConfig, checkpoint_dir, sft, transcripts_path
     from treadle.train.transcripts import KINDS
 
     _quiet()
@@ -68,8 +68,8 @@ def run_demo(args: argparse.Namespace) -> int:
     log("demo [1/3]: the model (built and fine-tuned on the first run, a few minutes on "
         "2 cores; cached after)")
     config = SFTConfig(steps=DEMO_SFT_STEPS)
-    if not (args.cache / f"sft-{cache_key(config)}").is_dir():
-        if not (args.cache / f"transcripts-{data_key(config)}.jsonl").is_file():
+    if not (checkpoint_dir(config, args.cache) / META_FILE).is_file():
+        if not transcripts_path(config, args.cache).is_file():
             log(f"demo: recording {config.train_tasks:,} training transcripts, each with a "
                 "real python run (about 100 s on 2 cores), then fine-tuning")
         log(f"demo: {config.steps} fine-tuning steps (about 140 s on 2 cores)")

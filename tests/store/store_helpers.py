@@ -18,16 +18,13 @@ from treadle.types import (
 
 
 class FakeClock:
-    """A clock the test moves by hand; each reading can also step it forward."""
+    """A clock the test moves by hand."""
 
-    def __init__(self, start: float = 1000.0, step: float = 0.0) -> None:
+    def __init__(self, start: float = 1000.0) -> None:
         self.now = start
-        self.step = step
 
     def __call__(self) -> float:
-        value = self.now
-        self.now += self.step
-        return value
+        return self.now
 
 
 def plan(n_groups: int, n: int, job: str = "j") -> list[PlannedTrajectory]:

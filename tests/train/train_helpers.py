@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from treadle.agent.chat import HFTokenizer
 from treadle.sandbox.local import LocalBackend
 from treadle.train.model import ModelConfig, build_model, save_checkpoint, train_tokenizer
 from treadle.train.transcripts import Transcript, record_transcripts, train_tasks
@@ -25,7 +24,3 @@ def tiny_checkpoint(directory: Path, found: list[Transcript], seed: int = 0) -> 
     tok = train_tokenizer((p for t in found for p in t.pieces), TINY.vocab_size)
     save_checkpoint(build_model(TINY, tok.get_vocab_size(), seed), tok, directory)
     return directory
-
-
-def tokenizer_of(directory: Path) -> HFTokenizer:
-    return HFTokenizer(directory)

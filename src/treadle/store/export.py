@@ -44,7 +44,12 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from treadle.store.db import Store
-from treadle.store.record import RECORD_VERSION, trajectory_from_record
+from treadle.store.record import (
+    RECORD_VERSION,
+    SEGMENT_FIELDS,
+    TIMING_FIELDS,
+    trajectory_from_record,
+)
 from treadle.types import Trajectory
 
 if TYPE_CHECKING:
@@ -54,8 +59,6 @@ if TYPE_CHECKING:
 _COPIED = ("trajectory_id", "group_id", "repetition", "task_id", "status", "reason",
            "failure_stage", "infra_failure", "reward", "attempt", "prompt_tokens",
            "output_tokens")
-_TOKENS = ("prompt_ids", "response_ids", "loss_mask", "logprobs", "policy_versions")
-_TIMINGS = ("llm_s", "tool_s", "queue_s", "started_at", "finished_at")
 
 
 def export_jsonl(store: Store, job_id: str, path: str | os.PathLike[str],
@@ -178,7 +181,7 @@ def _add_rows(columns: dict[str, list[Any]], seq: int, record: Mapping[str, Any]
         for name, value in per_trajectory.items():
             columns[name].append(value)
         columns["segment_index"].append(None if segment is None else index)
-        for name in _TOKENS:
+        for name in SEGMENT_FIELDS:
             columns[name].append([] if segment is None else segment[name])
 
 
@@ -189,8 +192,8 @@ def _trajectory(rows: list[dict[str, Any]]) -> Trajectory:
         "version": RECORD_VERSION,
         "metrics": dict(first["metrics"]),
         "turns": json.loads(first["turns_json"]),
-        "timings": {name: first[name] for name in _TIMINGS},
-        "segments": [{name: r[name] for name in _TOKENS} for r in sorted(
+        "timings": {name: first[name] for name in TIMING_FIELDS},
+        "segments": [{name: r[name] for name in SEGMENT_FIELDS} for r in sorted(
             (r for r in rows if r["segment_index"] is not None),
             key=lambda r: int(r["segment_index"]))],
     })

@@ -63,6 +63,7 @@ and the exports use: compact separators, UTF-8 kept as is, keys in the order abo
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import math
@@ -92,9 +93,11 @@ _TOP_KEYS = frozenset({
 _TURN_KEYS = frozenset({"index", "output_tokens", "engine_id", "queued_s", "generating_s",
                         "policy_version", "tool_call"})
 _TOOL_KEYS = frozenset({"name", "arguments", "latency_s", "output_tokens", "error"})
-_SEGMENT_KEYS = frozenset({"prompt_ids", "response_ids", "loss_mask", "logprobs",
-                           "policy_versions"})
-_TIMING_KEYS = frozenset({"llm_s", "tool_s", "queue_s", "started_at", "finished_at"})
+# In the dataclasses' order (the export's columns follow it).
+SEGMENT_FIELDS = tuple(f.name for f in dataclasses.fields(TokenSegment))
+TIMING_FIELDS = tuple(f.name for f in dataclasses.fields(Timings))
+_SEGMENT_KEYS = frozenset(SEGMENT_FIELDS)
+_TIMING_KEYS = frozenset(TIMING_FIELDS)
 
 
 def trajectory_to_record(t: Trajectory) -> dict[str, Any]:

@@ -127,11 +127,21 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def transcripts_path(config: SFTConfig, cache_root: str | Path) -> Path:
+    """Where `config`'s transcripts are cached (a file that exists once recorded)."""
+    return Path(cache_root) / f"transcripts-{data_key(config)}.jsonl"
+
+
+def checkpoint_dir(config: SFTConfig, cache_root: str | Path) -> Path:
+    """Where `config`'s checkpoint lives; it is complete once it holds META_FILE."""
+    return Path(cache_root) / f"sft-{cache_key(config)}"
+
+
 def load_or_record_transcripts(config: SFTConfig, cache_root: Path, log: Log) -> list[Transcript]:
     """The training transcripts, from `cache_root` or recorded now (then cached)."""
     from treadle.sandbox.local import LocalBackend
 
-    path = cache_root / f"transcripts-{data_key(config)}.jsonl"
+    path = transcripts_path(config, cache_root)
     with _locked(path.with_suffix(".lock")):
         if path.is_file():
             rows = [json.loads(line) for line in path.read_text().splitlines()]
@@ -236,7 +246,7 @@ def sft(config: SFTConfig, cache_root: str | Path, *, log: Log = _log) -> Path:
     """The checkpoint directory for `config` under `cache_root`, trained if missing."""
     cache_root = Path(cache_root)
     key = cache_key(config)
-    out = cache_root / f"sft-{key}"
+    out = checkpoint_dir(config, cache_root)
     if (out / META_FILE).is_file():
         return out
     with _locked(cache_root / f".sft-{key}.lock"):
