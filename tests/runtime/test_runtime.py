@@ -11,14 +11,19 @@ import pytest
 from runtime_helpers import FakeEngine, FakeManualScheduler
 
 from treadle.agent.loop import Sampling
+from treadle.core.cost_model import CostModel
 from treadle.core.policies.baselines import Slime
 from treadle.core.scheduler import Scheduler
+from treadle.engines.emulated import EmulatedEngine
+from treadle.engines.emulated_client import EmulatedEngineClient
+from treadle.engines.emulated_server import serve_in_thread
 from treadle.engines.errors import EngineUnavailable, NoEngineAvailable
 from treadle.runtime.driver import Runtime
 from treadle.runtime.launcher import EngineLauncher, LaunchedEngine
 from treadle.runtime.replay import replay
 from treadle.runtime.turns import ScheduledTurns
 from treadle.sim.workload import TrajectorySpec, TurnSpec
+from vllm_server import RecordingEngine
 
 T = TypeVar("T")
 
@@ -91,6 +96,38 @@ def test_a_preempted_turn_resumes_with_the_tokens_it_had() -> None:
     assert second.prompt_ids[3:] == out.output_ids[:kept]
     assert len(out.output_ids) == 300 and out.finish_reason == "length"
     assert turns.preemptions == 1 and sched.preemptions == 1
+
+
+def test_a_preempted_turn_on_the_emulated_engine_resumes_with_its_tokens() -> None:
+    """The same preemption over HTTP against the real emulated engine and its client:
+    the abort endpoint hands back the partial reply, and the resumed call extends it."""
+    model = EmulatedEngine(CostModel.named("qwen3-14b", "h100"), time_scale=0.2, seed=3)
+    sched = FakeManualScheduler(cap=1)
+
+    async def main(url: str, name: str) -> Any:
+        engine = RecordingEngine(EmulatedEngineClient(url, name))
+        rt = Runtime(sched)
+        rt.register_engine(engine, label="emulated")
+        await rt.start()
+        turns = rt.turns("t0", "g0")
+        task = asyncio.ensure_future(turns.generate([1, 2, 3], 300, Sampling(), []))
+        await asyncio.sleep(0.3)  # some of its ~1.5 s of tokens are out
+        sched.to_preempt.append("t0")
+        rt._decide()
+        out = await task
+        await rt.close()
+        return out, turns, engine
+
+    with serve_in_thread(model, "qwen3-14b-emulated") as running:
+        out, turns, engine = run(lambda: main(running.url, running.model))
+    (first, partial), (second, rest) = engine.calls
+    assert partial.finish_reason == "abort" and 0 < len(partial.output_ids) < 300
+    assert first.max_tokens == 300 and first.prompt_ids == [1, 2, 3]
+    assert second.prompt_ids == [1, 2, 3, *partial.output_ids]
+    assert second.max_tokens == 300 - len(partial.output_ids)
+    assert out.output_ids == partial.output_ids + rest.output_ids and len(out.output_ids) == 300
+    assert out.logprobs == partial.logprobs + rest.logprobs
+    assert turns.preemptions == 1
 
 
 def test_a_dead_engine_sends_its_turns_to_the_survivor() -> None:
