@@ -14,10 +14,12 @@ from treadle.cli import main
     ["train", "eval", "--model", "/nonexistent"],
     ["train", "sft", "--steps", "0"],
     ["train", "sft", "--eval-tasks", "5000"],
+    ["train", "sft", "--direct-share", "1"],
+    ["train", "grpo", "--sft-direct-share", "-0.1"],
 ])
 def test_bad_input_is_one_line_and_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str],
                                           tmp_path: Path) -> None:
-    assert main([*argv, *(["--out", str(tmp_path)] if argv[1] == "sft" else [])]) == 2
+    assert main([*argv, *(["--out", str(tmp_path)] if argv[1] != "eval" else [])]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"treadle train {argv[1]}: ") and "\n" not in err
 

@@ -33,6 +33,8 @@ def test_two_rl_steps_change_the_weights_and_advance_the_policy_version(
     assert [s.policy_version for s in report.steps] == [0, 1]  # each step's own rollouts
     assert all(s.trajectories == 32 and s.excluded == 0 for s in report.steps)
     assert sum(s.trained for s in report.steps) > 0, "no group with mixed rewards"
+    # Read from the trajectories' tool calls: this checkpoint calls python in ~95%.
+    assert all(0.5 < s.tool_use <= 1.0 for s in report.steps)
     first, last = report.evals
     assert (first.policy_version, first.versions) == (0, [0])
     assert (last.policy_version, last.versions) == (2, [2])  # the new weights sampled them

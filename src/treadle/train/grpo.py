@@ -4,7 +4,8 @@
 
 One run:
 
-1. **Start.** The supervised checkpoint (`train.sft`, cached) is copied with its
+1. **Start.** The supervised checkpoint (`train.sft`, cached; by default
+   `RL_START`, which skips the tool in about half its episodes) is copied with its
    embeddings untied (vLLM's CPU build reloads tied ones wrongly; see
    `VLLMEngine.update_weights`) — the same function, as version 0 of the policy.
 2. **Serve.** `treadle serve --vllm <policy v0>` in a child process: the rollout
@@ -70,13 +71,16 @@ Log = Callable[[str], None]
 _LIMITS = EVAL_LIMITS.as_params()
 _OPTIONS = {"kinds": list(KINDS)}
 LOSS_AGGREGATIONS = ("seq-mean-token-mean", "token-mean")  # verl's names
+RL_START = SFTConfig(steps=800, direct_share=0.5)  # GRPOConfig's default starting point
 
 
 @dataclass(frozen=True, slots=True)
 class GRPOConfig:
     """One RL run's settings (all of them go into the report)."""
 
-    sft: SFTConfig = field(default_factory=SFTConfig)  # the supervised starting point
+    # The supervised starting point: half its transcripts answer without the tool, so
+    # it calls python in about half its episodes (docs/training.md, "RL on top").
+    sft: SFTConfig = RL_START
     prompts_per_step: int = 16  # training tasks per step
     group_size: int = 8  # samples per task (GRPO group)
     lr: float = 1e-4  # AdamW learning rate (constant; 3e-4 degraded, see docs/training.md)
@@ -124,6 +128,7 @@ class StepRow:
     excluded: int  # infrastructure failures (dropped, never scored)
     reward: float  # mean reward of the step's rollouts
     success: float  # share with reward 1
+    tool_use: float  # share that called the python tool
     rollout_s: float  # submit to the last group
     train_s: float  # forward, backward, optimizer
     update_s: float  # save the weights and push them through the barrier
@@ -140,6 +145,7 @@ class EvalRow:
     step: int  # steps trained before it (0: the supervised checkpoint)
     policy_version: int  # the version it asked for
     success: float  # held-out success rate
+    tool_use: float  # share that called the python tool
     tasks: int
     minutes: float  # RL wall clock when it ended
     versions: list[int] = field(default_factory=list)  # versions its tokens carry
@@ -260,6 +266,7 @@ def run_step(client: RolloutClient, model: Qwen2ForCausalLM, optimizer: torch.op
         trained=sum(1 for s in sequences if s.advantage), excluded=excluded,
         reward=_mean([t.reward or 0.0 for t in scored]),
         success=_mean([1.0 if t.reward == 1.0 else 0.0 for t in scored]),
+        tool_use=_mean([1.0 if _used_python(t) else 0.0 for t in scored]),
         rollout_s=rollout_s, train_s=train_s, update_s=update_s, tokens=tokens,
         tokens_per_s=tokens / rollout_s if rollout_s > 0 else 0.0,
         logprob_gap_max=gap_max, logprob_gap_mean=gap_mean, loss=loss, minutes=minutes())
@@ -371,11 +378,17 @@ def evaluate_heldout(client: RolloutClient, config: GRPOConfig, *, step: int,
                         limits=_LIMITS, min_policy_version=version, priority=1,
                         job_id=f"eval-{step:04d}-{secrets.token_hex(3)}")
     done = [d.trajectory for d in client.trajectories(job.job_id)]
-    rewards = [t.reward for t in done if not t.infra_failure]
+    scored = [t for t in done if not t.infra_failure]
     versions = sorted({v for t in done for seg in t.segments
                        for v, m in zip(seg.policy_versions, seg.loss_mask, strict=True) if m})
-    return EvalRow(step, version, _mean([1.0 if r == 1.0 else 0.0 for r in rewards]),
-                   len(rewards), minutes, versions)
+    return EvalRow(step, version, _mean([1.0 if t.reward == 1.0 else 0.0 for t in scored]),
+                   _mean([1.0 if _used_python(t) else 0.0 for t in scored]), len(scored),
+                   minutes, versions)
+
+
+def _used_python(trajectory: Trajectory) -> bool:
+    return any(t.tool_call is not None and t.tool_call.name == "python"
+               for t in trajectory.turns)
 
 
 def untied_copy(checkpoint: Path, out: Path) -> Path:

@@ -1,9 +1,10 @@
 """The RL run's plot, drawn from its report (`rl.json`): `plot_report(report, png)`.
 
 Three panels over the steps: the rollouts' mean reward with the held-out success
-rate (the evaluations), the rollout throughput (sampled tokens per second of the
-step's rollout phase), and the largest |engine − trainer| logprob gap of a sampled
-token (log scale, with the 1e-3 line). Needs matplotlib (the ``train`` extra).
+rate and share of episodes that called the python tool (the evaluations), the
+rollout throughput (sampled tokens per second of the step's rollout phase), and the
+largest |engine − trainer| logprob gap of a sampled token (log scale, with the 1e-3
+line). Needs matplotlib (the ``train`` extra).
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ def plot_report(report: Mapping[str, Any], png: str | Path) -> Path:
              label="rollout reward (training tasks)")
     top.plot([e["step"] for e in evals], [e["success"] for e in evals], "o-",
              color="#d62728", lw=2, label="held-out success rate")
+    if evals and "tool_use" in evals[0]:  # reports before the field have no such line
+        top.plot([e["step"] for e in evals], [e["tool_use"] for e in evals], "s--",
+                 color="#ff7f0e", lw=1, label="held-out python tool use")
     top.set_ylabel("reward / success")
     top.set_ylim(0, 1)
     top.legend(loc="lower right")

@@ -4,7 +4,8 @@
     model, tokenizer = load_model(path), HFTokenizer(path)
 
 What it does: record `train_tasks` transcripts with the real `python` tool in
-`local` sandboxes (cached on their own, keyed by the data spec), train the
+`local` sandboxes (cached on their own, keyed by the data spec), replace a seeded
+`direct_share` of them by their tool-less form (`mixed`), train the
 tokenizer on them, build the model from `seed`, and train it on the reply tokens
 (cross-entropy under the loss mask; AdamW, linear warm-up then cosine decay to a
 tenth of the peak, gradient norm clipped at 1) in plain PyTorch, fp32, batches
@@ -33,6 +34,7 @@ import hashlib
 import json
 import math
 import os
+import random
 import shutil
 import sys
 import time
@@ -68,6 +70,15 @@ class SFTConfig:
     warmup_steps: int = 20  # linear warm-up before the cosine decay
     weight_decay: float = 0.0  # AdamW decoupled weight decay
     seed: int = 0  # weight initialisation and batch order
+    # Share of the transcripts replaced by their tool-less form (the answer submitted
+    # at once, `Transcript.answered_directly`), picked with `seed`. 0: every one
+    # uses the tool. Above 0 the model learns to skip the tool that often, as a
+    # model fine-tuned on chat data without tools would; RL can learn it pays.
+    direct_share: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.direct_share < 1.0:
+            raise ValueError(f"direct_share {self.direct_share}: must be in [0, 1)")
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -156,6 +167,14 @@ def load_or_record_transcripts(config: SFTConfig, cache_root: Path, log: Log) ->
                                            "pieces": list(t.pieces)}) + "\n" for t in found))
         tmp.replace(path)
         return found
+
+
+def mixed(found: Sequence[Transcript], config: SFTConfig) -> list[Transcript]:
+    """`found` with round(direct_share x n) of them, picked with `config.seed`, in
+    their tool-less form; order kept."""
+    direct = set(random.Random(config.seed).sample(range(len(found)),
+                                                   round(config.direct_share * len(found))))
+    return [t.answered_directly() if i in direct else t for i, t in enumerate(found)]
 
 
 def _batch(examples: Sequence[Example]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -253,7 +272,7 @@ def sft(config: SFTConfig, cache_root: str | Path, *, log: Log = _log) -> Path:
         if (out / META_FILE).is_file():  # another process finished it meanwhile
             return out
         start = time.perf_counter()
-        found = load_or_record_transcripts(config, cache_root, log)
+        found = mixed(load_or_record_transcripts(config, cache_root, log), config)
         data_s = time.perf_counter() - start
         tokenizer = train_tokenizer((p for t in found for p in t.pieces),
                                     config.model.vocab_size)

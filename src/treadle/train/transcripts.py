@@ -9,6 +9,9 @@ One transcript is one solved episode, four pieces as the agent loop appends them
    the real `python` tool in a real sandbox, through a real `Episode`;
 4. reply: `submit_answer` with what the program printed.
 
+`Transcript.answered_directly` drops pieces 2 and 3: the same answer without the
+tool (a policy that guesses).
+
 Each piece is tokenized on its own and the ids appended, never re-tokenized, as the
 agent loop does; the loss mask is 1 exactly on reply tokens (their closing
 ``<|im_end|>`` included). Every recorded transcript is scored by the suite and must
@@ -100,6 +103,15 @@ class Transcript:
     def is_reply(index: int) -> bool:
         """Whether piece `index` is sampled by the model (odd positions)."""
         return index % 2 == 1
+
+    def answered_directly(self) -> Transcript:
+        """The same episode without the tool: the prompt, then `submit_answer` of the
+        value the program printed (the answer the suite scored 1). A model cannot
+        compute it in its head; the SFT mix uses these to start from a policy that
+        often skips the tool (`SFTConfig.direct_share`)."""
+        if len(self.pieces) != 4:
+            raise ValueError(f"transcript {self.task_id}: already without the tool")
+        return Transcript(self.task_id, self.kind, (self.pieces[0], self.pieces[3]))
 
 
 @dataclass(frozen=True, slots=True)
