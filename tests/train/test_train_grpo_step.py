@@ -1,6 +1,7 @@
 """The GRPO update on its own (tiny model, hand-made sequences, no engine): zero
 advantages train nothing, epochs x minibatches optimizer steps are taken, the two
-loss aggregations differ, and the same seed gives the same weights."""
+loss aggregations differ, the same seed gives the same weights; the report's tool
+use is read from the turns."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import pytest
 import torch
 
 from treadle.client.samples import TrainingSequence
-from treadle.train.grpo import GRPOConfig, logprob_gap, policy_gradient_step
+from treadle.train.grpo import GRPOConfig, called_python, logprob_gap, policy_gradient_step
 from treadle.train.logprobs import teacher_forced_logprobs
 from treadle.train.model import load_model, weights_digest
-from treadle.types import TrajectoryStatus
+from treadle.types import GroupKey, ToolCall, Trajectory, TrajectoryStatus, Turn
 
 
 def _sequences(model: torch.nn.Module, advantages: list[float]) -> list[TrainingSequence]:
@@ -86,3 +87,15 @@ def test_logprob_gap_counts_sampled_tokens_only(tiny_dir: Path) -> None:
 def test_an_unknown_loss_aggregation_is_refused(bad: str) -> None:
     with pytest.raises(ValueError, match="loss_agg"):
         GRPOConfig(loss_agg=bad)
+
+
+def test_tool_use_is_read_from_the_turns_tool_calls() -> None:
+    def traj(*calls: str | None) -> Trajectory:
+        return Trajectory("t", GroupKey("task", 0), turns=[
+            Turn(i, 3, tool_call=ToolCall(c) if c else None) for i, c in enumerate(calls)])
+
+    assert called_python(traj("python", "submit_answer"))
+    assert called_python(traj(None, "python"))
+    assert not called_python(traj("submit_answer"))
+    assert not called_python(traj(None))
+    assert not called_python(traj())

@@ -266,7 +266,7 @@ def run_step(client: RolloutClient, model: Qwen2ForCausalLM, optimizer: torch.op
         trained=sum(1 for s in sequences if s.advantage), excluded=excluded,
         reward=_mean([t.reward or 0.0 for t in scored]),
         success=_mean([1.0 if t.reward == 1.0 else 0.0 for t in scored]),
-        tool_use=_mean([1.0 if _used_python(t) else 0.0 for t in scored]),
+        tool_use=_mean([1.0 if called_python(t) else 0.0 for t in scored]),
         rollout_s=rollout_s, train_s=train_s, update_s=update_s, tokens=tokens,
         tokens_per_s=tokens / rollout_s if rollout_s > 0 else 0.0,
         logprob_gap_max=gap_max, logprob_gap_mean=gap_mean, loss=loss, minutes=minutes())
@@ -382,11 +382,12 @@ def evaluate_heldout(client: RolloutClient, config: GRPOConfig, *, step: int,
     versions = sorted({v for t in done for seg in t.segments
                        for v, m in zip(seg.policy_versions, seg.loss_mask, strict=True) if m})
     return EvalRow(step, version, _mean([1.0 if t.reward == 1.0 else 0.0 for t in scored]),
-                   _mean([1.0 if _used_python(t) else 0.0 for t in scored]), len(scored),
+                   _mean([1.0 if called_python(t) else 0.0 for t in scored]), len(scored),
                    minutes, versions)
 
 
-def _used_python(trajectory: Trajectory) -> bool:
+def called_python(trajectory: Trajectory) -> bool:
+    """Whether any turn of `trajectory` called the python tool (as the model named it)."""
     return any(t.tool_call is not None and t.tool_call.name == "python"
                for t in trajectory.turns)
 
