@@ -128,12 +128,13 @@ def add_grpo_parser(commands: argparse._SubParsersAction[Any]) -> None:
     g.add_argument("--eval-every", type=int, default=5, help="steps between evaluations")
     g.add_argument("--eval-tasks", type=int, default=256, help="held-out tasks per evaluation")
     g.add_argument("--sft-steps", type=int, default=None,
-                   help="optimizer steps of the supervised starting point (default: SFT's)")
+                   help="optimizer steps of the supervised starting point (default 800, "
+                        "grpo.RL_START's)")
     g.add_argument("--sft-train-tasks", type=int, default=None,
-                   help="transcripts of the supervised starting point (default: SFT's)")
+                   help="transcripts of the supervised starting point (default 2000)")
     g.add_argument("--sft-direct-share", type=float, default=None,
                    help="share of its transcripts that answer without the tool "
-                        "(default: the RL start's, see docs/training.md)")
+                        "(default 0.5; 0 for a start that always uses it)")
     g.add_argument("--sandbox", default="bwrap", help="where tools run (bwrap, or local)")
     g.add_argument("--vllm-python", default=os.environ.get("TREADLE_VLLM_PYTHON",
                                                            ".venv-vllm/bin/python"))
