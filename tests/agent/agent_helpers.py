@@ -44,11 +44,13 @@ class FakeScriptedRunner:
     events: list[tuple[object, ...]] = field(default_factory=list)
     prompts: list[list[int]] = field(default_factory=list)  # context sent each turn
     outputs: list[TurnOutput] = field(default_factory=list)
+    samplings: list[Sampling] = field(default_factory=list)  # parameters sent each turn
 
     async def generate(self, prompt_ids: list[int], max_tokens: int, sampling: Sampling,
                        stop_ids: list[int]) -> TurnOutput:
         turn = len(self.prompts)
         self.prompts.append(list(prompt_ids))
+        self.samplings.append(sampling)
         self.events.append(("generate", max_tokens))
         if self.delay_s:
             await asyncio.sleep(self.delay_s)

@@ -12,7 +12,8 @@ import pytest
 from agent_helpers import FakeScriptedRunner, build_tokenizer
 
 from treadle.agent.chat import IM_END, HermesFormat, HFTokenizer, ParsedCall
-from treadle.agent.loop import AgentLimits, run_agent
+from treadle.agent.loop import AgentLimits, Sampling, run_agent
+from treadle.engines.base import derived_seed
 from treadle.envs.base import Episode, RewardResult, Suite, open_episode
 from treadle.envs.tools.answer import SubmitAnswerTool
 from treadle.envs.tools.base import Tool, ToolContext, ToolResult
@@ -79,8 +80,8 @@ def call(name: str, **arguments: Any) -> str:
 
 
 def play(tok: HFTokenizer, replies: list[str], suite: Suite | None = None,
-         limits: AgentLimits | None = None, **runner_kw: Any
-         ) -> tuple[Any, FakeScriptedRunner]:
+         limits: AgentLimits | None = None, sampling: Sampling | None = None,
+         group: str = "q1", **runner_kw: Any) -> tuple[Any, FakeScriptedRunner]:
     suite = suite or EchoSuite()
     limits = limits or AgentLimits()
     task = suite.tasks()[0]
@@ -88,8 +89,9 @@ def play(tok: HFTokenizer, replies: list[str], suite: Suite | None = None,
 
     async def go() -> Any:
         async with open_episode(suite, task) as ep:
-            return await run_agent(ep, tok, runner, traj_id="t0", key=GroupKey("q1", 0),
-                                   limits=limits)
+            return await run_agent(ep, tok, runner, traj_id=f"{group}/t0",
+                                   key=GroupKey(group, 0), limits=limits,
+                                   sampling=sampling or Sampling())
 
     return asyncio.run(asyncio.wait_for(go(), 30)), runner
 
@@ -242,3 +244,21 @@ def test_math_with_the_real_python_tool(tok: HFTokenizer, tmp_path: Path) -> Non
     # The suite's metrics, as plain floats: the reply "x" is not a number at all.
     assert traj.metrics == {"correct": 0.0, "parsed": 0.0}
     assert all(type(v) is float for v in traj.metrics.values())
+
+
+def test_a_seeded_sampling_gives_each_turn_a_seed_of_its_task_sample_and_index(
+        tok: HFTokenizer) -> None:
+    replies = [call("echo", text="hello"), call("submit_answer", answer="42")]
+    traj, runner = play(tok, replies, sampling=Sampling(temperature=0.5, seed=5))
+    task = traj.task_id
+    assert [s.seed for s in runner.samplings] == [derived_seed(5, task, 0, 0),
+                                                  derived_seed(5, task, 0, 1)]
+    assert len({s.seed for s in runner.samplings}) == 2
+    assert {s.temperature for s in runner.samplings} == {0.5}
+    # The job, trajectory id and group id do not enter it: a seeded evaluation of the
+    # same task and sample draws the same numbers in any job.
+    _traj, again = play(tok, replies, sampling=Sampling(temperature=0.5, seed=5),
+                        group="job2/q1")
+    assert again.samplings == runner.samplings
+    _traj, unseeded = play(tok, replies)
+    assert [s.seed for s in unseeded.samplings] == [None, None]

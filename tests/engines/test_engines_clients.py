@@ -16,8 +16,8 @@ from treadle.engines import (
     GenerateRequest,
 )
 from treadle.engines._http import parse_prometheus
-from treadle.engines.sglang import SGLangEngine
-from treadle.engines.vllm import VLLMEngine
+from treadle.engines.sglang import SGLangEngine, generate_body
+from treadle.engines.vllm import VLLMEngine, completion_body
 
 PROMPT = [5, 6, 7, 100]
 
@@ -170,6 +170,13 @@ def test_parse_prometheus_sums_label_sets_and_rejects_garbage() -> None:
     assert parse_prometheus(text, {"x": "x", "y": "y"}) == {"x": 3.5, "y": 0.3}
     with pytest.raises(EngineProtocolError, match="x"):
         parse_prometheus("x{a=\"1\"} nope\n", {"x": "x"})
+
+
+def test_a_seed_is_sent_only_when_set() -> None:
+    assert "seed" not in completion_body(req(), "m")
+    assert completion_body(req(seed=7), "m")["seed"] == 7
+    assert "sampling_seed" not in generate_body(req())["sampling_params"]
+    assert generate_body(req(seed=7))["sampling_params"]["sampling_seed"] == 7
 
 
 # -- SGLang ----------------------------------------------------------------------------

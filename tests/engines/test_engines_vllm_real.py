@@ -63,6 +63,26 @@ def test_greedy_is_deterministic_and_stop_token_ends_it(vllm_url: str) -> None:
     asyncio.run(main())
 
 
+def test_a_seeded_request_samples_the_same_tokens_again(vllm_url: str) -> None:
+    async def main() -> None:
+        async with VLLMEngine(vllm_url, MODEL) as engine:
+            a, b, c = [await engine.generate(req(rid, max_tokens=16, seed=seed))
+                       for rid, seed in (("seed-a", 7), ("seed-b", 7), ("seed-c", 8))]
+            assert a.output_ids == b.output_ids  # other request id, same seed
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+            assert c.output_ids != a.output_ids  # random weights: 16 draws of 1,024 ids
+            # More prompt tokens than one step takes: with chunked prefill, vLLM's CPU
+            # build rewound a seeded request's generator and its engine core died.
+            many = [GenerateRequest(f"seed-many-{i}", [1] + [10 + (i + j) % 300
+                                                             for j in range(400)],
+                                    max_tokens=4, seed=i) for i in range(64)]
+            done = await asyncio.gather(*(engine.generate(r) for r in many))
+            assert all(len(r.output_ids) >= 1 for r in done)
+            assert await engine.health()
+
+    asyncio.run(main())
+
+
 def test_load_parses_real_metrics(vllm_url: str) -> None:
     async def main() -> None:
         async with VLLMEngine(vllm_url, MODEL) as engine:

@@ -15,7 +15,7 @@ from treadle.core.policies.baselines import Slime
 from treadle.engines.errors import NoEngineAvailable
 from treadle.runtime.clock import ScaledClock
 from treadle.runtime.driver import Runtime
-from treadle.runtime.launcher import EmulatedProcess, LocalLauncher
+from treadle.runtime.launcher import EmulatedProcess, LocalLauncher, VLLMProcess
 from treadle.runtime.replay import replay
 from treadle.sim.workload import generate
 
@@ -98,3 +98,13 @@ def test_engines_do_not_outlive_a_runtime_that_crashed() -> None:
         time.sleep(0.1)
     os.kill(pid, signal.SIGKILL)
     raise AssertionError(f"engine {pid} outlived its runtime")
+
+
+def test_vllm_starts_without_chunked_prefill_unless_asked() -> None:
+    # The real-vLLM test of seeded requests (tests/engines) runs this command line.
+    plain = VLLMProcess(model_dir="m", extra_args=("--enforce-eager",)).command(2, 8000, 0)
+    assert "--no-enable-chunked-prefill" in plain and plain[-1] == "--enforce-eager"
+    assert plain[plain.index("--tensor-parallel-size") + 1] == "2"
+    chunked = VLLMProcess(model_dir="m", chunked_prefill=True).command(1, 8000, 0)
+    assert "--no-enable-chunked-prefill" not in chunked
+    assert "--tensor-parallel-size" not in chunked

@@ -70,6 +70,10 @@ def test_bad_requests_are_refused_with_field_level_messages(tmp_path: Path) -> N
         r = client.post("/v1/jobs", json={"tasks": {"workload": "math", "trajectories": 4},
                                           "bogus": 1})
         assert r.status_code == 422 and "bogus" in r.text
+        r = client.post("/v1/jobs", json={"tasks": {"workload": "math", "trajectories": 4},
+                                          "sampling": {"seed": -1}})
+        assert r.status_code == 422 and ["body", "sampling", "seed"] in [
+            d["loc"] for d in r.json()["detail"]]
         assert client.get("/v1/jobs/nope").status_code == 404
         assert client.post("/v1/jobs", json={"tasks": {"workload": "math", "trajectories": 16},
                                              "job_id": "dup"}).status_code == 201

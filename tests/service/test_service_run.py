@@ -17,6 +17,7 @@ from agent.agent_helpers import build_tokenizer
 from engines.engines_fakes import FakeVLLMServer
 from treadle.cli import main
 from treadle.client import RolloutClient
+from treadle.engines.base import derived_seed
 from treadle.service.state import ServiceConfig
 from treadle.store.export import read_parquet
 from treadle.types import TrajectoryStatus
@@ -89,11 +90,12 @@ def test_suite_tasks_from_a_file_on_a_fake_engine(
         {"id": "q1", "question": "What is 1 + 2?", "answer": "3"},
         {"id": "q2", "question": "What is 2 + 2?", "answer": "4"},
         {"id": "q3", "question": "What is 6 / 2?", "answer": "3"})) + "\n", encoding="utf-8")
-    with FakeVLLMServer(reply_ids=reply).serve() as engine:
+    fake = FakeVLLMServer(reply_ids=reply)
+    with fake.serve() as engine:
         code = main(["run", str(tasks), "--suite", "math", "--group", "2", "--suite-options",
                      '{"python_tool": false}', "--engine", engine, "--served-model", "m",
                      "--tokenizer", str(tmp_path / "tok"), "--max-turns", "2",
-                     "--job-id", "s1", "--out", str(tmp_path)])
+                     "--sampling-seed", "3", "--job-id", "s1", "--out", str(tmp_path)])
     out, err = capsys.readouterr()
     assert code == 0, err
     assert out.splitlines()[1].split()[:3] == ["completed", "6", "0.667"]
@@ -101,6 +103,9 @@ def test_suite_tasks_from_a_file_on_a_fake_engine(
     assert sorted((t.task_id, t.reward) for t in back) == [
         ("q1", 1.0), ("q1", 1.0), ("q2", 0.0), ("q2", 0.0), ("q3", 1.0), ("q3", 1.0)]
     assert all(t.segments and t.segments[0].response_ids == reply for t in back)
+    # Each (task, sample)'s one turn reached the engine with its own derived seed.
+    assert sorted(b["seed"] for b in fake.requests) == sorted(
+        derived_seed(3, task, sample, 0) for task in ("q1", "q2", "q3") for sample in (0, 1))
 
 
 @pytest.mark.parametrize(("argv", "message"), [

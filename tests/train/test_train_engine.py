@@ -39,6 +39,20 @@ def test_batched_samples_have_teacher_forced_logprobs_and_are_seeded(tiny_dir: P
     asyncio.run(main())
 
 
+def test_a_request_seed_overrides_the_engine_seed(tiny_dir: Path) -> None:
+    model = load_model(tiny_dir)
+
+    async def main() -> None:
+        async with TorchEngine(model, seed=3) as a, TorchEngine(model, seed=4) as b:
+            x = await a.generate(_req("x", PROMPTS[2], max_tokens=24, seed=11))
+            y = await b.generate(_req("y", PROMPTS[2], max_tokens=24, seed=11))
+            z = await a.generate(_req("z", PROMPTS[2], max_tokens=24, seed=12))
+        assert x.output_ids == y.output_ids  # other engine seed, other id, same seed
+        assert z.output_ids != x.output_ids or len(x.output_ids) < 3
+
+    asyncio.run(main())
+
+
 def test_greedy_stop_tokens_eos_and_max_tokens(tiny_dir: Path) -> None:
     model = load_model(tiny_dir)
 

@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from treadle.agent.chat import IM_END, CallError, HermesFormat, Reply, Tokenizer
-from treadle.engines.base import Engine, FinishReason, GenerateRequest
+from treadle.engines.base import Engine, FinishReason, GenerateRequest, derived_seed
 from treadle.engines.errors import EngineError
 from treadle.envs.base import Episode
 from treadle.errors import TreadleError
@@ -102,6 +102,18 @@ class Sampling:
 
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0  # nucleus mass
+    # Base seed: turn t of a trajectory of task `task` (sample `repetition`) samples
+    # with seed derived_seed(seed, task, repetition, t), so the same task, sample and
+    # policy give the same tokens in any job (evaluations share their random
+    # numbers). None: the engine's own randomness.
+    seed: int | None = None
+
+    def for_turn(self, task_id: str, repetition: int, turn: int) -> Sampling:
+        """These parameters with the seed of one turn (unchanged when unseeded)."""
+        if self.seed is None:
+            return self
+        return dataclasses.replace(self, seed=derived_seed(self.seed, task_id, repetition,
+                                                           turn))
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +188,7 @@ class EngineTurns:
         result = await self.engine.generate(GenerateRequest(
             request_id=f"{self.request_prefix}-{self._calls}", prompt_ids=prompt_ids,
             max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
-            stop_token_ids=stop_ids, timeout_s=self.request_timeout_s))
+            seed=sampling.seed, stop_token_ids=stop_ids, timeout_s=self.request_timeout_s))
         if result.finish_reason == "abort":
             raise EngineError(f"engine {self.engine_id} aborted the request")
         return TurnOutput(result.output_ids, result.logprobs,
@@ -268,7 +280,9 @@ async def _turns(episode: Episode, tokenizer: Tokenizer, runner: TurnRunner, sta
         budget = min(limits.max_tokens_per_turn, room)
         try:
             async with asyncio.timeout(_left(deadline, clock)):
-                out = await runner.generate(list(context), budget, sampling, stop_ids)
+                out = await runner.generate(list(context), budget,
+                                            sampling.for_turn(traj.task_id, traj.key.repetition,
+                                                              index), stop_ids)
             _append_reply(state, out)  # a malformed reply is the engine's failure
         except TimeoutError:
             raise _Stop(TrajectoryStatus.TIMEOUT, "deadline") from None

@@ -90,7 +90,7 @@ class RolloutClient:
                priority: int | None = None, job_id: str | None = None) -> SubmittedJob:
         """Submit a job: `request` (a JobRequest-shaped dict) and/or the keywords, which
         win. `tasks` from `suite_tasks` or `replay_tasks`; `samples_per_task` is the
-        GRPO group size of suite tasks; `sampling` {temperature, top_p}; `limits`
+        GRPO group size of suite tasks; `sampling` {temperature, top_p, seed}; `limits`
         {max_turns, max_total_tokens, max_tokens_per_turn, deadline_s}; trajectories
         start once the engines serve `min_policy_version`; higher `priority` first.
         ServiceError 422 names each bad field, 409 a `job_id` already taken."""

@@ -20,11 +20,18 @@ Contracts every implementation keeps:
 
 from __future__ import annotations
 
+import hashlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Literal
 
 FinishReason = Literal["stop", "length", "abort"]
+
+
+def derived_seed(*parts: object) -> int:
+    """A 63-bit seed from `parts` (SHA-256 of their text), the same in every process."""
+    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +43,9 @@ class GenerateRequest:
     max_tokens: int  # upper bound on generated tokens; hitting it gives finish "length"
     temperature: float = 1.0  # sampling temperature; 0 = greedy
     top_p: float = 1.0  # nucleus sampling mass
+    # Seed of this call's sampling: same seed, prompt and weights, same tokens (up to
+    # the engine's batch-dependent float rounding). None: the engine's own randomness.
+    seed: int | None = None
     stop_token_ids: list[int] = field(default_factory=list)  # ids that end generation ("stop")
     priority: int = 0  # lower is served first by engines scheduling by priority
     logprobs: bool = True  # ask for the sampled tokens' logprobs (RL needs them)

@@ -4,7 +4,7 @@
     result = await engine.generate(GenerateRequest("t1-turn0", prompt_ids, max_tokens=512))
 
 Wire format (SGLang's documented native API): the request carries `input_ids`,
-`sampling_params{max_new_tokens, temperature, top_p, stop_token_ids}`,
+`sampling_params{max_new_tokens, temperature, top_p, stop_token_ids, sampling_seed}`,
 `return_logprob`, `rid` (the request id) and `priority`; the reply carries
 `output_ids` and `meta_info{prompt_tokens, cached_tokens, finish_reason{type},
 output_token_logprobs: [[logprob, token_id, text], ...]}`. The logprob entries'
@@ -71,6 +71,8 @@ def generate_body(request: GenerateRequest) -> dict[str, Any]:
     }
     if request.stop_token_ids:
         params["stop_token_ids"] = list(request.stop_token_ids)
+    if request.seed is not None:
+        params["sampling_seed"] = request.seed
     body: dict[str, Any] = {
         "input_ids": request.prompt_ids,
         "sampling_params": params,

@@ -12,7 +12,8 @@ is an EngineProtocolError (text cannot be turned back into ids faithfully).
 The request id goes in the `X-Request-Id` header and the body's `request_id`
 (vLLM prefixes it, e.g. `cmpl-<id>`). `priority` only matters when the server runs
 with `--scheduling-policy priority` (lower first); other servers reject a non-zero
-priority with a 400 (EngineRequestError).
+priority with a 400 (EngineRequestError). A request's `seed` goes in the body's
+`seed` (vLLM samples that request from its own generator).
 
 Limits: non-streaming. `abort` closes the HTTP connection, which vLLM turns into an
 engine-side abort, so an aborted result carries no tokens (the partial output never
@@ -97,6 +98,8 @@ def completion_body(request: GenerateRequest, model: str) -> dict[str, Any]:
         body["stop_token_ids"] = list(request.stop_token_ids)
     if request.priority:
         body["priority"] = request.priority
+    if request.seed is not None:
+        body["seed"] = request.seed
     return body
 
 

@@ -71,6 +71,8 @@ def add_run_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
     lim = p.add_argument_group("sampling and limits")
     lim.add_argument("--temperature", type=float)
     lim.add_argument("--top-p", type=float)
+    lim.add_argument("--sampling-seed", type=int, metavar="SEED",
+                     help="seed every turn's sampling (per task, sample and turn)")
     lim.add_argument("--max-turns", type=int)
     lim.add_argument("--max-total-tokens", type=int)
     lim.add_argument("--max-tokens-per-turn", type=int)
@@ -173,7 +175,7 @@ def job_request(args: argparse.Namespace) -> tuple[dict[str, Any], list[int]]:
     else:
         raise BadInput("no tasks: give TASKS.jsonl with --suite NAME, --suite NAME --n N, "
                        "or --workload NAME")
-    sampling = given(temperature=args.temperature, top_p=args.top_p)
+    sampling = given(temperature=args.temperature, top_p=args.top_p, seed=args.sampling_seed)
     limits = given(max_turns=args.max_turns, max_total_tokens=args.max_total_tokens,
                    max_tokens_per_turn=args.max_tokens_per_turn, deadline_s=args.deadline)
     return given(tasks=tasks, samples_per_task=samples, sampling=sampling or None,

@@ -146,6 +146,11 @@ class VLLMProcess(ProcessSpec):
     max_num_seqs: int = 64
     extra_args: tuple[str, ...] = ()  # appended to the command line
     extra_env: tuple[tuple[str, str], ...] = (("VLLM_CPU_KVCACHE_SPACE", "1"),)
+    # Off by default: vLLM's CPU build (0.32) kills its engine core on a seeded request
+    # whose prefill it splits across steps (it rewinds the request's generator, which
+    # CPU generators cannot do). A prompt then prefills in one step; GPU servers with
+    # long prompts want it on.
+    chunked_prefill: bool = False
     name: str = "vllm"
     startup_estimate_s: float = 60.0
 
@@ -157,6 +162,8 @@ class VLLMProcess(ProcessSpec):
                "--enable-prompt-tokens-details", "--host", "127.0.0.1", "--port", str(port)]
         if tp > 1:
             cmd += ["--tensor-parallel-size", str(tp)]
+        if not self.chunked_prefill:
+            cmd.append("--no-enable-chunked-prefill")
         return cmd + list(self.extra_args)
 
     def env(self) -> dict[str, str]:

@@ -107,7 +107,7 @@ class ScheduledTurns:
             request = GenerateRequest(
                 request_id=f"{self.traj_id}:{self._turn}:{self._calls}",
                 prompt_ids=prompt_ids + ids, max_tokens=max_tokens - len(ids),
-                temperature=sampling.temperature, top_p=sampling.top_p,
+                temperature=sampling.temperature, top_p=sampling.top_p, seed=sampling.seed,
                 stop_token_ids=stop_ids, priority=_int_priority(priority),
                 timeout_s=self._rt.request_timeout_s)
             started = clock.now()

@@ -257,7 +257,8 @@ class Rollouts:
     # -- planning -------------------------------------------------------------------------
 
     def _resolve(self, job_id: str, request: JobRequest) -> list[_Work]:
-        sampling = Sampling(request.sampling.temperature, request.sampling.top_p)
+        sampling = Sampling(request.sampling.temperature, request.sampling.top_p,
+                            request.sampling.seed)
         lim = request.limits
         limits = AgentLimits(lim.max_turns, lim.max_total_tokens, lim.max_tokens_per_turn,
                              lim.deadline_s)

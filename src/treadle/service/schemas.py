@@ -108,6 +108,8 @@ def _task_source(value: Any) -> str:
 class SamplingParams(_Strict):
     temperature: float = Field(default=1.0, ge=0.0, le=10.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    # Base seed of every turn's sampling (agent.loop.Sampling.seed); None: unseeded.
+    seed: int | None = Field(default=None, ge=0, le=(1 << 63) - 1)
 
 
 class LimitParams(_Strict):

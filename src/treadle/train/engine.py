@@ -14,10 +14,10 @@ Sampling follows vLLM: temperature (0 = greedy) and top-p; a row stops at any of
 its `stop_token_ids` or at the model's EOS (its generation config), the stop token
 included in `output_ids`, or at `max_tokens`. `logprobs` are the raw model
 log-softmax of each sampled token (fp32, before temperature), as vLLM reports by
-default. Every request samples from its own generator seeded by (engine seed,
-request id): the same request gives the same tokens whatever else is batched with
-it, up to float rounding of padded batches (~1e-6 in the logits, which changes a
-sample only when a draw falls that close to a boundary).
+default. Every request samples from its own generator seeded by its `seed`, or
+else by (engine seed, request id): the same request gives the same tokens whatever
+else is batched with it, up to float rounding of padded batches (~1e-6 in the
+logits, which changes a sample only when a draw falls that close to a boundary).
 
 Abort: a waiting request ends at once with no tokens; a running one at the next
 step with the tokens so far. `load()` reports the running batch and the queue;
@@ -28,13 +28,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from treadle.engines.base import Engine, EngineLoad, FinishReason, GenerateRequest, GenerateResult
+from treadle.engines.base import (
+    Engine,
+    EngineLoad,
+    FinishReason,
+    GenerateRequest,
+    GenerateResult,
+    derived_seed,
+)
 from treadle.engines.errors import EngineRequestError, EngineTimeout, EngineUnavailable
 
 if TYPE_CHECKING:
@@ -61,10 +67,11 @@ class _Row:
     finish: FinishReason | None = None
 
 
-def request_seed(seed: int, request_id: str) -> int:
-    """The sampling seed of one request (63 bits of SHA-256 of seed and id)."""
-    digest = hashlib.sha256(f"{seed}:{request_id}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") >> 1
+def _seed(engine_seed: int, request: GenerateRequest) -> int:
+    """The request's own seed, else one derived from the engine's and the request id."""
+    if request.seed is not None:
+        return request.seed
+    return derived_seed(engine_seed, request.request_id)
 
 
 class TorchEngine(Engine):
@@ -205,7 +212,7 @@ class TorchEngine(Engine):
             ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
             mask[i, width - len(r.prompt_ids):] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        rows = [_Row(r, torch.Generator().manual_seed(request_seed(self.seed, r.request_id)),
+        rows = [_Row(r, torch.Generator().manual_seed(_seed(self.seed, r)),
                      self._eos | frozenset(r.stop_token_ids), [], []) for r in requests]
         with torch.no_grad():
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,

@@ -26,7 +26,8 @@ One run:
    the policy version advances, and the next job's tokens carry it.
 4. **Measure.** Every `eval_every` steps, and at the start and the end, the
    held-out success rate (mean reward on `eval_tasks` held-out tasks, one sample
-   each at temperature 1.0) through the same service.
+   each at temperature 1.0) through the same service. Sampling is seeded per task,
+   sample and turn (`seed`), so evaluations differ by their policies, not their draws.
 
 Stops after `max_steps` or `max_minutes` of RL (wall clock, evaluations included).
 The report (`rl.json`) holds the configuration, one row per step (reward, success,
@@ -104,7 +105,9 @@ class GRPOConfig:
     max_minutes: float = 15.0  # RL wall-clock limit, evaluations included
     eval_every: int = 5  # steps between held-out evaluations
     eval_tasks: int = 256  # held-out tasks per evaluation (one sample each; ±3 points)
-    seed: int = 0  # torch seed of the trainer (the tasks of step s use seed 1000 + s)
+    # Torch seed of the trainer and base seed of every turn's sampling (the tasks of
+    # step s use seed 1000 + s).
+    seed: int = 0
     sandbox: str = "bwrap"  # where the tools run (bwrap; local where it is missing)
     vllm_python: str = ".venv-vllm/bin/python"  # the interpreter vLLM is installed in
 
@@ -235,7 +238,7 @@ def run_step(client: RolloutClient, model: Qwen2ForCausalLM, optimizer: torch.op
     t0 = time.monotonic()
     job = client.submit(tasks=suite_tasks("math", tasks=tasks, options=_OPTIONS),
                         samples_per_task=config.group_size,
-                        sampling={"temperature": config.temperature}, limits=_LIMITS,
+                        sampling=_sampling(config), limits=_LIMITS,
                         min_policy_version=step, job_id=f"train-{step:04d}-{secrets.token_hex(3)}")
     sequences: list[TrainingSequence] = []
     trajectories: list[Trajectory] = []
@@ -374,8 +377,8 @@ def evaluate_heldout(client: RolloutClient, config: GRPOConfig, *, step: int,
     suite = math_suite()
     tasks = [suite.task_to_record(t) for t in heldout_tasks(config.eval_tasks)]
     job = client.submit(tasks=suite_tasks("math", tasks=tasks, options=_OPTIONS),
-                        samples_per_task=1, sampling={"temperature": config.temperature},
-                        limits=_LIMITS, min_policy_version=version, priority=1,
+                        samples_per_task=1, sampling=_sampling(config), limits=_LIMITS,
+                        min_policy_version=version, priority=1,
                         job_id=f"eval-{step:04d}-{secrets.token_hex(3)}")
     done = [d.trajectory for d in client.trajectories(job.job_id)]
     scored = [t for t in done if not t.infra_failure]
@@ -384,6 +387,12 @@ def evaluate_heldout(client: RolloutClient, config: GRPOConfig, *, step: int,
     return EvalRow(step, version, _mean([1.0 if t.reward == 1.0 else 0.0 for t in scored]),
                    _mean([1.0 if called_python(t) else 0.0 for t in scored]), len(scored),
                    minutes, versions)
+
+
+def _sampling(config: GRPOConfig) -> dict[str, float]:
+    # Seeded per task, sample and turn (agent.loop.Sampling.seed): every evaluation
+    # draws the same random numbers, so two differ by their policies, not their luck.
+    return {"temperature": config.temperature, "seed": config.seed}
 
 
 def called_python(trajectory: Trajectory) -> bool:
