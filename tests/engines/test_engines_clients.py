@@ -177,6 +177,8 @@ def test_a_seed_is_sent_only_when_set() -> None:
     assert completion_body(req(seed=7), "m")["seed"] == 7
     assert "sampling_seed" not in generate_body(req())["sampling_params"]
     assert generate_body(req(seed=7))["sampling_params"]["sampling_seed"] == 7
+    big = (1 << 62) + 5  # a derived seed has 63 bits; SGLang keeps 31
+    assert generate_body(req(seed=big))["sampling_params"]["sampling_seed"] == 5
 
 
 # -- SGLang ----------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from treadle.agent.loop import Sampling
 from treadle.core.cost_model import CostModel
 from treadle.core.policies.baselines import Slime
 from treadle.core.scheduler import Scheduler
+from treadle.engines.base import derived_seed
 from treadle.engines.emulated import EmulatedEngine
 from treadle.engines.emulated_client import EmulatedEngineClient
 from treadle.engines.emulated_server import serve_in_thread
@@ -110,7 +111,7 @@ def test_a_preempted_turn_on_the_emulated_engine_resumes_with_its_tokens() -> No
         rt.register_engine(engine, label="emulated")
         await rt.start()
         turns = rt.turns("t0", "g0")
-        task = asyncio.ensure_future(turns.generate([1, 2, 3], 300, Sampling(), []))
+        task = asyncio.ensure_future(turns.generate([1, 2, 3], 300, Sampling(seed=9), []))
         await asyncio.sleep(0.3)  # some of its ~1.5 s of tokens are out
         sched.to_preempt.append("t0")
         rt._decide()
@@ -125,6 +126,8 @@ def test_a_preempted_turn_on_the_emulated_engine_resumes_with_its_tokens() -> No
     assert first.max_tokens == 300 and first.prompt_ids == [1, 2, 3]
     assert second.prompt_ids == [1, 2, 3, *partial.output_ids]
     assert second.max_tokens == 300 - len(partial.output_ids)
+    # The resumed call has a seed of its own: the turn's again would replay its draws.
+    assert (first.seed, second.seed) == (9, derived_seed(9, len(partial.output_ids)))
     assert out.output_ids == partial.output_ids + rest.output_ids and len(out.output_ids) == 300
     assert out.logprobs == partial.logprobs + rest.logprobs
     assert turns.preemptions == 1

@@ -46,9 +46,10 @@ def test_a_request_seed_overrides_the_engine_seed(tiny_dir: Path) -> None:
         async with TorchEngine(model, seed=3) as a, TorchEngine(model, seed=4) as b:
             x = await a.generate(_req("x", PROMPTS[2], max_tokens=24, seed=11))
             y = await b.generate(_req("y", PROMPTS[2], max_tokens=24, seed=11))
-            z = await a.generate(_req("z", PROMPTS[2], max_tokens=24, seed=12))
+            others = [await a.generate(_req(f"z{s}", PROMPTS[2], max_tokens=24, seed=s))
+                      for s in (12, 13, 14, 15)]
         assert x.output_ids == y.output_ids  # other engine seed, other id, same seed
-        assert z.output_ids != x.output_ids or len(x.output_ids) < 3
+        assert any(z.output_ids != x.output_ids for z in others)
 
     asyncio.run(main())
 

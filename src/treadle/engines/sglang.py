@@ -72,7 +72,9 @@ def generate_body(request: GenerateRequest) -> dict[str, Any]:
     if request.stop_token_ids:
         params["stop_token_ids"] = list(request.stop_token_ids)
     if request.seed is not None:
-        params["sampling_seed"] = request.seed
+        # SGLang keeps sampling seeds as int32 (and reads them only when the server
+        # runs with --enable-deterministic-inference): 31 bits of ours.
+        params["sampling_seed"] = request.seed & 0x7FFF_FFFF
     body: dict[str, Any] = {
         "input_ids": request.prompt_ids,
         "sampling_params": params,

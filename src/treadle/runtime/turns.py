@@ -38,7 +38,7 @@ from treadle.core.events import (
     TurnFinished,
     TurnPreempted,
 )
-from treadle.engines.base import FinishReason, GenerateRequest, GenerateResult
+from treadle.engines.base import FinishReason, GenerateRequest, GenerateResult, derived_seed
 from treadle.engines.errors import (
     EngineError,
     EngineProtocolError,
@@ -104,10 +104,15 @@ class ScheduledTurns:
             if slot is None:
                 continue  # the engine went away since; the scheduler re-routes the turn
             self._calls += 1
+            # A resumed call draws new numbers: with the turn's seed again it would
+            # replay the draws its first tokens already used.
+            seed = sampling.seed
+            if seed is not None and ids:
+                seed = derived_seed(seed, len(ids))
             request = GenerateRequest(
                 request_id=f"{self.traj_id}:{self._turn}:{self._calls}",
                 prompt_ids=prompt_ids + ids, max_tokens=max_tokens - len(ids),
-                temperature=sampling.temperature, top_p=sampling.top_p, seed=sampling.seed,
+                temperature=sampling.temperature, top_p=sampling.top_p, seed=seed,
                 stop_token_ids=stop_ids, priority=_int_priority(priority),
                 timeout_s=self._rt.request_timeout_s)
             started = clock.now()

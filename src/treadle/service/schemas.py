@@ -109,7 +109,7 @@ class SamplingParams(_Strict):
     temperature: float = Field(default=1.0, ge=0.0, le=10.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     # Base seed of every turn's sampling (agent.loop.Sampling.seed); None: unseeded.
-    seed: int | None = Field(default=None, ge=0, le=(1 << 63) - 1)
+    seed: int | None = Field(default=None, ge=0, le=MAX_INT64)
 
 
 class LimitParams(_Strict):

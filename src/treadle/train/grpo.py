@@ -150,7 +150,7 @@ class EvalRow:
     success: float  # held-out success rate
     tool_use: float  # share that called the python tool
     tasks: int
-    minutes: float  # RL wall clock when it ended
+    minutes: float  # RL wall clock when it started (its policy's training time)
     versions: list[int] = field(default_factory=list)  # versions its tokens carry
 
 
@@ -396,7 +396,8 @@ def _sampling(config: GRPOConfig) -> dict[str, float]:
 
 
 def called_python(trajectory: Trajectory) -> bool:
-    """Whether any turn of `trajectory` called the python tool (as the model named it)."""
+    """Whether a turn of `trajectory` called the python tool first (a turn records the
+    first call of its reply, as the model named it)."""
     return any(t.tool_call is not None and t.tool_call.name == "python"
                for t in trajectory.turns)
 
