@@ -4,10 +4,11 @@ updates from the run's starting weights, then held-out success on `TorchEngine`.
     .venv/bin/python scripts/rl-probe.py out/rl --data transcripts|successes|rollouts \
         [--steps 20] [--lr 2e-4] [--tasks 256]
 
-`out/rl` is a `treadle train grpo --out` folder (its `weights/v0` and
+`out/rl` is a `treadle train grpo --out` folder (its `rl.json`, `weights/v0` and
 `rollouts.db`). The data of update k:
 
-- `transcripts`: 64 of the supervised transcripts (advantage 1): supervised
+- `transcripts`: 64 of the run's supervised transcripts (advantage 1; all with the
+  tool, whatever the start's `direct_share`): supervised
   learning through the RL loss, the update's sanity check;
 - `successes`: the successful rollouts of the run's step k (advantage 1);
 - `rollouts`: all of step k's rollouts with their GRPO advantages.
@@ -67,7 +68,10 @@ def main() -> None:
                        advantage=s.advantage if advantage is None else advantage)
 
     if args.data == "transcripts":
-        found = load_or_record_transcripts(SFTConfig(), args.cache, print)
+        start_config = json.loads((args.run / "rl.json").read_text())["config"]["sft"]
+        data = SFTConfig(train_tasks=start_config["train_tasks"],
+                         data_seed=start_config["data_seed"])  # what decides the data key
+        found = load_or_record_transcripts(data, args.cache, print)
         random.Random(0).shuffle(found)
     else:
         store = Store(args.run / "rollouts.db")

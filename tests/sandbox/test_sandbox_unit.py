@@ -142,3 +142,21 @@ def test_token_bucket_spaces_out_creations() -> None:
 def test_unknown_backend_names_the_choices() -> None:
     with pytest.raises(KeyError, match="bwrap, local"):
         get_backend("docker")
+
+
+def test_usable_backend_name_is_bwrap_where_it_runs_else_local(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from sandbox_helpers import require_bwrap
+
+    from treadle.errors import SandboxUnavailable
+    from treadle.sandbox import registry
+    from treadle.sandbox.bwrap import BwrapBackend
+
+    require_bwrap()
+    assert registry.usable_backend_name() == "bwrap"  # a real sandbox ran python3
+
+    async def refused(self: BwrapBackend, limits: Limits) -> None:
+        raise SandboxUnavailable("user namespaces are off")
+
+    monkeypatch.setattr(BwrapBackend, "start", refused)
+    assert registry.usable_backend_name() == "local"

@@ -16,6 +16,8 @@ from treadle.cli import main
     ["train", "sft", "--eval-tasks", "5000"],
     ["train", "sft", "--direct-share", "1"],
     ["train", "grpo", "--sft-direct-share", "-0.1"],
+    ["train", "grpo", "--group", "1"],
+    ["train", "grpo", "--eval-tasks", "5000"],
 ])
 def test_bad_input_is_one_line_and_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str],
                                           tmp_path: Path) -> None:

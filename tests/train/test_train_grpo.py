@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from treadle.agent.chat import HFTokenizer
 from treadle.demo import DEMO_SFT_STEPS
 from treadle.train.grpo import GRPOConfig, train_grpo
 from treadle.train.model import load_model, weights_digest
@@ -42,6 +43,9 @@ def test_two_rl_steps_change_the_weights_and_advance_the_policy_version(
     assert all(s.logprob_gap_max < 1e-3 for s in report.steps)
     v0, v2 = load_model(out / "weights" / "v0"), load_model(out / "weights" / "v2")
     assert weights_digest(v0) != weights_digest(v2)
+    # Each pushed version is a whole checkpoint: its tokenizer is the start's.
+    assert (HFTokenizer(out / "weights" / "v2").encode("print(3 ** 40 % 7)")
+            == HFTokenizer(out / "weights" / "v0").encode("print(3 ** 40 % 7)"))
     saved = json.loads((out / "rl.json").read_text())
     assert saved["summary"]["final_policy_version"] == 2 and len(saved["steps"]) == 2
     assert plot_report(saved, tmp_path / "rl.png").stat().st_size > 10_000

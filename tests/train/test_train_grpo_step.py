@@ -77,6 +77,12 @@ def test_logprob_gap_counts_sampled_tokens_only(tiny_dir: Path) -> None:
     model = load_model(tiny_dir)
     rows = _sequences(model, [1.0])
     rows[0].logprobs[0] -= 0.5  # a sampled token off by 0.5
+    # The observation token's logprob is 0.0 against the model's ~-7: counted, it
+    # would be the max and move the mean; over the sampled tokens only it is exact.
+    exact_max, exact_mean = logprob_gap(model, rows, micro_batch=8)
+    sampled = sum(rows[0].loss_mask)
+    assert exact_max == pytest.approx(0.5, abs=1e-5)
+    assert exact_mean == pytest.approx(0.5 / sampled, abs=1e-5)
     rows[0].response_ids[1] = 9  # an observation token changed: not measured ...
     gap_max, gap_mean = logprob_gap(model, rows, micro_batch=8)
     # ... but it is context for the tokens after it, whose logprobs then move too.

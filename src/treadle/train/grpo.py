@@ -21,7 +21,8 @@ One run:
    mean |Δ|: in fp32 on the same weights they agree to about 1e-5), and update on
    the clipped ratio objective: `epochs` passes of `minibatches` optimizer steps
    (PPO's update; one of one is the plain GRPO gradient), each trajectory weighing
-   the same (`loss_agg`). Save the weights (safetensors) and push them to the
+   the same (`loss_agg`). Save the weights (safetensors, with the tokenizer: each
+   `weights/vN` is a checkpoint `treadle train eval` loads) and push them to the
    engine through the service's weight-update barrier (`POST /v1/weights/update`):
    the policy version advances, and the next job's tokens carry it.
 4. **Measure.** Every `eval_every` steps, and at the start and the end, the
@@ -61,7 +62,7 @@ from treadle.sandbox.registry import usable_backend_name
 from treadle.train.evaluate import EVAL_LIMITS
 from treadle.train.logprobs import token_logprobs
 from treadle.train.sft import SFTConfig, sft
-from treadle.train.transcripts import KINDS, heldout_tasks, math_suite, train_tasks
+from treadle.train.transcripts import HELDOUT_POOL, KINDS, heldout_tasks, math_suite, train_tasks
 from treadle.types import Trajectory
 
 if TYPE_CHECKING:
@@ -118,6 +119,13 @@ class GRPOConfig:
             raise ValueError("negative_scale must be in [0, 1]")
         if self.epochs < 1 or self.minibatches < 1:
             raise ValueError("epochs and minibatches must be >= 1")
+        if self.prompts_per_step < 1 or self.group_size < 2 or self.max_steps < 1:
+            raise ValueError("prompts_per_step and max_steps must be >= 1, group_size >= 2 "
+                             "(a group of one has no advantage)")
+        if self.lr <= 0 or self.max_minutes <= 0:
+            raise ValueError("lr and max_minutes must be > 0")
+        if self.eval_every < 1 or not 1 <= self.eval_tasks <= HELDOUT_POOL:
+            raise ValueError(f"eval_every must be >= 1, eval_tasks in 1-{HELDOUT_POOL}")
 
 
 @dataclass(slots=True)
@@ -259,6 +267,8 @@ def run_step(client: RolloutClient, model: Qwen2ForCausalLM, optimizer: torch.op
     t2 = time.monotonic()
     weights = out / "weights" / f"v{step + 1}"
     model.save_pretrained(weights)
+    # A whole checkpoint (`treadle train eval --model`, vLLM and HFTokenizer load it).
+    copy_tokenizer(out / "weights" / "v0", weights)
     client.update_weights(str(weights.resolve()), step + 1)
     _prune(out / "weights", keep={"v0", f"v{step}", f"v{step + 1}"})
     update_s = time.monotonic() - t2
@@ -267,9 +277,7 @@ def run_step(client: RolloutClient, model: Qwen2ForCausalLM, optimizer: torch.op
     return StepRow(
         step=step, policy_version=step, trajectories=len(trajectories),
         trained=sum(1 for s in sequences if s.advantage), excluded=excluded,
-        reward=_mean([t.reward or 0.0 for t in scored]),
-        success=_mean([1.0 if t.reward == 1.0 else 0.0 for t in scored]),
-        tool_use=_mean([1.0 if called_python(t) else 0.0 for t in scored]),
+        reward=_mean([t.reward or 0.0 for t in scored]), **_shares(scored),
         rollout_s=rollout_s, train_s=train_s, update_s=update_s, tokens=tokens,
         tokens_per_s=tokens / rollout_s if rollout_s > 0 else 0.0,
         logprob_gap_max=gap_max, logprob_gap_mean=gap_mean, loss=loss, minutes=minutes())
@@ -384,9 +392,14 @@ def evaluate_heldout(client: RolloutClient, config: GRPOConfig, *, step: int,
     scored = [t for t in done if not t.infra_failure]
     versions = sorted({v for t in done for seg in t.segments
                        for v, m in zip(seg.policy_versions, seg.loss_mask, strict=True) if m})
-    return EvalRow(step, version, _mean([1.0 if t.reward == 1.0 else 0.0 for t in scored]),
-                   _mean([1.0 if called_python(t) else 0.0 for t in scored]), len(scored),
-                   minutes, versions)
+    return EvalRow(step=step, policy_version=version, **_shares(scored), tasks=len(scored),
+                   minutes=minutes, versions=versions)
+
+
+def _shares(scored: Sequence[Trajectory]) -> dict[str, float]:
+    """`success` (reward 1) and `tool_use` (called python) shares of scored trajectories."""
+    return {"success": _mean([1.0 if t.reward == 1.0 else 0.0 for t in scored]),
+            "tool_use": _mean([1.0 if called_python(t) else 0.0 for t in scored])}
 
 
 def _sampling(config: GRPOConfig) -> dict[str, float]:
