@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import heapq
 import itertools
 import json
@@ -62,6 +61,7 @@ from treadle.service.schemas import (
     RolloutRequest,
     SuiteTasks,
 )
+from treadle.service.wakeups import JobWakeups
 from treadle.sim.trace import TraceError, spec_from_record
 from treadle.sim.workload import TrajectorySpec, generate
 from treadle.store.aio import AsyncStore
@@ -138,7 +138,7 @@ class Rollouts:
         self._live = 0
         self._suites: dict[str, Suite] = {}
         self._pools: dict[str, SandboxPool] = {}
-        self._delivered = asyncio.Condition()
+        self._wakeups = JobWakeups()  # followers of a job, woken by its results
         self._closed = False
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -200,7 +200,7 @@ class Rollouts:
             job.queue.clear()
             for task in job.running.values():
                 task.cancel()
-        await self._notify()
+        self._wakeups.wake(job_id)
         return info
 
     async def job(self, job_id: str) -> tuple[JobInfo, int, int]:
@@ -214,15 +214,21 @@ class Rollouts:
         """Results with seq > `after` in order; with `follow`, wait for more until the
         job ends. NotFound for an unknown job."""
         while True:
-            async for delivery in self.store.iter_results(job_id, after, 256):
-                yield delivery
-                after = delivery.seq
-            info = await self.store.call(self.store.store.job, job_id)
+            # Taken before the read: a result stored after it wakes this follower.
+            changed = self._wakeups.future(job_id)
+            try:
+                async for delivery in self.store.iter_results(job_id, after, 256):
+                    yield delivery
+                    after = delivery.seq
+                info = await self.store.call(self.store.store.job, job_id)
+            except NotFound:
+                self._wakeups.wake(job_id)  # drop the future of a job that is not there
+                raise
             if not follow or (info.status.terminal and info.delivered <= after):
                 return
-            async with self._delivered:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._delivered.wait(), poll_s)
+            # asyncio.wait, not wait_for: a cancelled follower never cancels the
+            # future its job's other followers share.
+            await asyncio.wait({changed}, timeout=poll_s)
 
     async def rollout(self, request: RolloutRequest) -> dict[str, Any]:
         """One trajectory, run now (as a one-trajectory job); its record."""
@@ -396,11 +402,7 @@ class Rollouts:
         for turn in traj.turns:
             if turn.tool_call is not None:
                 m.tool_latency.observe(turn.tool_call.latency_s)
-        await self._notify()
-
-    async def _notify(self) -> None:
-        async with self._delivered:
-            self._delivered.notify_all()
+        self._wakeups.wake(job_id)
 
 
 def _suite_key(tasks: SuiteTasks) -> str:

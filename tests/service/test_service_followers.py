@@ -1,0 +1,112 @@
+"""Followers of a job's results that hang up — once, or cancelled again and again as
+anyio's cancel scopes do when a stream's client goes away — never hold back a
+trajectory's completion, and the followers that stay get every result once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import pytest
+
+from runtime.runtime_helpers import FakeEngine
+from treadle.service.schemas import JobRequest
+from treadle.service.state import ServiceConfig, build_service
+from treadle.service.wakeups import JobWakeups
+
+
+def _trace(n: int) -> list[dict[str, Any]]:
+    return [{"id": f"t{i}", "group": f"g{i // 8}", "prompt_tokens": 8,
+             "turns": [{"output_tokens": 4, "tool_latency_s": 0.2, "tool_output_tokens": 2},
+                       {"output_tokens": 4, "tool_latency_s": 0.0, "tool_output_tokens": 0}]}
+            for i in range(n)]
+
+
+def _run_leaving_stuck_tasks(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """`asyncio.run`, except that tasks still pending when `main` ends are left, not
+    awaited: a follower wedged in a lock cannot be cancelled, and waiting for it
+    would hang the test instead of failing it."""
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+
+
+async def _cancel_until_done(task: asyncio.Task[Any]) -> None:
+    """What a cancel scope does to a task inside it: cancel it at every loop turn."""
+    while not task.done():
+        task.cancel()
+        await asyncio.sleep(0)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_followers_that_hang_up_never_stall_delivery(seed: int) -> None:
+    planned = 1024
+
+    async def main() -> None:
+        service = build_service(ServiceConfig(db=":memory:", policy="verl", max_live=64))
+        await service.start()
+        try:
+            service.runtime.register_engine(FakeEngine("a", tokens_per_s=50_000))
+            service.runtime.register_engine(FakeEngine("b", tokens_per_s=50_000))
+            rollouts = service.rollouts
+            info = await rollouts.submit(JobRequest.model_validate(
+                {"tasks": {"trace": _trace(planned)}, "job_id": "j"}))
+
+            async def follow() -> list[int]:
+                return [d.seq async for d in rollouts.results(info.job_id, follow=True)]
+
+            stayer = asyncio.create_task(follow())
+            rng = random.Random(seed)
+            # 100 followers at a time; one at random hangs up and another connects.
+            followers = [asyncio.create_task(follow()) for _ in range(100)]
+            hang_ups: set[asyncio.Task[None]] = set()
+
+            async def churn() -> None:
+                while not stayer.done():
+                    for _ in range(rng.randrange(8)):
+                        await asyncio.sleep(0)
+                    i = rng.randrange(len(followers))
+                    hang_up = asyncio.create_task(_cancel_until_done(followers[i]))
+                    hang_ups.add(hang_up)
+                    hang_up.add_done_callback(hang_ups.discard)
+                    followers[i] = asyncio.create_task(follow())
+
+            # Bounded only so that a wedge fails the test instead of hanging the suite.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(churn(), 60)
+            assert stayer.done(), f"delivery stalled at {rollouts.live} running"
+            seqs = stayer.result()
+            await asyncio.gather(*hang_ups, *(_cancel_until_done(f) for f in followers))
+            assert seqs == list(range(1, planned + 1))
+            view, running, queued = await rollouts.job(info.job_id)
+            assert (view.status.value, view.delivered, running, queued) == \
+                ("completed", planned, 0, 0)
+            assert rollouts.live == 0 and service.runtime.live_trajectories == 0
+        finally:
+            await service.close()
+
+    _run_leaving_stuck_tasks(main)
+
+
+def test_a_wake_reaches_every_waiter_and_a_cancelled_waiter_leaves_it_to_the_others() -> None:
+    async def main() -> None:
+        wakeups = JobWakeups()
+        shared = wakeups.future("j")
+        assert wakeups.future("j") is shared and wakeups.jobs == 1
+        waiters = [asyncio.create_task(asyncio.wait({shared})) for _ in range(3)]
+        await asyncio.sleep(0)
+        waiters[0].cancel()
+        await asyncio.gather(waiters[0], return_exceptions=True)
+        assert not shared.cancelled()
+        wakeups.wake("j")
+        await asyncio.gather(*waiters[1:])
+        assert shared.done() and wakeups.jobs == 0
+        assert wakeups.future("j") is not shared  # the next wake has a future of its own
+        wakeups.wake("other")  # a job nobody follows: nothing to do
+
+    asyncio.run(main())
