@@ -22,12 +22,13 @@ re-raises CancelledError only after that. Launchers guarantee that their exit
 means the whole tree is dead (pid namespace teardown for bwrap, a subreaper for
 local), so `run` returning means no process of the exec is left.
 
-A launcher that reports its command's status (`Launch.status_fd`: bwrap's
-`--json-status-fd`) tells its own failure apart from the command's: if it dies of
-a signal the host did not send, or exits without having started the command,
-`run` raises SandboxSupervisorError instead of returning a result, since nothing
-the command did is known (unless the memory limit killed it: that is the
-command's doing and comes back as `killed="memory"`).
+A launcher that reports its command's signals as statuses (bwrap) never dies of
+a signal itself unless someone else sent it, and one that reports its command's
+status (`Launch.status_fd`: bwrap's `--json-status-fd`) also tells a failure of
+its own setup apart from the command's exit. In both cases `run` raises
+SandboxSupervisorError instead of returning a result, since nothing the command
+did is known (unless the memory limit killed something: that is the command's
+doing and comes back as `killed="memory"`).
 """
 
 from __future__ import annotations
@@ -179,8 +180,12 @@ async def run(
             await asyncio.shield(cgroup.remove())
     if returncode is None:  # a launcher stuck in the kernel even after SIGKILL
         returncode = -signal.SIGKILL
-    if launch.status_fd is not None and own_kill is None and not oom:
-        _check_supervisor(returncode, _reported_exit(launch.status_fd), protocol.err)
+    if launch.signalled_by_status and own_kill is None and not oom:
+        # Such a launcher turns its command's signal into a status: its own death by a
+        # signal is never the command's.
+        reported = (returncode if launch.status_fd is None
+                    else _reported_exit(launch.status_fd))
+        _check_supervisor(returncode, reported, protocol.err)
     exit_code, killed = classify(
         returncode=returncode,
         signalled_by_status=launch.signalled_by_status,

@@ -1,4 +1,4 @@
-"""The `bwrap` backend: rootless bubblewrap namespaces plus rlimits and cgroups.
+"""The `bwrap` backend: rootless bubblewrap namespaces, a system-call filter, rlimits, cgroups.
 
 Each exec is one fresh `bwrap` process tree:
 
@@ -13,6 +13,9 @@ Each exec is one fresh `bwrap` process tree:
   no capability exists anywhere. If this host forbids unprivileged user namespaces
   it falls back, with a warning, to host root with every capability dropped. A
   non-root treadle runs sandboxes as itself.
+- System calls: the seccomp filter of `_seccomp.py` (no ptrace or process_vm_* of
+  anything, no kernel keyrings, none of a list of calls no tool needs), loaded by
+  bwrap into its pid 1 and the command. Without libseccomp, none (a warning).
 - File system: a new root (a tmpfs, read-only after setup) holding the host's
   system directories read-only (/usr, /etc, /opt and the /bin, /lib... links;
   `VISIBLE_TOP_LEVEL`) plus any `expose` path. Everything else (/home, /root,
@@ -20,21 +23,31 @@ Each exec is one fresh `bwrap` process tree:
   directory nobody thought of) does not exist inside: default deny. Within what is
   visible, the caller's working directory, treadle's source checkout, the
   password/ssh/sudo files of /etc (`DEFAULT_HIDE`) and any `hide` path are covered
-  (empty read-only tmpfs, or /dev/null for files). A fresh /proc and a minimal
-  /dev; a private, size-capped /tmp per exec; the work dir is bound read-write at
-  `mount_point` (default /work) and is the cwd and HOME.
+  (empty read-only tmpfs, or /dev/null for files). A fresh /proc with /proc/1
+  (bwrap's pid 1: its /proc/1/mem is otherwise writable by the same uid),
+  /proc/keys and /proc/key-users covered; a minimal, read-only /dev with a
+  /dev/shm and a /tmp of their own per exec, each `memory_mb` in size; the work
+  dir (a tmpfs of `workdir_mb` when treadle may mount, see _workdir.py) is bound
+  read-write at `mount_point` (default /work) and is the cwd and HOME.
 - Environment: cleared (`--clearenv`), then PATH, HOME, LANG and the caller's `env`.
   The bwrap options travel in a memfd (`--args`), so they are not in any cmdline.
-- Limits: rlimits are applied inside by `prlimit`, after the namespaces exist, so
-  that RLIMIT_NPROC counts only the sandbox's own processes; cgroup v1 memory and
-  pids groups per exec where writable (see _cgroup.py).
+- Limits: the gate sets the CPU, file-size, fd, core and address-space rlimits on
+  the outer bwrap, so that every process of the tree, pid 1 included, holds them;
+  `prlimit` inside sets them again with RLIMIT_NPROC, after the user namespace
+  exists, so that RLIMIT_NPROC counts only the sandbox's own processes; cgroup v1
+  memory and pids groups per exec where writable (see _cgroup.py).
+- Supervision: bwrap writes the command's exit status to `--json-status-fd`; a
+  bwrap killed from outside, or one that exits without having started the
+  command, makes `exec` raise SandboxSupervisorError (see _process.py).
 - Teardown: killing the outer bwrap makes the namespace's init die
   (PR_SET_PDEATHSIG), and the kernel then kills every process in the pid
-  namespace, whatever it forked or daemonised.
+  namespace, whatever it forked or daemonised; no process inside can reach pid 1
+  to clear that signal.
 
 What it does not protect against is in docs/sandbox.md; the short version: kernel
-exploits (no seccomp filter), side channels, world-readable files in the visible
-system directories, exhaustion of shared kernel resources, and the total disk use
+exploits through the system calls the filter allows, side channels,
+world-readable files in the visible system directories, exhaustion of shared
+kernel resources, and, where treadle may not mount (not root), the total disk use
 of the work dir.
 """
 
@@ -42,6 +55,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import resource
@@ -100,6 +114,7 @@ class _Setup:
     drop_caps: bool  # bwrap runs as host root: drop every capability inside
     disable_userns: bool  # this bwrap supports --disable-userns
     tmpfs_size: bool  # this bwrap supports --size
+    json_status: bool  # this bwrap supports --json-status-fd (reports the command's status)
     masks: tuple[str, ...]  # host paths covered with an empty tmpfs
     seccomp: SyscallFilter | None  # the system-call filter; None without libseccomp
 
@@ -133,9 +148,11 @@ class BwrapSandbox(HostSandbox):
                       for name, soft, hard in self.limits.rlimits() if name in _OUTER)
         # All CLOEXEC: pass_fds opens them to this bwrap only, not to other host children.
         opened: list[int] = []
+        status_read = status_write = None
         try:
-            status_read, status_write = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-            opened += (status_read, status_write)
+            if self._setup.json_status:
+                status_read, status_write = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+                opened += (status_read, status_write)
             seccomp_fd = None
             if self._setup.seccomp is not None:
                 seccomp_fd = self._setup.seccomp.open_fd()
@@ -289,10 +306,18 @@ class BwrapBackend(SandboxBackend):
                 bwrap=bwrap, prlimit=prlimit, run_as=run_as, drop_caps=drop_caps,
                 disable_userns="--disable-userns" in help_text,
                 tmpfs_size="--size" in help_text,
+                json_status="--json-status-fd" in help_text,
                 masks=self._masks(run_as),
                 seccomp=seccomp,
             )
             failure = await self._self_test(setup)
+            if failure and seccomp is not None and "seccomp" in failure.lower():
+                # A kernel without CONFIG_SECCOMP_FILTER: run unfiltered rather than not at all.
+                unfiltered = dataclasses.replace(setup, seccomp=None)
+                if not await self._self_test(unfiltered):
+                    log.warning("this kernel refuses bwrap's seccomp filter (%s): sandboxes "
+                                "run without a system-call filter", failure)
+                    failure, setup = "", unfiltered
             if not failure:
                 if failures:
                     log.warning("bwrap cannot run sandboxes as an unprivileged uid here (%s); "
