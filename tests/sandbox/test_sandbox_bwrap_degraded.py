@@ -1,8 +1,8 @@
-"""The bwrap battery again, on a host that offers no cgroups and no tmpfs work dirs.
+"""The bwrap battery again, on a host that offers no cgroups.
 
-Every attack of test_sandbox_bwrap_security.py that does not need a cgroup or a
-tmpfs work dir is imported here unchanged and played against a backend that uses
-neither (`use_cgroups=False, bounded_workdirs=False`): the rlimits must then hold
+Every attack of test_sandbox_bwrap_security.py that does not need a cgroup is
+imported here unchanged and played against a backend that uses none
+(`use_cgroups=False`, and plain work dirs): the rlimits must then hold
 for the whole tree on their own (bwrap's pid 1 included), nothing may survive an
 exec or `close()` without a cgroup to kill it, and the system-call filter and
 the covers over /proc/1 and the kernel keys must not depend on either.

@@ -21,7 +21,15 @@ from pathlib import Path
 
 import pytest
 import sandbox_probes as probes
-from sandbox_helpers import SMALL, marker, processes_with, run, sleepers, wait_until
+from sandbox_helpers import (
+    SMALL,
+    marker,
+    processes_with,
+    require_bwrap,
+    run,
+    sleepers,
+    wait_until,
+)
 
 from treadle.errors import SandboxClosed, SandboxFileError, SandboxPathError
 from treadle.sandbox import BwrapBackend, ExecResult, Limits, SandboxBackend, _workdir
@@ -429,7 +437,15 @@ def test_a_child_killed_by_the_memory_limit_is_reported(bwrap: BwrapBackend) -> 
     assert (result.killed, result.exit_code, result.stdout) == ("memory", 0, "survived\n"), result
 
 
-def test_mountinfo_names_no_host_path(bwrap: BwrapBackend) -> None:
+def bounded(work_root: str) -> BwrapBackend:
+    """A backend whose work dirs are tmpfs of their own (off by default: it costs)."""
+    require_bwrap()
+    return BwrapBackend(work_root=work_root, bounded_workdirs=True)
+
+
+def test_mountinfo_names_no_host_path(work_root: str) -> None:
+    bwrap = bounded(work_root)
+
     async def body() -> tuple[str, str]:
         async with await bwrap.start(SMALL) as sb:
             if not sb.workdir_bounded:  # type: ignore[attr-defined]
@@ -443,7 +459,8 @@ def test_mountinfo_names_no_host_path(bwrap: BwrapBackend) -> None:
     assert f"-{os.getpid()}-" not in mountinfo  # the owner's pid, part of the dir's name
 
 
-def test_the_work_dir_is_bounded_in_size_and_files(bwrap: BwrapBackend) -> None:
+def test_the_work_dir_is_bounded_in_size_and_files(work_root: str) -> None:
+    bwrap = bounded(work_root)
     limits = dataclasses.replace(SMALL, max_file_mb=4, workdir_mb=10, workdir_files=200)
     fill = ("for i in 1 2 3; do head -c 4M /dev/zero > f$i 2>/dev/null || echo full-f$i; done; "
             "mkdir d && i=0; while [ $i -lt 400 ]; do true 2>/dev/null > d/$i || "

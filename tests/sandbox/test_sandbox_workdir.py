@@ -286,6 +286,6 @@ def test_a_backend_refuses_a_foreign_work_root(tmp_path: Path) -> None:
 def test_the_default_work_root_is_private() -> None:
     root = default_work_root()
     if os.geteuid() == 0:
-        assert root == "/run/treadle-sandboxes"
+        assert root == "/var/lib/treadle/sandboxes"
     else:
         assert root == os.path.join(tempfile.gettempdir(), f"treadle-sandboxes-{os.getuid()}")

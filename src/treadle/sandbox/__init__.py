@@ -7,9 +7,9 @@ backends, and a pool:
   only), IPC, UTS, user and cgroup namespaces; a read-only view of the system
   directories and nothing else of the host; an unprivileged uid when treadle is
   root; a seccomp filter (no ptrace, no kernel keys, no calls a tool never needs);
-  rlimits on the whole tree; cgroup v1 memory/pids limits where writable; a work
-  dir of bounded size and file count where treadle may mount. This is the backend
-  for running model-written code.
+  rlimits on the whole tree; cgroup v1 memory/pids limits where writable; on
+  request, a work dir of bounded size and file count where treadle may mount.
+  This is the backend for running model-written code.
 - `local` (`LocalBackend`): the same limits, timeout, output cap and tree kill on
   plain child processes. It isolates nothing; development only.
 - `remote` (`treadle.sandbox.remote.RemoteBackend`; needs the `server` extra, so
@@ -23,7 +23,8 @@ What is and is not protected, and how to set limits: docs/sandbox.md. In one
 line: the bwrap backend contains what a process can do through the file system,
 the network, signals, other processes, kernel keys and resource use; it does not
 defend against kernel exploits through the calls its filter allows, or side
-channels, and caps a work dir's total size only where treadle may mount (root).
+channels, and caps a work dir's total size only when asked to and where treadle
+may mount (root).
 """
 
 from treadle.sandbox.base import ExecResult, Limits, Sandbox, SandboxBackend

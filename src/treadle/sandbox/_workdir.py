@@ -5,10 +5,11 @@ another local user could plant a directory or a link there and have root create,
 chown and delete files through it. `ensure_work_root` refuses a root that is a
 symlink, is owned by another user, or is writable by group or others, and one
 with an ancestor another user could replace (writable by others and not sticky,
-or owned by someone but root and us). The default is `/run/treadle-sandboxes`
-for root and `<tmp>/treadle-sandboxes-<uid>` otherwise; mode 0711 when sandboxes
-run as another uid (bwrap, running as that uid, must traverse it; it cannot
-list it), else 0700.
+or owned by someone but root and us). The default is `/var/lib/treadle/sandboxes`
+for root (no other user can create anything on that path) and
+`<tmp>/treadle-sandboxes-<uid>` otherwise (where another user can only make
+treadle refuse to start); mode 0711 when sandboxes run as another uid (bwrap,
+running as that uid, must traverse it; it cannot list it), else 0700.
 
 **A bounded work dir** is a tmpfs of its own mounted on the work dir (size and
 inode count from `Limits`); only root can mount one, so elsewhere the work dir is
@@ -61,8 +62,8 @@ class Quota:
 
 def default_work_root() -> str:
     """Where work dirs live unless a backend is told otherwise (see the module docstring)."""
-    if os.geteuid() == 0 and _private_ancestor("/run"):
-        return "/run/treadle-sandboxes"
+    if os.geteuid() == 0 and _private_ancestor("/var/lib"):
+        return "/var/lib/treadle/sandboxes"
     return os.path.join(tempfile.gettempdir(), f"treadle-sandboxes-{os.geteuid()}")
 
 

@@ -62,8 +62,9 @@ class Limits:
     # Largest file any process may write, MiB (RLIMIT_FSIZE; SIGXFSZ / EFBIG).
     max_file_mb: int = 64
     # All files of the work dir together, MiB, and how many files, directories and
-    # links it may hold (ENOSPC past either). Enforced where the work dir can be a
-    # tmpfs of its own (bwrap with treadle as root); it then lives in memory.
+    # links it may hold (ENOSPC past either). Enforced where the work dir is a tmpfs
+    # of its own (bwrap with bounded_workdirs=True and treadle as root); it then
+    # lives in memory.
     workdir_mb: int = 512
     workdir_files: int = 32768
     # Open file descriptors per process (RLIMIT_NOFILE).

@@ -27,8 +27,9 @@ Each exec is one fresh `bwrap` process tree:
   (bwrap's pid 1: its /proc/1/mem is otherwise writable by the same uid),
   /proc/keys and /proc/key-users covered; a minimal, read-only /dev with a
   /dev/shm and a /tmp of their own per exec, each `memory_mb` in size; the work
-  dir (a tmpfs of `workdir_mb` when treadle may mount, see _workdir.py) is bound
-  read-write at `mount_point` (default /work) and is the cwd and HOME.
+  dir (with `bounded_workdirs`, a tmpfs of `workdir_mb` where treadle may mount,
+  see _workdir.py) is bound read-write at `mount_point` (default /work) and is
+  the cwd and HOME.
 - Environment: cleared (`--clearenv`), then PATH, HOME, LANG and the caller's `env`.
   The bwrap options travel in a memfd (`--args`), so they are not in any cmdline.
 - Limits: the gate sets the CPU, file-size, fd, core and address-space rlimits on
@@ -47,8 +48,8 @@ Each exec is one fresh `bwrap` process tree:
 What it does not protect against is in docs/sandbox.md; the short version: kernel
 exploits through the system calls the filter allows, side channels,
 world-readable files in the visible system directories, exhaustion of shared
-kernel resources, and, where treadle may not mount (not root), the total disk use
-of the work dir.
+kernel resources, and, unless `bounded_workdirs` is on (and treadle may mount),
+the total disk use of the work dir.
 """
 
 from __future__ import annotations
@@ -194,7 +195,7 @@ class BwrapBackend(SandboxBackend):
     """Makes `BwrapSandbox`es.
 
     mount_point: where the work dir appears inside; one top-level path ("/work").
-    work_root: host directory for work dirs (default /run/treadle-sandboxes for
+    work_root: host directory for work dirs (default /var/lib/treadle/sandboxes for
         root, else <tmp>/treadle-sandboxes-<uid>); refused unless private to this
         user (see _workdir.py).
     expose: extra host paths (absolute) to show read-only at the same place, e.g.
@@ -204,7 +205,10 @@ class BwrapBackend(SandboxBackend):
         (capabilities dropped). Ignored when treadle is not root.
     use_cgroups: use cgroup v1 memory/pids limits where writable.
     bounded_workdirs: make each work dir a tmpfs of `Limits.workdir_mb` and
-        `workdir_files` where treadle may mount (root); else plain directories.
+        `workdir_files` where treadle may mount (root); else plain directories. Off
+        by default: each tmpfs is a mount in the host's mount table, which every
+        exec's new mount namespace copies and tears down, so with N live sandboxes
+        every exec pays for N more mounts (docs/sandbox.md has the numbers).
     """
 
     name = "bwrap"
@@ -218,7 +222,7 @@ class BwrapBackend(SandboxBackend):
         hide: Sequence[str] = (),
         sandbox_user: tuple[int, int] | None = NOBODY,
         use_cgroups: bool = True,
-        bounded_workdirs: bool = True,
+        bounded_workdirs: bool = False,
     ) -> None:
         if not mount_point.startswith("/") or mount_point.count("/") != 1 or mount_point == "/":
             raise ValueError(f"mount_point must be one top-level path like '/work', got "
