@@ -10,6 +10,9 @@ escaping treadle is a bug. Each package owns a branch::
     │   │                               (bwrap missing, user namespaces disabled);
     │   │                               retrying will not help
     │   ├── SandboxClosed               the sandbox or pool was closed before the call
+    │   ├── SandboxSupervisorError      an exec's supervisor (bwrap) died or failed: killed
+    │   │                               from outside, or its setup failed; the command's
+    │   │                               result is unknown
     │   ├── SandboxPathError            a path names something outside the work dir,
     │   │                               or is malformed (also a ValueError)
     │   └── SandboxFileError            a file in the work dir cannot be read or written
@@ -80,6 +83,14 @@ class SandboxUnavailable(SandboxStartError):
 
 class SandboxClosed(SandboxError):
     """The sandbox (or the pool it came from) is closed."""
+
+
+class SandboxSupervisorError(SandboxError):
+    """The process supervising an exec died or failed before it could report the command.
+
+    Killed from outside (a signal treadle did not send), or its setup failed before
+    the command started. What the command did is unknown: not the agent's doing.
+    """
 
 
 class SandboxPathError(SandboxError, ValueError):

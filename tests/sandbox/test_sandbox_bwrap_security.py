@@ -8,6 +8,8 @@ attack is contained, the host is unchanged, and the result is a clean ExecResult
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import os
 import secrets
 import socket
@@ -18,11 +20,21 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sandbox_helpers import SMALL, marker, processes_with, run, sleepers, wait_until
+import sandbox_probes as probes
+from sandbox_helpers import (
+    SMALL,
+    marker,
+    processes_with,
+    require_bwrap,
+    run,
+    sleepers,
+    wait_until,
+)
 
 from treadle.errors import SandboxClosed, SandboxFileError, SandboxPathError
-from treadle.sandbox import BwrapBackend, ExecResult, Limits
+from treadle.sandbox import BwrapBackend, ExecResult, Limits, SandboxBackend, _workdir
 from treadle.sandbox._cgroup import detect_cgroups
+from treadle.sandbox.base import MIB
 
 pytestmark = pytest.mark.integration
 
@@ -44,6 +56,28 @@ def sh(backend: BwrapBackend, script: str, **kwargs: object) -> ExecResult:
 
 def host_can_fork() -> bool:
     return subprocess.run(["true"], check=False).returncode == 0
+
+
+def memory_cgroup(backend: SandboxBackend) -> bool:
+    """Whether the backend's execs get a memory cgroup (a remote one: this host's bwrap's)."""
+    if isinstance(backend, BwrapBackend):
+        return "memory" in backend.cgroup_controllers
+    cgroups = detect_cgroups()
+    return cgroups is not None and "memory" in cgroups.controllers
+
+
+def skip_unless_mounting_is_refused(why: str) -> None:
+    """Skip where this process may not mount (no tmpfs work dirs); fail where it may."""
+    assert os.geteuid() != 0 or _workdir.tmpfs_refused(), "root, but no tmpfs work dir"
+    pytest.skip(f"no tmpfs work dirs on this host: {why}")
+
+
+def python(backend: SandboxBackend, code: str, *args: object) -> dict[str, str]:
+    """Run a probe of sandbox_probes inside; its `<what> <outcome>` lines."""
+    result = sandbox_exec(backend, ["python3", "-c", code, *map(str, args)],  # type: ignore[arg-type]
+                          timeout_s=10)
+    assert result.exit_code == 0 and result.killed is None, result
+    return probes.outcomes(result.stdout)
 
 
 @pytest.fixture
@@ -192,8 +226,7 @@ def test_memory_bomb_fails_its_allocation(bwrap: BwrapBackend) -> None:
 
 
 def test_memory_bomb_is_oom_killed_by_the_cgroup(bwrap: BwrapBackend) -> None:
-    cgroups = detect_cgroups()
-    if cgroups is None or "memory" not in cgroups.controllers:
+    if not memory_cgroup(bwrap):
         # Without a cgroup nothing but RLIMIT_AS bounds memory; running the bomb
         # with address_space_mb=0 would then exhaust the host.
         pytest.skip("no writable cgroup v1 memory controller on this host")
@@ -249,10 +282,12 @@ def test_killing_the_parent_or_everything_does_not_reach_the_host(bwrap: BwrapBa
 
 
 def test_host_processes_are_invisible(bwrap: BwrapBackend) -> None:
-    result = sh(bwrap, "ls /proc | grep -c '^[0-9]'; cat /proc/1/cmdline | tr '\\0' ' '")
-    count, cmdline = result.stdout.split("\n", 1)
+    result = sh(bwrap, "ls /proc | grep -c '^[0-9]'; ls -A /proc/1 | wc -l; "
+                       "cat /proc/[0-9]*/cmdline | tr '\\0' ' '")
+    count, pid1_entries, cmdlines = result.stdout.split("\n", 2)
     assert int(count) <= 5  # init, sh, ls, grep (and maybe tr)
-    assert "bwrap" in cmdline and "pytest" not in result.stdout
+    assert int(pid1_entries) == 0  # bwrap's pid 1 is covered
+    assert "sh -c" in cmdlines and "pytest" not in cmdlines
 
 
 def test_nothing_survives_the_exec_or_close(bwrap: BwrapBackend) -> None:
@@ -303,5 +338,147 @@ def test_file_api_refuses_escapes_planted_from_inside(bwrap: BwrapBackend) -> No
                                   timeout_s=5)
             assert check.ok and check.stdout == "payload", check  # and writable by the sandbox
             assert await sb.get_file("sub/in.txt") == b"payloadmore\n"
+
+    run(body())
+
+
+# -- the sandbox's own processes, kernel keys and system calls ----------------------
+
+
+def test_no_process_can_be_traced_or_written_into(bwrap: BwrapBackend) -> None:
+    got = python(bwrap, probes.PTRACE, probes.nr("ptrace"), probes.nr("process_vm_readv"))
+    assert got == {"seize-pid1": "EPERM", "attach-child": "EPERM", "traceme": "EPERM",
+                   "vm-readv-pid1": "EPERM", "/proc/1/mem": "ENOENT",
+                   "/proc/1/task/1/mem": "ENOENT"}
+
+
+def test_pid1_and_the_whole_tree_hold_the_limits(bwrap: BwrapBackend) -> None:
+    """bwrap's pid 1 and the outer bwrap have the exec's rlimits, not the host's."""
+    tag = marker()
+
+    async def body() -> dict[str, dict[str, tuple[str, str]]]:
+        async with await bwrap.start(SMALL) as sb:
+            task = asyncio.ensure_future(sb.exec(["sleep", tag], timeout_s=10))
+            assert await asyncio.to_thread(wait_until, lambda: sleepers(tag))
+            [command] = sleepers(tag)
+            pid1 = probes.parent_of(command)
+            outer = probes.parent_of(pid1)
+            assert "bwrap" in probes.cmdline_of(pid1) and "bwrap" in probes.cmdline_of(outer)
+            tree = {"command": probes.limits_of(command), "pid1": probes.limits_of(pid1),
+                    "outer": probes.limits_of(outer)}
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return tree
+
+    tree = run(body())
+    file_size, address_space = str(SMALL.max_file_mb * MIB), str(SMALL.memory_mb * MIB)
+    for who, limits in tree.items():
+        assert limits["Max cpu time"] == (str(SMALL.cpu_s), str(SMALL.cpu_s + 1)), who
+        assert limits["Max file size"] == (file_size, file_size), who
+        assert limits["Max open files"] == (str(SMALL.max_open_files),) * 2, who
+        assert limits["Max address space"] == (address_space, address_space), who
+        assert limits["Max core file size"] == ("0", "0"), who
+    assert tree["command"]["Max processes"] == (str(SMALL.max_processes),) * 2
+
+
+def test_the_callers_session_keyring_is_out_of_reach(bwrap: BwrapBackend) -> None:
+    probes.join_fresh_session_keyring()  # sandboxes started from this thread inherit it
+    secret = "key-secret-" + secrets.token_hex(8)
+    key = probes.add_session_key("treadle-probe", secret.encode())
+    try:
+        result = sandbox_exec(bwrap, ["python3", "-c", probes.KEYS, str(probes.nr("keyctl")),
+                                      str(probes.nr("add_key")), str(key), "a"], timeout_s=10)
+        assert secret not in result.stdout + result.stderr, result
+        got = probes.outcomes(result.stdout)
+        assert {got[k] for k in ("session-id", "read", "search", "add-session",
+                                 "add-user")} == {"EPERM"}, got
+        assert got["proc-keys"] != "ok"
+        assert probes.session_key_payloads() == [secret.encode()]  # nothing was added
+    finally:
+        probes.invalidate_key(key)
+
+
+def test_one_sandbox_cannot_leave_keys_for_another(bwrap: BwrapBackend) -> None:
+    probes.join_fresh_session_keyring()
+    tag = secrets.token_hex(6)
+    keys = (str(probes.nr("keyctl")), str(probes.nr("add_key")), "0")
+    first = sandbox_exec(bwrap, ["python3", "-c", probes.KEYS, *keys, "treadle-probe"])
+    second = sandbox_exec(bwrap, ["python3", "-c", probes.KEYS, *keys, tag])
+    assert probes.outcomes(first.stdout)["add-session"] == "EPERM", first
+    assert "left-by-" not in second.stdout, second
+    assert probes.session_key_payloads() == []
+
+
+def test_system_calls_no_tool_needs_are_refused(bwrap: BwrapBackend) -> None:
+    names = ("bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "unshare", "mount",
+             "personality", "kcmp")
+    got = python(bwrap, probes.SYSCALLS, *map(probes.nr, names))
+    assert got == {"bpf": "EPERM", "perf_event_open": "EPERM", "userfaultfd": "EPERM",
+                   "io_uring_setup": "ENOSYS", "unshare": "EPERM", "mount": "EPERM",
+                   "personality": "EPERM", "personality-plain": "ok", "kcmp": "EPERM",
+                   "vsock": "EAFNOSUPPORT"}
+
+
+def test_dev_shm_is_sized_like_tmp_and_dev_is_read_only(bwrap: BwrapBackend) -> None:
+    result = sh(bwrap, "stat -f -c '%b %S' /dev/shm /tmp; touch /dev/planted || echo refused")
+    shm, tmp, verdict = result.stdout.splitlines()
+    for line in (shm, tmp):
+        blocks, block_size = map(int, line.split())
+        assert blocks * block_size == SMALL.memory_mb * MIB, result
+    assert verdict == "refused", result
+
+
+def test_a_child_killed_by_the_memory_limit_is_reported(bwrap: BwrapBackend) -> None:
+    if not memory_cgroup(bwrap):
+        pytest.skip("no writable cgroup v1 memory controller on this host")
+    limits = Limits(cpu_s=5, memory_mb=64, address_space_mb=0, max_processes=16)
+    result = sh(bwrap, "tail /dev/zero; echo survived", limits=limits, timeout_s=8)
+    assert (result.killed, result.exit_code, result.stdout) == ("memory", 0, "survived\n"), result
+
+
+def bounded(work_root: str) -> BwrapBackend:
+    """A backend whose work dirs are tmpfs of their own (off by default: it costs)."""
+    require_bwrap()
+    return BwrapBackend(work_root=work_root, bounded_workdirs=True)
+
+
+def test_mountinfo_names_no_host_path(work_root: str) -> None:
+    bwrap = bounded(work_root)
+
+    async def body() -> tuple[str, str]:
+        async with await bwrap.start(SMALL) as sb:
+            if not sb.workdir_bounded:  # type: ignore[attr-defined]
+                skip_unless_mounting_is_refused("a plain work dir shows its host path")
+            result = await sb.exec(["cat", "/proc/self/mountinfo"], timeout_s=5)
+            return result.stdout, sb.host_dir  # type: ignore[attr-defined]
+
+    mountinfo, host_dir = run(body())
+    assert os.path.basename(host_dir) not in mountinfo
+    assert os.path.realpath(bwrap.work_root) not in mountinfo
+    assert f"-{os.getpid()}-" not in mountinfo  # the owner's pid, part of the dir's name
+
+
+def test_the_work_dir_is_bounded_in_size_and_files(work_root: str) -> None:
+    bwrap = bounded(work_root)
+    limits = dataclasses.replace(SMALL, max_file_mb=4, workdir_mb=10, workdir_files=200)
+    fill = ("for i in 1 2 3; do head -c 4M /dev/zero > f$i 2>/dev/null || echo full-f$i; done; "
+            "mkdir d && i=0; while [ $i -lt 400 ]; do true 2>/dev/null > d/$i || "
+            "{ echo no-inode-$i; break; }; i=$((i+1)); done")
+
+    async def body() -> None:
+        async with await bwrap.start(limits) as sb:
+            if not sb.workdir_bounded:  # type: ignore[attr-defined]
+                skip_unless_mounting_is_refused("plain work dirs are bounded by nothing")
+            result = await sb.exec(["sh", "-c", fill], timeout_s=10)
+            lines = result.stdout.split()
+            assert lines[0] == "full-f3" and lines[1].startswith("no-inode-"), result
+            assert int(lines[1].split("-")[-1]) < limits.workdir_files
+            with pytest.raises(SandboxFileError):
+                await sb.put_file("more.bin", b"x" * MIB)
+            again = await sb.exec(["sh", "-c", "rm -r d f2 && wc -c < f1"], timeout_s=5)
+            assert again.stdout.strip() == str(4 * MIB), again  # persists, and room again
+            await sb.put_file("more.bin", b"x" * MIB)
+            assert len(await sb.get_file("f1", max_bytes=4 * MIB)) == 4 * MIB
 
     run(body())

@@ -13,6 +13,7 @@ from treadle.errors import (
     SandboxClosed,
     SandboxPathError,
     SandboxStartError,
+    SandboxSupervisorError,
     SandboxUnavailable,
 )
 from treadle.sandbox import ExecResult, Limits, LocalBackend, get_backend
@@ -137,6 +138,7 @@ def test_error_names_stay_within_the_allow_list() -> None:
     assert wire_error(SandboxPathError("x")) == ("SandboxPathError", 400)
     assert wire_error(UnknownSandbox("x")) == ("SandboxClosed", 409)  # the server says 404
     assert wire_error(ValueError("x")) == ("ValueError", 400)
+    assert wire_error(SandboxSupervisorError("x")) == ("SandboxSupervisorError", 502)
     assert wire_error(KeyError("x")) == ("InternalError", 500)
 
 

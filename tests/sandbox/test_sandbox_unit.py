@@ -14,9 +14,19 @@ from treadle.errors import (
     SandboxFileError,
     SandboxFileTooLarge,
     SandboxPathError,
+    SandboxSupervisorError,
     TreadleError,
 )
-from treadle.sandbox import ExecResult, Limits, TokenBucket, _files, _reaper, get_backend
+from treadle.sandbox import (
+    ExecResult,
+    Limits,
+    TokenBucket,
+    _files,
+    _process,
+    _reaper,
+    _seccomp,
+    get_backend,
+)
 from treadle.sandbox._cgroup import _unescape
 from treadle.sandbox.base import MIB, classify
 
@@ -56,6 +66,9 @@ def test_reaper_spec_round_trips() -> None:
         (-signal.SIGXCPU, False, None, False, (None, "cpu")),
         (128 + signal.SIGXFSZ, True, None, False, (None, "file_size")),
         (-signal.SIGKILL, False, "timeout", False, (None, "timeout")),
+        (0, True, None, True, (0, "memory")),  # a child was OOM-killed, the command went on
+        (3, False, None, True, (3, "memory")),
+        (-signal.SIGKILL, False, "output_limit", True, (None, "output_limit")),
     ],
 )
 def test_classify(returncode: int, by_status: bool, own: str | None, oom: bool,
@@ -72,6 +85,7 @@ def test_exec_result_ok() -> None:
 
 def test_error_tree() -> None:
     assert issubclass(SandboxPathError, SandboxError) and issubclass(SandboxPathError, ValueError)
+    assert issubclass(SandboxSupervisorError, SandboxError)
     assert issubclass(SandboxFileTooLarge, SandboxFileError)
     assert issubclass(SandboxError, TreadleError)
 
@@ -160,3 +174,57 @@ def test_usable_backend_name_is_bwrap_where_it_runs_else_local(
 
     monkeypatch.setattr(BwrapBackend, "start", refused)
     assert registry.usable_backend_name() == "local"
+
+
+def test_the_gate_sets_the_outer_limits_in_the_units_of_ulimit() -> None:
+    import resource
+    import subprocess
+
+    limits = Limits(cpu_s=3, memory_mb=100, max_file_mb=2, max_open_files=9)
+    outer = tuple((getattr(resource, f"RLIMIT_{name}"), soft, hard)
+                  for name, soft, hard in limits.rlimits() if name != "NPROC")
+    script = _process.gate_script(outer)
+    shown = subprocess.run(["/bin/sh", "-c", script, "gate", "cat", "/proc/self/limits"],
+                           input=b"go\n", capture_output=True, check=True).stdout.decode()
+    rows = {line[:26].strip(): line[26:68].split() for line in shown.splitlines()[1:]}
+    assert rows["Max cpu time"] == ["3", "4"]
+    assert rows["Max file size"] == [str(2 * MIB)] * 2
+    assert rows["Max open files"] == ["9", "9"]
+    assert rows["Max address space"] == [str(100 * MIB)] * 2
+    assert rows["Max core file size"] == ["0", "0"]
+    refused = subprocess.run(["/bin/sh", "-c", script, "gate", "true"], input=b"stop\n",
+                             check=False)
+    assert refused.returncode == 125  # no go-ahead, no exec
+    with pytest.raises(ValueError):
+        _process.gate_script(((resource.RLIMIT_FSIZE, 1000, 1000),))  # not whole blocks
+
+
+def test_the_reported_exit_code_is_read_from_bwraps_status_documents() -> None:
+    read, write = os.pipe2(os.O_NONBLOCK)
+    try:
+        os.write(write, b'{\n    "child-pid": 12,\n    "ipc-namespace": 4026\n}\n'
+                        b'{ "exit-code": 3 }\n')
+        assert _process._reported_exit(read) == 3
+        os.write(write, b'{\n    "child-pid": 12\n}\n')  # setup failed: no exit-code
+        assert _process._reported_exit(read) is None
+        assert _process._reported_exit(read) is None  # nothing at all
+    finally:
+        os.close(read)
+        os.close(write)
+
+
+def test_the_syscall_filter_denies_the_documented_calls() -> None:
+    found = _seccomp.syscall_filter()
+    if found is None:
+        pytest.skip("libseccomp is not installed")
+    assert len(found.program) % 8 == 0 and found.arch != "unknown"
+    for name in ("ptrace", "process_vm_readv", "process_vm_writev", "keyctl", "add_key",
+                 "request_key", "bpf", "perf_event_open", "userfaultfd", "kexec_load",
+                 "init_module", "mount", "umount2", "unshare", "setns", "io_uring_setup"):
+        assert name in found.denied, name
+    assert set(found.denied) | set(found.unknown) == set(_seccomp.DENIED)
+    fd = found.open_fd()
+    try:
+        assert os.read(fd, len(found.program) + 1) == found.program  # each fd starts at 0
+    finally:
+        os.close(fd)

@@ -6,8 +6,10 @@ backends, and a pool:
 - `bwrap` (`BwrapBackend`): rootless bubblewrap. Own pid, network (loopback
   only), IPC, UTS, user and cgroup namespaces; a read-only view of the system
   directories and nothing else of the host; an unprivileged uid when treadle is
-  root; rlimits inside; cgroup v1 memory/pids limits where writable. This is the
-  backend for running model-written code.
+  root; a seccomp filter (no ptrace, no kernel keys, no calls a tool never needs);
+  rlimits on the whole tree; cgroup v1 memory/pids limits where writable; on
+  request, a work dir of bounded size and file count where treadle may mount.
+  This is the backend for running model-written code.
 - `local` (`LocalBackend`): the same limits, timeout, output cap and tree kill on
   plain child processes. It isolates nothing; development only.
 - `remote` (`treadle.sandbox.remote.RemoteBackend`; needs the `server` extra, so
@@ -19,8 +21,10 @@ backends, and a pool:
 
 What is and is not protected, and how to set limits: docs/sandbox.md. In one
 line: the bwrap backend contains what a process can do through the file system,
-the network, signals and resource use; it does not defend against kernel exploits
-or side channels, and does not cap the total disk use of a work dir.
+the network, signals, other processes, kernel keys and resource use; it does not
+defend against kernel exploits through the calls its filter allows, or side
+channels, and caps a work dir's total size only when asked to and where treadle
+may mount (root).
 """
 
 from treadle.sandbox.base import ExecResult, Limits, Sandbox, SandboxBackend

@@ -1,4 +1,4 @@
-"""Host-side work dirs: create, remove, sweep after a crash, and read/write files safely.
+"""Host-side file I/O in a work dir, never through a link the sandbox planted.
 
 A work dir belongs to the sandbox, and commands inside may have planted symlinks,
 FIFOs or directories where a file is expected. Host code (which may run as root)
@@ -11,115 +11,25 @@ than resolved.
 
 Limits: symlinks inside the work dir are not followed even when they point inside
 it; hard links are not detected (a command can only hard-link files on the same
-mount, i.e. files already inside its work dir); the total size of a work dir is
-not capped here (see docs/sandbox.md).
+mount, i.e. files already inside its work dir). Creating, bounding and removing
+work dirs is `_workdir`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import logging
 import os
 import secrets
-import shutil
 import stat
-import tempfile
 
 from treadle.errors import (
     SandboxFileError,
     SandboxFileTooLarge,
     SandboxPathError,
-    SandboxStartError,
 )
 
-log = logging.getLogger(__name__)
-
-WORKDIR_PREFIX = "treadle-sb-"  # + "<owner pid>-<random>", so a sweep can find orphans
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def default_work_root() -> str:
-    """Where work dirs live unless a backend is told otherwise."""
-    return os.path.join(tempfile.gettempdir(), "treadle-sandboxes")
-
-
-def ensure_work_root(root: str) -> None:
-    """Create `root` with mode 0711: sandbox users may traverse it but not list it."""
-    try:
-        os.makedirs(root, mode=0o711, exist_ok=True)
-        st = os.stat(root)
-        if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o711 != 0o711:
-            os.chmod(root, stat.S_IMODE(st.st_mode) | 0o711)
-    except OSError as e:
-        raise SandboxStartError(f"cannot create the sandbox work root {root}: {e}") from e
-
-
-def create_workdir(root: str, owner: tuple[int, int] | None) -> str:
-    """Make one empty work dir under `root`, owned by `owner` (uid, gid) if given."""
-    ensure_work_root(root)
-    try:
-        path = tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-", dir=root)
-    except OSError as e:
-        raise SandboxStartError(f"cannot create a sandbox work dir under {root}: {e}") from e
-    try:
-        if owner is not None:
-            os.chown(path, *owner)
-    except BaseException:
-        os.rmdir(path)
-        raise
-    return path
-
-
-def remove_workdir(path: str) -> None:
-    """Delete a work dir and everything in it, whatever modes the sandbox left behind.
-
-    Call only after every process of the sandbox is gone (nothing then races the
-    walk). shutil.rmtree does not follow symlinks.
-    """
-    if not os.path.lexists(path):
-        return
-    # A non-root owner cannot delete inside directories the sandbox made read-only.
-    for dirpath, _dirs, _files in os.walk(path):
-        with contextlib.suppress(OSError):
-            os.chmod(dirpath, 0o700)
-    shutil.rmtree(path, ignore_errors=True)
-    if os.path.lexists(path):
-        log.warning("sandbox work dir %s could not be fully removed", path)
-
-
-def sweep_stale_workdirs(root: str) -> int:
-    """Remove work dirs whose owning process is dead (left by a crash); returns the count.
-
-    A dir whose owner pid has been reused by a live process is kept, which errs
-    toward leaking rather than deleting a live sandbox.
-    """
-    try:
-        names = os.listdir(root)
-    except OSError:
-        return 0
-    removed = 0
-    for name in names:
-        if not name.startswith(WORKDIR_PREFIX):
-            continue
-        pid_text = name[len(WORKDIR_PREFIX):].split("-", 1)[0]
-        if not pid_text.isdigit() or int(pid_text) == os.getpid() or _alive(int(pid_text)):
-            continue
-        remove_workdir(os.path.join(root, name))
-        removed += 1
-    if removed:
-        log.info("removed %d stale sandbox work dir(s) under %s", removed, root)
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def split_path(path: str, workdir: str) -> list[str]:
@@ -181,24 +91,31 @@ def _open_child_dir(fd: int, name: str, *, create: bool, owner: tuple[int, int] 
 
 
 def write_file(workdir: str, parts: list[str], data: bytes, owner: tuple[int, int] | None) -> None:
-    """Atomically replace parts (under workdir) with `data`, mode 0644."""
-    parent = _open_parent(workdir, parts, create=True, owner=owner)
+    """Atomically replace parts (under workdir) with `data`, mode 0644.
+
+    SandboxFileError if it cannot be written (a full work dir, a file size limit).
+    """
+    try:
+        parent = _open_parent(workdir, parts, create=True, owner=owner)
+    except OSError as e:
+        raise SandboxFileError(f"cannot write {'/'.join(parts)!r}: {e.strerror}") from None
     tmp = f".treadle-put-{secrets.token_hex(8)}"
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o644, dir_fd=parent)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            if owner is not None:
-                os.fchown(fd, *owner)
-        finally:
-            os.close(fd)
-        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o644, dir_fd=parent)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                if owner is not None:
+                    os.fchown(fd, *owner)
+            finally:
+                os.close(fd)
             os.replace(tmp, parts[-1], src_dir_fd=parent, dst_dir_fd=parent)
         except OSError as e:
-            os.unlink(tmp, dir_fd=parent)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=parent)
             raise SandboxFileError(f"cannot write {'/'.join(parts)!r}: {e.strerror}") from None
     finally:
         os.close(parent)

@@ -16,7 +16,7 @@ from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 
 from treadle.errors import SandboxClosed
-from treadle.sandbox import _files, _process
+from treadle.sandbox import _files, _process, _workdir
 from treadle.sandbox._cgroup import CgroupV1
 from treadle.sandbox.base import DEFAULT_MAX_GET_BYTES, ExecResult, Limits, Sandbox
 
@@ -132,7 +132,8 @@ class HostSandbox(Sandbox):
                 cgroup=cgroup,
             )
         finally:
-            for fd in launch.pass_fds:
+            status = () if launch.status_fd is None else (launch.status_fd,)
+            for fd in (*launch.pass_fds, *status):
                 _close_quiet(fd)
 
     async def put_file(self, path: str, data: bytes) -> None:
@@ -158,7 +159,10 @@ class HostSandbox(Sandbox):
 
     async def _finish_close(self, running: list[asyncio.Task[ExecResult]]) -> None:
         await asyncio.gather(*running, return_exceptions=True)
-        await asyncio.to_thread(_files.remove_workdir, self._host_dir)
+        try:  # remove_workdir itself never raises; the thread hand-off might
+            await asyncio.to_thread(_workdir.remove_workdir, self._host_dir)
+        except Exception as e:  # close() must not fail: the next sweep removes the dir
+            log.warning("cannot remove sandbox work dir %s: %s", self._host_dir, e)
 
 
 def _close_quiet(fd: int) -> None:

@@ -8,7 +8,11 @@ before it is inside the groups, so no process of the tree escapes the memory and
 pids limits, and the gate needs neither a preexec_fn (unsafe with threads) nor root
 inside the child. (stdin carries the go-ahead because dash cannot redirect from
 descriptors above 9, and the free descriptor numbers of a host process are
-unknown.)
+unknown.) Before the exec the gate sets the launcher's own rlimits with `ulimit`
+(`Launch.outer_rlimits`), so that the launcher and everything it starts, bwrap's
+pid 1 included, inherit them. (The shell and not prlimit(2) from the host: a root
+without CAP_SYS_RESOURCE may not set the limits of a process of another uid, and
+another exec would cost time on every call.)
 
 The host then reads stdout and stderr as they come, keeping at most
 `max_output_bytes` in total, and waits for the launcher to exit. At the deadline,
@@ -17,19 +21,30 @@ backend's `kill_tree` and then waits for the tree to be gone; a cancelled exec
 re-raises CancelledError only after that. Launchers guarantee that their exit
 means the whole tree is dead (pid namespace teardown for bwrap, a subreaper for
 local), so `run` returning means no process of the exec is left.
+
+A launcher that reports its command's signals as statuses (bwrap) never dies of
+a signal itself unless someone else sent it, and one that reports its command's
+status (`Launch.status_fd`: bwrap's `--json-status-fd`) also tells a failure of
+its own setup apart from the command's exit. In both cases `run` raises
+SandboxSupervisorError instead of returning a result, since nothing the command
+did is known (unless the memory limit killed something: that is the command's
+doing and comes back as `killed="memory"`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
+import resource
 import signal
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from treadle.errors import SandboxSupervisorError
 from treadle.sandbox._cgroup import ExecCgroup
 from treadle.sandbox.base import ExecResult, classify
 
@@ -38,7 +53,11 @@ log = logging.getLogger(__name__)
 # "$@" is the launcher argv. `read` takes exactly one line (the shell reads a pipe
 # byte by byte), leaving the caller's input to the launcher. Exit 125 (like `env`)
 # if the host withdrew the go-ahead, so a half-set-up exec never runs.
-_GATE = 'IFS= read -r go || exit 125; [ "$go" = go ] || exit 125; exec "$@"'
+_GATE = 'IFS= read -r go || exit 125; [ "$go" = go ] || exit 125; {limits}exec "$@"'
+# `ulimit` flag and unit of each rlimit, as POSIX shells (dash, bash as sh) read them.
+_ULIMIT = {resource.RLIMIT_CPU: ("-t", 1), resource.RLIMIT_FSIZE: ("-f", 512),
+           resource.RLIMIT_NOFILE: ("-n", 1), resource.RLIMIT_CORE: ("-c", 512),
+           resource.RLIMIT_AS: ("-v", 1024)}
 _GO = b"go\n"
 _DRAIN_GRACE_S = 1.0  # after exit, how long stragglers may keep the pipes open
 _KILL_WAIT_S = 5.0  # after kill_tree, how long the launcher may take to exit
@@ -55,6 +74,12 @@ class Launch:
     pass_fds: tuple[int, ...] = ()  # extra fds the launcher reads (bwrap --args)
     signalled_by_status: bool = False  # the launcher reports signal N as status 128+N
     kill_tree: Callable[[int], None] = field(default=lambda pid: _killpg(pid))
+    # (resource.RLIMIT_*, soft, hard) set on the launcher itself before it runs; only
+    # those in _ULIMIT, values in whole units of `ulimit`
+    outer_rlimits: tuple[tuple[int, int, int], ...] = ()
+    # read end (non-blocking) of a pipe where the launcher writes JSON documents,
+    # one of them {"exit-code": N} once the command has run (bwrap --json-status-fd)
+    status_fd: int | None = None
 
 
 def _killpg(pid: int) -> None:
@@ -155,6 +180,12 @@ async def run(
             await asyncio.shield(cgroup.remove())
     if returncode is None:  # a launcher stuck in the kernel even after SIGKILL
         returncode = -signal.SIGKILL
+    if launch.signalled_by_status and own_kill is None and not oom:
+        # Such a launcher turns its command's signal into a status: its own death by a
+        # signal is never the command's.
+        reported = (returncode if launch.status_fd is None
+                    else _reported_exit(launch.status_fd))
+        _check_supervisor(returncode, reported, protocol.err)
     exit_code, killed = classify(
         returncode=returncode,
         signalled_by_status=launch.signalled_by_status,
@@ -172,13 +203,62 @@ async def run(
     )
 
 
+def gate_script(outer_rlimits: tuple[tuple[int, int, int], ...]) -> str:
+    """The gate, setting `outer_rlimits` before the exec (exit 125 if one fails)."""
+    steps = []
+    for res, soft, hard in outer_rlimits:
+        flag, unit = _ULIMIT[res]
+        # Soft first: a hard limit below the current soft one would be refused.
+        for which, value in ([("-S ", soft), ("-H ", hard)] if soft != hard else [("", soft)]):
+            if value == resource.RLIM_INFINITY:
+                amount = "unlimited"
+            elif value % unit:
+                raise ValueError(f"rlimit {res}: {value} is not a whole number of {unit}")
+            else:
+                amount = str(value // unit)
+            steps.append(f"ulimit {which}{flag} {amount} || exit 125; ")
+    return _GATE.format(limits="".join(steps))
+
+
+def _reported_exit(fd: int) -> int | None:
+    """The exit code the launcher reported for its command, or None if it reported none."""
+    data = bytearray()
+    with contextlib.suppress(BlockingIOError, OSError):
+        while chunk := os.read(fd, 65536):
+            data += chunk
+    text = data.decode("utf-8", "replace")
+    decoder = json.JSONDecoder()
+    at = 0
+    while (start := text.find("{", at)) >= 0:  # concatenated documents, any layout
+        try:
+            doc, at = decoder.raw_decode(text, start)
+        except ValueError:
+            return None
+        if isinstance(doc, dict) and isinstance(doc.get("exit-code"), int):
+            return int(doc["exit-code"])
+    return None
+
+
+def _check_supervisor(returncode: int, reported: int | None, stderr: bytearray) -> None:
+    """Raise SandboxSupervisorError if the launcher, not its command, failed."""
+    if returncode < 0:
+        raise SandboxSupervisorError(
+            f"the sandbox supervisor was killed by signal {-returncode} from outside the "
+            "sandbox; the command's result is unknown")
+    if reported is None:
+        lines = stderr.decode("utf-8", "replace").strip().splitlines()
+        raise SandboxSupervisorError(
+            f"the sandbox supervisor exited with status {returncode} before starting the "
+            f"command: {lines[-1] if lines else 'no message'}")
+
+
 async def _spawn(loop: asyncio.AbstractEventLoop, launch: Launch, max_output_bytes: int,
                  uid: int | None, gid: int | None,
                  ) -> tuple[asyncio.SubprocessTransport, _ExecProtocol]:
     """Start the gate (blocked until the go-ahead) with the launcher's argv."""
     return await loop.subprocess_exec(
         lambda: _ExecProtocol(max_output_bytes, loop),
-        "/bin/sh", "-c", _GATE, "treadle-gate", *launch.argv,
+        "/bin/sh", "-c", gate_script(launch.outer_rlimits), "treadle-gate", *launch.argv,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -61,6 +61,12 @@ class Limits:
     max_processes: int = 64
     # Largest file any process may write, MiB (RLIMIT_FSIZE; SIGXFSZ / EFBIG).
     max_file_mb: int = 64
+    # All files of the work dir together, MiB, and how many files, directories and
+    # links it may hold (ENOSPC past either). Enforced where the work dir is a tmpfs
+    # of its own (bwrap with bounded_workdirs=True and treadle as root); it then
+    # lives in memory.
+    workdir_mb: int = 512
+    workdir_files: int = 32768
     # Open file descriptors per process (RLIMIT_NOFILE).
     max_open_files: int = 256
     # Bytes of stdout+stderr kept per exec; past it the tree is killed and the
@@ -71,8 +77,8 @@ class Limits:
     wall_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
-        for name in ("cpu_s", "memory_mb", "max_processes", "max_file_mb", "max_open_files",
-                     "max_output_bytes"):
+        for name in ("cpu_s", "memory_mb", "max_processes", "max_file_mb", "workdir_mb",
+                     "workdir_files", "max_open_files", "max_output_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"Limits.{name} must be a positive int, got {value!r}")
@@ -114,7 +120,9 @@ class ExecResult:
     stderr: str  # same for stderr; the cap counts both streams together
     timed_out: bool  # the wall deadline was hit (then killed == "timeout")
     killed: str | None  # why it was stopped: "timeout", "output_limit", "memory",
-    #   "cpu", "file_size" or "signal:N"; None when it exited on its own
+    #   "cpu", "file_size" or "signal:N"; None when it exited on its own. "memory"
+    #   whenever the memory limit killed any process of the tree, even if the
+    #   command itself then exited (exit_code is then its status)
     duration_s: float  # wall seconds from start to the tree being gone
     truncated: bool = False  # output was cut at Limits.max_output_bytes
 
@@ -138,6 +146,8 @@ def classify(
     killed by signal N) is read as that signal too; a command that itself exits
     with 128+N is then misread, a limit of the bwrap backend.
     `own_kill` is the reason we killed the tree ourselves, which wins.
+    `oom_killed` (the memory limit killed some process of the tree) is reported as
+    "memory" whatever the command's own status was.
     """
     signum: int | None = None
     if returncode < 0:
@@ -146,10 +156,10 @@ def classify(
         signum = returncode - 128
     if own_kill is not None:
         return None, own_kill
+    if oom_killed:
+        return (returncode if signum is None else None), "memory"
     if signum is None:
         return returncode, None
-    if oom_killed and signum == signal.SIGKILL:
-        return None, "memory"
     if signum == signal.SIGXCPU:
         return None, "cpu"
     if signum == signal.SIGXFSZ:

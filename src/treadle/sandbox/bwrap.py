@@ -1,4 +1,4 @@
-"""The `bwrap` backend: rootless bubblewrap namespaces plus rlimits and cgroups.
+"""The `bwrap` backend: rootless bubblewrap namespaces, a system-call filter, rlimits, cgroups.
 
 Each exec is one fresh `bwrap` process tree:
 
@@ -13,6 +13,9 @@ Each exec is one fresh `bwrap` process tree:
   no capability exists anywhere. If this host forbids unprivileged user namespaces
   it falls back, with a warning, to host root with every capability dropped. A
   non-root treadle runs sandboxes as itself.
+- System calls: the seccomp filter of `_seccomp.py` (no ptrace or process_vm_* of
+  anything, no kernel keyrings, none of a list of calls no tool needs), loaded by
+  bwrap into its pid 1 and the command. Without libseccomp, none (a warning).
 - File system: a new root (a tmpfs, read-only after setup) holding the host's
   system directories read-only (/usr, /etc, /opt and the /bin, /lib... links;
   `VISIBLE_TOP_LEVEL`) plus any `expose` path. Everything else (/home, /root,
@@ -20,30 +23,43 @@ Each exec is one fresh `bwrap` process tree:
   directory nobody thought of) does not exist inside: default deny. Within what is
   visible, the caller's working directory, treadle's source checkout, the
   password/ssh/sudo files of /etc (`DEFAULT_HIDE`) and any `hide` path are covered
-  (empty read-only tmpfs, or /dev/null for files). A fresh /proc and a minimal
-  /dev; a private, size-capped /tmp per exec; the work dir is bound read-write at
-  `mount_point` (default /work) and is the cwd and HOME.
+  (empty read-only tmpfs, or /dev/null for files). A fresh /proc with /proc/1
+  (bwrap's pid 1: its /proc/1/mem is otherwise writable by the same uid),
+  /proc/keys and /proc/key-users covered; a minimal, read-only /dev with a
+  /dev/shm and a /tmp of their own per exec, each `memory_mb` in size; the work
+  dir (with `bounded_workdirs`, a tmpfs of `workdir_mb` where treadle may mount,
+  see _workdir.py) is bound read-write at `mount_point` (default /work) and is
+  the cwd and HOME.
 - Environment: cleared (`--clearenv`), then PATH, HOME, LANG and the caller's `env`.
   The bwrap options travel in a memfd (`--args`), so they are not in any cmdline.
-- Limits: rlimits are applied inside by `prlimit`, after the namespaces exist, so
-  that RLIMIT_NPROC counts only the sandbox's own processes; cgroup v1 memory and
-  pids groups per exec where writable (see _cgroup.py).
+- Limits: the gate sets the CPU, file-size, fd, core and address-space rlimits on
+  the outer bwrap, so that every process of the tree, pid 1 included, holds them;
+  `prlimit` inside sets them again with RLIMIT_NPROC, after the user namespace
+  exists, so that RLIMIT_NPROC counts only the sandbox's own processes; cgroup v1
+  memory and pids groups per exec where writable (see _cgroup.py).
+- Supervision: bwrap writes the command's exit status to `--json-status-fd`; a
+  bwrap killed from outside, or one that exits without having started the
+  command, makes `exec` raise SandboxSupervisorError (see _process.py).
 - Teardown: killing the outer bwrap makes the namespace's init die
   (PR_SET_PDEATHSIG), and the kernel then kills every process in the pid
-  namespace, whatever it forked or daemonised.
+  namespace, whatever it forked or daemonised; no process inside can reach pid 1
+  to clear that signal.
 
 What it does not protect against is in docs/sandbox.md; the short version: kernel
-exploits (no seccomp filter), side channels, world-readable files in the visible
-system directories, exhaustion of shared kernel resources, and the total disk use
-of the work dir.
+exploits through the system calls the filter allows, side channels,
+world-readable files in the visible system directories, exhaustion of shared
+kernel resources, and, unless `bounded_workdirs` is on (and treadle may mount),
+the total disk use of the work dir.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
+import resource
 import shutil
 import signal
 import stat
@@ -52,10 +68,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from treadle.errors import SandboxUnavailable
-from treadle.sandbox import _files, _process
+from treadle.errors import SandboxError, SandboxUnavailable
+from treadle.sandbox import _process, _workdir
 from treadle.sandbox._cgroup import CgroupV1, detect_cgroups
 from treadle.sandbox._host import BASE_LANG, HostSandbox
+from treadle.sandbox._seccomp import SyscallFilter, syscall_filter
 from treadle.sandbox.base import MIB, Limits, Sandbox, SandboxBackend
 
 log = logging.getLogger(__name__)
@@ -75,6 +92,14 @@ SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NOBODY = (65534, 65534)
 _PRLIMIT_OPTION = {"CPU": "--cpu", "NPROC": "--nproc", "FSIZE": "--fsize",
                    "NOFILE": "--nofile", "CORE": "--core", "AS": "--as"}
+# Set on the outer bwrap too, so that its pid 1 holds them. Not RLIMIT_NPROC: set
+# before the user namespace exists, it would count every process of the sandbox
+# uid on the host (all sandboxes together), since the kernel checks a new user
+# namespace's processes against its creator's limit at the parent level too.
+_OUTER = ("CPU", "FSIZE", "NOFILE", "CORE", "AS")
+# What a sandbox may keep in /proc/1 (covered, so that bwrap's pid 1 cannot be
+# opened through /proc/1/mem): nothing, read-only.
+_PID1_COVER_BYTES = 4096
 _SELF_TEST_TIMEOUT_S = 20.0
 _INSTALL_HINT = ("install bubblewrap: `bash scripts/system-deps.sh bubblewrap` "
                  "(or apt-get install bubblewrap)")
@@ -90,7 +115,9 @@ class _Setup:
     drop_caps: bool  # bwrap runs as host root: drop every capability inside
     disable_userns: bool  # this bwrap supports --disable-userns
     tmpfs_size: bool  # this bwrap supports --size
+    json_status: bool  # this bwrap supports --json-status-fd (reports the command's status)
     masks: tuple[str, ...]  # host paths covered with an empty tmpfs
+    seccomp: SyscallFilter | None  # the system-call filter; None without libseccomp
 
 
 class BwrapSandbox(HostSandbox):
@@ -106,33 +133,54 @@ class BwrapSandbox(HostSandbox):
     def workdir(self) -> str:
         return self._backend.mount_point
 
+    @property
+    def workdir_bounded(self) -> bool:
+        """Whether the work dir is a tmpfs of `Limits.workdir_mb` and `workdir_files`."""
+        return _workdir.workdir_bounded(self.host_dir)
+
     def _base_env(self) -> dict[str, str]:
         return {"PATH": SANDBOX_PATH, "HOME": self.workdir, "LANG": BASE_LANG,
                 "TMPDIR": "/tmp"}
 
     def _launch(self, argv: list[str], env: dict[str, str]) -> _process.Launch:
-        options = self._backend.bwrap_options(self._setup, self.host_dir, env, self.limits)
         prlimit = [self._setup.prlimit, *(f"{_PRLIMIT_OPTION[name]}={soft}:{hard}"
                                           for name, soft, hard in self.limits.rlimits())]
-        # CLOEXEC: pass_fds opens it to this bwrap only, not to other host children.
-        args_fd = os.memfd_create("treadle-bwrap-args", os.MFD_CLOEXEC)
+        outer = tuple((getattr(resource, f"RLIMIT_{name}"), soft, hard)
+                      for name, soft, hard in self.limits.rlimits() if name in _OUTER)
+        # All CLOEXEC: pass_fds opens them to this bwrap only, not to other host children.
+        opened: list[int] = []
+        status_read = status_write = None
         try:
+            if self._setup.json_status:
+                status_read, status_write = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+                opened += (status_read, status_write)
+            seccomp_fd = None
+            if self._setup.seccomp is not None:
+                seccomp_fd = self._setup.seccomp.open_fd()
+                opened.append(seccomp_fd)
+            options = self._backend.bwrap_options(self._setup, self.host_dir, env, self.limits,
+                                                  seccomp_fd=seccomp_fd, status_fd=status_write)
+            args_fd = os.memfd_create("treadle-bwrap-args", os.MFD_CLOEXEC)
+            opened.append(args_fd)
             payload = b"".join(opt.encode() + b"\0" for opt in options)
             view = memoryview(payload)
             while view:
                 view = view[os.write(args_fd, view):]
             os.lseek(args_fd, 0, os.SEEK_SET)
         except BaseException:
-            os.close(args_fd)
+            for fd in opened:
+                os.close(fd)
             raise
         return _process.Launch(
             argv=[self._setup.bwrap, "--args", str(args_fd), "--", *prlimit, "--", *argv],
             env={"PATH": SANDBOX_PATH},
             cwd="/",
             user=self._setup.run_as,
-            pass_fds=(args_fd,),
+            pass_fds=tuple(fd for fd in opened if fd != status_read),
             signalled_by_status=True,
             kill_tree=_kill_bwrap,
+            outer_rlimits=outer,
+            status_fd=status_read,
         )
 
 
@@ -147,14 +195,20 @@ class BwrapBackend(SandboxBackend):
     """Makes `BwrapSandbox`es.
 
     mount_point: where the work dir appears inside; one top-level path ("/work").
-    work_root: host directory for work dirs (default <tmp>/treadle-sandboxes); put
-        it on a quota'd file system to bound total disk use.
+    work_root: host directory for work dirs (default /var/lib/treadle/sandboxes for
+        root, else <tmp>/treadle-sandboxes-<uid>); refused unless private to this
+        user (see _workdir.py).
     expose: extra host paths (absolute) to show read-only at the same place, e.g.
         "/nix/store" or a read-only dataset directory.
     hide: extra host paths to cover (files or directories) besides the defaults.
     sandbox_user: (uid, gid) sandboxes run as when treadle is root; None keeps root
         (capabilities dropped). Ignored when treadle is not root.
     use_cgroups: use cgroup v1 memory/pids limits where writable.
+    bounded_workdirs: make each work dir a tmpfs of `Limits.workdir_mb` and
+        `workdir_files` where treadle may mount (root); else plain directories. Off
+        by default: each tmpfs is a mount in the host's mount table, which every
+        exec's new mount namespace copies and tears down, so with N live sandboxes
+        every exec pays for N more mounts (docs/sandbox.md has the numbers).
     """
 
     name = "bwrap"
@@ -168,12 +222,13 @@ class BwrapBackend(SandboxBackend):
         hide: Sequence[str] = (),
         sandbox_user: tuple[int, int] | None = NOBODY,
         use_cgroups: bool = True,
+        bounded_workdirs: bool = False,
     ) -> None:
         if not mount_point.startswith("/") or mount_point.count("/") != 1 or mount_point == "/":
             raise ValueError(f"mount_point must be one top-level path like '/work', got "
                              f"{mount_point!r}")
         self.mount_point = mount_point
-        self.work_root = work_root or _files.default_work_root()
+        self.work_root = work_root or _workdir.default_work_root()
         for path in expose:
             if not os.path.isabs(path) or os.path.normpath(path) == "/":
                 raise ValueError(f"expose paths must be absolute and not '/', got {path!r}")
@@ -181,6 +236,7 @@ class BwrapBackend(SandboxBackend):
         self.hide = tuple(hide)
         self.sandbox_user = sandbox_user
         self._use_cgroups = use_cgroups
+        self._bounded_workdirs = bounded_workdirs
         self._setup: _Setup | None = None
         self._setup_lock = asyncio.Lock()
 
@@ -193,13 +249,31 @@ class BwrapBackend(SandboxBackend):
             return "unprivileged-uid"
         return "root-no-caps" if self._setup.drop_caps else "self"
 
+    @property
+    def syscall_filter(self) -> str:
+        """'seccomp' when sandboxes run under the filter of _seccomp.py, 'none', or 'unknown'."""
+        if self._setup is None:
+            return "unknown"
+        return "seccomp" if self._setup.seccomp is not None else "none"
+
+    @property
+    def cgroup_controllers(self) -> tuple[str, ...]:
+        """The cgroup v1 controllers each exec gets a group of (memory, pids), or ()."""
+        cgroups = detect_cgroups() if self._use_cgroups else None
+        return cgroups.controllers if cgroups is not None else ()
+
     async def start(self, limits: Limits) -> Sandbox:
         setup = await self._ensure_setup()
         cgroups = detect_cgroups() if self._use_cgroups else None
-        # Synchronous (mkdir + chown): a cancelled start cannot leak the dir.
-        host_dir = _files.create_workdir(self.work_root, setup.run_as)
+        # Synchronous (mkdir, chown, mount): a cancelled start cannot leak the dir.
+        host_dir = _workdir.create_workdir(self.work_root, setup.run_as, self._quota(limits))
         return BwrapSandbox(backend=self, setup=setup, host_dir=host_dir, limits=limits,
                             cgroups=cgroups)
+
+    def _quota(self, limits: Limits) -> _workdir.Quota | None:
+        if not self._bounded_workdirs:
+            return None
+        return _workdir.Quota(size_bytes=limits.workdir_mb * MIB, inodes=limits.workdir_files)
 
     # -- setup ----------------------------------------------------------------
 
@@ -216,14 +290,16 @@ class BwrapBackend(SandboxBackend):
         prlimit = shutil.which("prlimit", path=SANDBOX_PATH)
         if prlimit is None or not prlimit.startswith(("/usr/", "/bin/", "/sbin/")):
             raise SandboxUnavailable("prlimit (util-linux) not found under /usr, /bin or /sbin")
-        # What a crashed predecessor left behind.
-        await asyncio.to_thread(_files.sweep_stale_workdirs, self.work_root)
+        root = os.geteuid() == 0
+        await asyncio.to_thread(_workdir.ensure_work_root, self.work_root,
+                                traversable=root and self.sandbox_user is not None)
+        # What a crashed predecessor left behind (only once the root is known to be ours).
+        await asyncio.to_thread(_workdir.sweep_stale_workdirs, self.work_root)
         cgroups = detect_cgroups() if self._use_cgroups else None
         if cgroups is not None:
             cgroups.sweep()
-        await asyncio.to_thread(_files.ensure_work_root, self.work_root)
         help_text = await asyncio.to_thread(_bwrap_help, bwrap)
-        root = os.geteuid() == 0
+        seccomp = await asyncio.to_thread(syscall_filter)
         candidates: list[tuple[tuple[int, int] | None, bool]] = []
         if root and self.sandbox_user is not None:
             candidates.append((self.sandbox_user, False))
@@ -234,9 +310,18 @@ class BwrapBackend(SandboxBackend):
                 bwrap=bwrap, prlimit=prlimit, run_as=run_as, drop_caps=drop_caps,
                 disable_userns="--disable-userns" in help_text,
                 tmpfs_size="--size" in help_text,
+                json_status="--json-status-fd" in help_text,
                 masks=self._masks(run_as),
+                seccomp=seccomp,
             )
             failure = await self._self_test(setup)
+            if failure and seccomp is not None and "seccomp" in failure.lower():
+                # A kernel without CONFIG_SECCOMP_FILTER: run unfiltered rather than not at all.
+                unfiltered = dataclasses.replace(setup, seccomp=None)
+                if not await self._self_test(unfiltered):
+                    log.warning("this kernel refuses bwrap's seccomp filter (%s): sandboxes "
+                                "run without a system-call filter", failure)
+                    failure, setup = "", unfiltered
             if not failure:
                 if failures:
                     log.warning("bwrap cannot run sandboxes as an unprivileged uid here (%s); "
@@ -251,13 +336,15 @@ class BwrapBackend(SandboxBackend):
 
     async def _self_test(self, setup: _Setup) -> str:
         """'' if a trivial command runs in a sandbox with this setup, else bwrap's complaint."""
-        host_dir = _files.create_workdir(self.work_root, setup.run_as)
+        host_dir = _workdir.create_workdir(self.work_root, setup.run_as, None)
         sandbox = BwrapSandbox(backend=self, setup=setup, host_dir=host_dir,
                                limits=Limits(), cgroups=None)
         try:
             result = await sandbox.exec(["/bin/sh", "-c", "exit 0"], timeout_s=_SELF_TEST_TIMEOUT_S)
         except OSError as e:
             return f"cannot start bwrap: {e}"
+        except SandboxError as e:  # bwrap failed before the command ran
+            return str(e)
         finally:
             await sandbox.close()
         if result.ok:
@@ -293,8 +380,9 @@ class BwrapBackend(SandboxBackend):
             return True
         return any(path == e or path.startswith(e + "/") for e in self.expose)
 
-    def bwrap_options(self, setup: _Setup, host_dir: str, env: dict[str, str],
-                      limits: Limits) -> list[str]:
+    def bwrap_options(self, setup: _Setup, host_dir: str, env: dict[str, str], limits: Limits,
+                      *, seccomp_fd: int | None = None, status_fd: int | None = None,
+                      ) -> list[str]:
         """The bwrap options (everything before the command) for one exec."""
         opts = ["--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
                 "--hostname", "sandbox"]
@@ -302,6 +390,10 @@ class BwrapBackend(SandboxBackend):
             opts.append("--disable-userns")
         if setup.drop_caps:
             opts += ["--cap-drop", "ALL"]
+        if seccomp_fd is not None:
+            opts += ["--seccomp", str(seccomp_fd)]
+        if status_fd is not None:
+            opts += ["--json-status-fd", str(status_fd)]
         opts.append("--clearenv")
         for key, value in env.items():
             opts += ["--setenv", key, value]
@@ -315,10 +407,19 @@ class BwrapBackend(SandboxBackend):
                 opts += ["--ro-bind", path, path]
         for path in self.expose:
             opts += ["--ro-bind", path, path]
-        opts += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777"]
-        if setup.tmpfs_size:
-            opts += ["--size", str(limits.memory_mb * MIB)]
-        opts += ["--tmpfs", "/tmp"]
+        # /proc/1 is bwrap's pid 1 (no RLIMIT_NPROC; the death signal that ends the
+        # namespace): its /proc/1/mem must not be writable by the command, which runs as
+        # the same uid. Keys: /proc/keys lists every key the sandbox uid may view.
+        opts += ["--proc", "/proc", "--perms", "0555",
+                 *self._tmpfs_size(setup, _PID1_COVER_BYTES), "--tmpfs", "/proc/1",
+                 "--remount-ro", "/proc/1", "--ro-bind", "/dev/null", "/proc/keys",
+                 "--ro-bind", "/dev/null", "/proc/key-users"]
+        # bwrap's /dev is a tmpfs of half the RAM, writable by the sandbox uid, with
+        # /dev/shm a plain directory in it: give /dev/shm a tmpfs sized like /tmp and
+        # make the rest read-only (its device nodes are mounts of their own, still usable).
+        size = self._tmpfs_size(setup, limits.memory_mb * MIB)
+        opts += ["--dev", "/dev", "--perms", "1777", *size, "--tmpfs", "/dev/shm",
+                 "--remount-ro", "/dev", "--perms", "1777", *size, "--tmpfs", "/tmp"]
         for path in setup.masks:
             if os.path.isdir(path):
                 opts += ["--tmpfs", path, "--remount-ro", path]
@@ -327,6 +428,11 @@ class BwrapBackend(SandboxBackend):
         opts += ["--bind", host_dir, self.mount_point, "--remount-ro", "/",
                  "--chdir", self.mount_point]
         return opts
+
+
+    @staticmethod
+    def _tmpfs_size(setup: _Setup, size: int) -> list[str]:
+        return ["--size", str(size)] if setup.tmpfs_size else []
 
 
 def _bwrap_help(bwrap: str) -> str:

@@ -24,7 +24,7 @@ import os
 import signal
 import sys
 
-from treadle.sandbox import _files, _process, _reaper
+from treadle.sandbox import _process, _reaper, _workdir
 from treadle.sandbox._cgroup import CgroupV1, detect_cgroups
 from treadle.sandbox._host import BASE_LANG, HostSandbox
 from treadle.sandbox.base import Limits, Sandbox, SandboxBackend
@@ -100,12 +100,12 @@ def _stop_reaper(pid: int) -> None:
 
 
 class LocalBackend(SandboxBackend):
-    """Makes `LocalSandbox`es under `work_root` (default: <tmp>/treadle-sandboxes)."""
+    """Makes `LocalSandbox`es under `work_root` (default: `_workdir.default_work_root()`)."""
 
     name = "local"
 
     def __init__(self, *, work_root: str | None = None, use_cgroups: bool = True) -> None:
-        self.work_root = work_root or _files.default_work_root()
+        self.work_root = work_root or _workdir.default_work_root()
         self._use_cgroups = use_cgroups
         self._swept = False
 
@@ -116,11 +116,12 @@ class LocalBackend(SandboxBackend):
         _warn_once()
         cgroups = self._cgroups()
         if not self._swept:  # once per backend: what a crashed predecessor left
+            await asyncio.to_thread(_workdir.ensure_work_root, self.work_root, traversable=False)
             self._swept = True
-            await asyncio.to_thread(_files.sweep_stale_workdirs, self.work_root)
+            await asyncio.to_thread(_workdir.sweep_stale_workdirs, self.work_root)
             if cgroups is not None:
                 cgroups.sweep()
         # Synchronous (one mkdir): no await between creating the dir and owning it,
         # so a cancelled start cannot leak it.
-        host_dir = _files.create_workdir(self.work_root, None)
+        host_dir = _workdir.create_workdir(self.work_root, None, None)
         return LocalSandbox(host_dir=host_dir, limits=limits, cgroups=cgroups, owner=None)

@@ -53,6 +53,7 @@ from treadle.errors import (
     SandboxFileTooLarge,
     SandboxPathError,
     SandboxStartError,
+    SandboxSupervisorError,
     SandboxUnavailable,
 )
 from treadle.sandbox._host import check_argv, check_env
@@ -89,6 +90,8 @@ class LimitsModel(_Request):
     address_space_mb: int | None
     max_processes: int
     max_file_mb: int
+    workdir_mb: int = Limits().workdir_mb  # defaults: clients from before these fields
+    workdir_files: int = Limits().workdir_files
     max_open_files: int
     max_output_bytes: int
     wall_timeout_s: float
@@ -165,7 +168,7 @@ class ErrorReply(_Reply):
 WIRE_ERRORS: tuple[tuple[type[Exception], int], ...] = (
     (SandboxUnavailable, 503), (SandboxStartError, 503), (SandboxClosed, 409),
     (SandboxPathError, 400), (SandboxFileTooLarge, 413), (SandboxFileError, 422),
-    (SandboxError, 500), (ValueError, 400),
+    (SandboxSupervisorError, 502), (SandboxError, 500), (ValueError, 400),
 )
 _BY_NAME = {cls.__name__: cls for cls, _ in WIRE_ERRORS}
 
