@@ -12,7 +12,7 @@ from treadle.cli import main
 from treadle.core.cost_model import CostModel
 from treadle.core.policies import build_policy, parse_policy
 from treadle.sim.runner import outcomes
-from treadle.sim.workload import generate
+from treadle.workloads import generate
 
 SMALL = ["--trajectories", "32", "--gpus", "8"]
 REPORT_KEYS = ("makespan_s", "tokens_per_s", "lower_bound_s", "ratio_to_lower_bound")

@@ -10,16 +10,13 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
+from treadle.errors import UsageError
 from treadle.reports import log as _log
+from treadle.workloads.load import load_workload
 
 DEFAULT_POLICIES = "slime,verl,verl-star,heddle,treadle,oracle"
-
-
-class UsageError(Exception):
-    """Bad input from the user: printed as one line, exit code 2."""
 
 
 def _sim_args(p: argparse.ArgumentParser) -> None:
@@ -47,17 +44,19 @@ def build_parser() -> argparse.ArgumentParser:
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     b = bench_sub.add_parser("sim", help="the scheduling benchmark (all workloads)")
     b.add_argument("--json", action="store_true", help="print the JSON report")
-    b.add_argument("--out", default="benchmarks/sim.json", help="where to write the report")
+    b.add_argument("--out", default="out/sim.json",
+                   help="where to write the report (default out/sim.json; the committed one "
+                        "is benchmarks/sim.json)")
     b.add_argument("--sizes", default="1024,4096", help="batch sizes")
     b.add_argument("--workloads", default="coding,search,math,swe")
     b.add_argument("--seed", type=int, default=0)
+    from treadle.bench.live import add_live_bench_parser
+    from treadle.bench.sandbox import add_bench_parser
+    from treadle.bench.service import add_service_bench_parser
     from treadle.engines.cli import add_engine_parser
     from treadle.run.cli import add_run_parser
-    from treadle.runtime.bench import add_live_bench_parser
-    from treadle.sandbox.bench import add_bench_parser
     from treadle.sandbox.cli import add_parser as add_sandbox_parser
     from treadle.sandbox.cli import add_server_parser
-    from treadle.service.bench import add_service_bench_parser
     from treadle.service.cli import add_serve_parser
     from treadle.train.cli import add_train_parser
 
@@ -87,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             result: int = args.func(args)
             return result
         if args.command == "bench":
-            from treadle.sim.bench import run_bench
+            from treadle.bench.sim import run_bench
 
             report = run_bench(args, log=_log)
             if args.json:
@@ -99,33 +98,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 2
 
 
-def load_workload(name: str, trajectories: int, seed: int, max_context: int) -> Any:
-    """A built-in workload or a trace; bad input raises UsageError."""
-    from treadle.sim.trace import TraceError, load_trace
-    from treadle.sim.workload import WORKLOADS, generate
-
-    if name in WORKLOADS:
-        try:
-            return generate(name, trajectories, seed=seed, max_context=max_context)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from exc
-    path = Path(name)
-    if not path.exists():
-        raise UsageError(f"--workload {name!r}: not one of {', '.join(WORKLOADS)} and no "
-                         "such trace file")
-    try:
-        return load_trace(path)
-    except TraceError as exc:
-        raise UsageError(str(exc)) from exc
-    except OSError as exc:
-        raise UsageError(f"--workload {name!r}: cannot read it ({exc.strerror or exc})") from exc
-
-
 def _sim(args: argparse.Namespace) -> int:
     from treadle.core.cost_model import CostModel
     from treadle.core.policies import parse_policy
     from treadle.sim.runner import compare, history_for
-    from treadle.sim.workload import WORKLOADS
+    from treadle.workloads import WORKLOADS
 
     try:
         cost = CostModel.named(args.model, args.gpu)

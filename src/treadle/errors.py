@@ -4,15 +4,30 @@ Catch `TreadleError` to catch everything treadle raises on purpose; anything els
 escaping treadle is a bug. Each package owns a branch::
 
     TreadleError
+    ├── InputError                      bad input from a caller; its message names the
+    │   │                               field (also a ValueError)
+    │   ├── UsageError                  a command line the CLI refuses (printed as one
+    │   │                               line, exit code 2)
+    │   ├── TraceError                  treadle.workloads.trace: a trace line that breaks
+    │   │                               the format (names file, line and field)
+    │   └── RequestRefused              treadle.service.errors: a job the service cannot
+    │                                   run (unknown suite, no tokenizer, a trace line
+    │                                   past the model's window, a file outside the
+    │                                   allowed roots; the API's 422)
+    ├── ServiceBusy                     treadle.service.errors: too many trajectories
+    │                                   queued to take the job now (the API's 503)
     ├── SandboxError                    anything from treadle.sandbox
     │   ├── SandboxStartError           a sandbox could not be created (may be retried)
     │   │   └── SandboxUnavailable      the backend cannot run on this host at all
     │   │                               (bwrap missing, user namespaces disabled);
     │   │                               retrying will not help
     │   ├── SandboxClosed               the sandbox or pool was closed before the call
+    │   │   └── UnknownSandbox          treadle.sandbox.server: no sandbox by that id
     │   ├── SandboxSupervisorError      an exec's supervisor (bwrap) died or failed: killed
     │   │                               from outside, or its setup failed; the command's
     │   │                               result is unknown
+    │   ├── RemoteSandboxError          treadle.sandbox.remote: a sandbox server not
+    │   │                               reached, failing, or answering off-contract
     │   ├── SandboxPathError            a path names something outside the work dir,
     │   │                               or is malformed (also a ValueError)
     │   └── SandboxFileError            a file in the work dir cannot be read or written
@@ -20,7 +35,12 @@ escaping treadle is a bug. Each package owns a branch::
     ├── EnvError                        anything from treadle.envs (its classes live in
     │   ├── TaskFormatError             treadle.envs.errors): a malformed task record,
     │   ├── EnvConfigError              an environment set up wrongly by its caller,
-    │   └── ResourcesServerError        an external resources server that failed
+    │   ├── ResourcesServerError        an external resources server that failed;
+    │   ├── ToolInputError              treadle.envs.tools.base: a tool call the model
+    │   │                               got wrong, raised inside a tool and turned into
+    │   │                               an error observation (never escapes Tool.call)
+    │   └── PatchError                  treadle.envs.tools.patch: a diff that is
+    │                                   malformed or does not apply (also a ValueError)
     ├── EngineError                     anything from treadle.engines (classes in
     │   ├── EngineUnavailable           treadle.engines.errors): engine down or
     │   │   ├── EngineStartError        unreachable (an engine that did not start, no
@@ -36,12 +56,6 @@ escaping treadle is a bug. Each package owns a branch::
     │   ├── StoreConflict               what is stored (a job id taken, a result for
     │   │                               the wrong group), a database file from a newer
     │   └── SchemaError                 treadle or not a treadle store at all
-    ├── RequestRefused                  treadle.service.jobs: a job the service cannot
-    │                                   run (unknown suite, no tokenizer, a trace line
-    │                                   past the model's window; names the field; the
-    │                                   API's 422; also a ValueError)
-    ├── ServiceBusy                     treadle.service.jobs: too many trajectories
-    │                                   queued to take the job now (the API's 503)
     └── ClientError                     anything from treadle.client (classes in
         ├── ConversionError             treadle.client.errors): trajectories a trainer
         │                               format cannot express (unscored, several
@@ -55,6 +69,10 @@ escaping treadle is a bug. Each package owns a branch::
         └── ServiceProtocolError        breaking the API's contract (not JSON, a bad
                                         record, a gap in sequence numbers)
 
+Foreign errors are translated where they enter: httpx's in one place per client
+(`treadle.engines._http`, `treadle.client.stream`, `treadle.sandbox.remote`),
+never left to escape.
+
 What a sandboxed command does is never an exception: a crash, a timeout, a
 memory or CPU kill or a truncated output comes back as an `ExecResult`. The tree is
 for the infrastructure failing, which a trainer must tell apart from the agent
@@ -67,6 +85,19 @@ from __future__ import annotations
 
 class TreadleError(Exception):
     """Root of every exception treadle raises on purpose."""
+
+
+class InputError(TreadleError, ValueError):
+    """Bad input from a caller; the message names the field and what is wrong."""
+
+
+class UsageError(InputError):
+    """A command line the CLI refuses: printed as one line, exit code 2."""
+
+
+class ServiceBusy(TreadleError):
+    """The service holds `max_queued` trajectories not yet started: a job that would
+    pass it is refused whole (nothing stored); the API answers 503 with Retry-After."""
 
 
 class SandboxError(TreadleError):

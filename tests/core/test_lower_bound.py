@@ -23,7 +23,7 @@ from treadle.core.policies import build_policy, parse_policy
 from treadle.core.scheduler import EngineState, Phase, TrajectoryScheduler, TrajState
 from treadle.sim.cluster import Cluster
 from treadle.sim.runner import MAX_BATCH, history_for, outcomes, simulate
-from treadle.sim.workload import TrajectorySpec, TurnSpec, Workload, generate
+from treadle.workloads import TrajectorySpec, TurnSpec, Workload, generate
 
 POLICIES = ("slime", "verl", "verl-star", "heddle", "treadle", "oracle", "verl@tp8")
 

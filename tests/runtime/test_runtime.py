@@ -23,7 +23,7 @@ from treadle.runtime.driver import Runtime
 from treadle.runtime.launcher import EngineLauncher, LaunchedEngine
 from treadle.runtime.replay import replay
 from treadle.runtime.turns import ScheduledTurns
-from treadle.sim.workload import TrajectorySpec, TurnSpec
+from treadle.workloads import TrajectorySpec, TurnSpec
 from vllm_server import RecordingEngine
 
 T = TypeVar("T")

@@ -17,7 +17,7 @@ from treadle.runtime.clock import ScaledClock
 from treadle.runtime.driver import Runtime
 from treadle.runtime.launcher import EmulatedProcess, LocalLauncher, VLLMProcess
 from treadle.runtime.replay import replay
-from treadle.sim.workload import generate
+from treadle.workloads import generate
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SCALE = 0.02  # 50x faster than the modelled cluster

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from sandbox_helpers import require_bwrap
 
-from treadle.sandbox.bench import add_bench_parser, percentile, run_sandbox_bench
+from treadle.bench.sandbox import add_bench_parser, percentile, run_sandbox_bench
 
 
 def check_backend_report(entry: dict[str, Any], samples: int, concurrency: int) -> None:

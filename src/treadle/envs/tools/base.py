@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from treadle.envs.errors import EnvConfigError
+from treadle.envs.errors import EnvConfigError, EnvError
 from treadle.envs.tools._schema import check, function_spec
 from treadle.errors import SandboxFileError, SandboxPathError
 from treadle.sandbox.base import Sandbox
@@ -99,7 +99,7 @@ class ToolContext:
         return self.sandbox
 
 
-class ToolInputError(Exception):
+class ToolInputError(EnvError):
     """Raised inside a tool body for a problem the model caused; `call` turns it into
     an error observation. Never escapes `Tool.call`."""
 

@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from treadle.envs.errors import EnvError
 from treadle.envs.tools.base import Tool, ToolContext, ToolInputError, ToolResult
 from treadle.errors import SandboxFileError
 from treadle.sandbox.base import Sandbox
@@ -33,7 +34,7 @@ DEV_NULL = "/dev/null"
 MAX_PATCH_CHARS = 500_000
 
 
-class PatchError(Exception):
+class PatchError(EnvError, ValueError):
     """The diff is malformed or does not apply; the message is for the model."""
 
 

@@ -1,4 +1,4 @@
-"""Tests for the synthetic workloads (`treadle.sim.workload`) and traces (`treadle.sim.trace`)."""
+"""Synthetic workloads (`treadle.workloads.synthetic`) and traces (`.trace`)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,7 @@ from typing import Any
 
 import pytest
 
-from treadle.sim import workload as wl
-from treadle.sim.trace import TraceError, dump_trace, load_trace
-from treadle.sim.workload import (
+from treadle.workloads import (
     WORKLOADS,
     Percentiles,
     TrajectorySpec,
@@ -24,6 +22,8 @@ from treadle.sim.workload import (
     Workload,
     generate,
 )
+from treadle.workloads import synthetic as wl
+from treadle.workloads.trace import TraceError, dump_trace, load_trace
 
 HEDDLE_MEAN_TOOL_LATENCY_S = {"coding": 0.41, "search": 1.41, "math": 0.046}
 

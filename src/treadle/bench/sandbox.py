@@ -298,7 +298,9 @@ def add_bench_parser(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
     """Register `bench sandbox` on the `treadle bench` subparsers; handler in `args.func`."""
     p = bench_subparsers.add_parser("sandbox", help="sandbox start latency and tool calls/s")
     p.add_argument("--json", action="store_true", help="print the JSON report")
-    p.add_argument("--out", default="benchmarks/sandbox.json", help="where to write the report")
+    p.add_argument("--out", default="out/sandbox.json",
+                   help="where to write the report (default out/sandbox.json; the committed "
+                        "one is benchmarks/sandbox.json)")
     p.add_argument("--backends", default=",".join(BACKEND_CHOICES),
                    help=f"comma-separated, some of {','.join(BACKEND_CHOICES)} "
                         "(remote = loopback server with bwrap behind it)")

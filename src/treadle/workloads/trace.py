@@ -32,12 +32,13 @@ import math
 from pathlib import Path
 from typing import Any
 
-from treadle.sim.workload import TrajectorySpec, TurnSpec, Workload
+from treadle.errors import InputError
+from treadle.workloads.spec import TrajectorySpec, TurnSpec, Workload
 
 __all__ = ["TraceError", "dump_trace", "load_trace", "spec_from_record"]
 
 
-class TraceError(ValueError):
+class TraceError(InputError):
     """A trace that does not follow the format. `line` is 1-based (0: the file as a
     whole); `field` is a path such as ``turns[3].tool_latency_s``, or "" when the
     whole line is at fault. The message is one line:

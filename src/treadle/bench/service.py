@@ -271,7 +271,7 @@ def run_service_bench(*, trajectories: int, jobs: int, workload: str, policy: st
     from treadle.core.cost_model import CostModel
     from treadle.core.policies import parse_policy
     from treadle.sim.runner import simulate
-    from treadle.sim.workload import generate
+    from treadle.workloads import generate
 
     cost = CostModel.named(model, gpu)
     spec = parse_policy(policy)
@@ -381,13 +381,15 @@ def add_service_bench_parser(bench_subparsers: argparse._SubParsersAction[Any]) 
     p.add_argument("--status-interval", type=float, default=0.1, metavar="S",
                    help="seconds between job-status requests")
     p.add_argument("--json", action="store_true", help="print the JSON report")
-    p.add_argument("--out", default="benchmarks/service.json", help="where to write it")
+    p.add_argument("--out", default="out/service.json",
+                   help="where to write the report (default out/service.json; the committed "
+                        "one is benchmarks/service.json)")
     p.set_defaults(func=run_service_bench_command)
 
 
 def run_service_bench_command(args: argparse.Namespace) -> int:
     """Handler of `bench service`; 2 with one line on stderr for bad input."""
-    from treadle.sim.workload import WORKLOADS
+    from treadle.workloads import WORKLOADS
 
     problems = [msg for bad, msg in (
         (args.workload not in WORKLOADS, f"--workload must be one of {', '.join(WORKLOADS)}"),

@@ -48,7 +48,7 @@ from treadle.runtime.driver import Runtime
 from treadle.runtime.launcher import EmulatedProcess, LocalLauncher
 from treadle.runtime.replay import ReplayResult, replay
 from treadle.sim.runner import MAX_BATCH, layout_label, simulate
-from treadle.sim.workload import Workload
+from treadle.workloads import Workload
 
 Log = Callable[[str], None]
 
@@ -227,15 +227,18 @@ def add_live_bench_parser(bench_subparsers: argparse._SubParsersAction[Any]) -> 
     p.add_argument("--control-seconds", type=float, default=600.0,
                    help="modelled seconds the control-plane phase runs")
     p.add_argument("--json", action="store_true", help="print the JSON report")
-    p.add_argument("--out", default="benchmarks/live.json", help="where to write the report")
+    p.add_argument("--out", default="out/live.json",
+                   help="where to write the report (default out/live.json; the committed "
+                        "one is benchmarks/live.json)")
     p.set_defaults(func=run_live_bench_command)
 
 
 def run_live_bench_command(args: argparse.Namespace) -> int:
     """Handler of `bench live`; 2 with one line on stderr for bad input."""
-    from treadle.cli import UsageError, load_workload
+    from treadle.errors import UsageError
     from treadle.sim.runner import history_for
-    from treadle.sim.workload import WORKLOADS
+    from treadle.workloads import WORKLOADS
+    from treadle.workloads.load import load_workload
 
     try:
         if not args.time_scale > 0:

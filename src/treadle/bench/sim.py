@@ -28,7 +28,7 @@ from treadle.core.placement import bench_placement
 from treadle.core.predictor import Outcome, Predictor
 from treadle.core.predictor_eval import evaluate
 from treadle.sim.runner import PolicyReport, compare, history_for, report_dict
-from treadle.sim.workload import Workload, generate
+from treadle.workloads import Workload, generate
 
 PAPER = ("slime", "verl", "verl-star")
 TUNED = tuple(f"{p}@tp{tp}" for p in ("slime", "verl") for tp in (2, 4, 8))

@@ -1,0 +1,131 @@
+"""The import graph of `treadle`, built from the source with `ast`: no cycles, and the
+layers' arrows point down (docs/architecture.md). Every import counts, lazy ones in a
+function and `TYPE_CHECKING` ones too: each is a dependency of the module."""
+
+from __future__ import annotations
+
+import ast
+import functools
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+# What each package may import (besides itself, `treadle.errors`, `treadle.types` and
+# the root package). The table of docs/architecture.md, as data.
+LAYERS: dict[str, set[str]] = {
+    "workloads": set(),
+    "page": set(),
+    "reports": set(),
+    "served": set(),
+    "core": set(),
+    "store": set(),
+    "sandbox": {"served"},
+    "engines": {"core", "served"},
+    "envs": {"sandbox"},
+    "agent": {"engines", "envs"},
+    "client": {"store"},
+    "sim": {"core", "workloads", "page"},
+    "runtime": {"core", "engines", "envs", "agent", "sandbox", "workloads"},
+    "service": {"runtime", "store", "core", "engines", "envs", "agent", "sandbox", "served",
+                "workloads"},
+    "run": {"service", "client", "store", "envs", "sandbox", "served", "workloads", "page"},
+    "train": {"client", "runtime", "agent", "envs", "engines", "sandbox"},
+    "bench": {"sim", "runtime", "service", "sandbox", "core", "engines", "workloads",
+              "reports", "served", "client", "store"},
+}
+_FREE = {"errors", "types", ""}  # importable from anywhere
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in (SRC / "treadle").rglob("*.py"):
+        parts = path.relative_to(SRC).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> Iterator[str]:
+    """The treadle modules `name` imports (a `from pkg import x` of a submodule x
+    counts as importing pkg.x)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            targets = [f"{module}.{a.name}" for a in node.names] + [module]
+        else:
+            continue
+        for target in targets:
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target.startswith("treadle") and target != name:
+                yield target
+                break
+
+
+@functools.cache
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: set(_imports(name, path, modules)) for name, path in modules.items()}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle, if any (iterative depth-first search)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    for root in sorted(graph):
+        if root in state:
+            continue
+        path = [root]
+        stack = [iter(sorted(graph[root]))]
+        state[root] = 1
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                state[path.pop()] = 2
+                stack.pop()
+            elif state.get(nxt) == 1:
+                return [*path[path.index(nxt):], nxt]
+            elif nxt not in state:
+                state[nxt] = 1
+                path.append(nxt)
+                stack.append(iter(sorted(graph[nxt])))
+    return None
+
+
+def _package(module: str) -> str:
+    return module.split(".")[1] if module.count(".") else ""
+
+
+@pytest.mark.xfail(strict=True, reason="runtime.driver <-> runtime.turns: the runner reaches "
+                   "into the runtime's private members until they share a public contract")
+def test_no_module_of_treadle_imports_itself_back() -> None:
+    cycle = _cycle(_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+@pytest.mark.parametrize("package", sorted(LAYERS))
+def test_arrows_point_down_the_layers(package: str) -> None:
+    up = sorted(f"{m} -> {t}" for m, targets in _graph().items() if _package(m) == package
+                for t in targets
+                if _package(t) not in {package, *_FREE, *LAYERS[package]})
+    assert not up, "imports against the layers:\n" + "\n".join(up)
+
+
+def test_every_package_has_a_layer() -> None:
+    packages = {_package(m) for m in _graph()} - _FREE
+    assert packages <= set(LAYERS) | {"cli", "demo", "__main__"}, packages - set(LAYERS)
