@@ -247,7 +247,8 @@ def test_a_single_rollout_of_a_suite_task(tmp_path: Path) -> None:
     reply = [*tokenizer.encode("the answer is \\boxed{3}"), tokenizer.token_id("<|im_end|>")]
     fake = FakeVLLMServer(reply_ids=reply)
     with fake.serve() as engine_url:
-        config = _config(tmp_path / "r.db", emulate=0, tokenizer=str(tmp_path / "tok"),
+        config = _config(tmp_path / "r.db", emulate=0, time_scale=1.0,
+                         tokenizer=str(tmp_path / "tok"),
                          engines=[EngineRequest(url=engine_url, model="m")])
         with running_service(config) as base, RolloutClient(base, token=TOKEN) as client:
             t = client.rollout("math", {"id": "q1", "question": "What is 1 + 2?",

@@ -22,7 +22,7 @@ import httpx
 
 from treadle.client import stream, wire
 from treadle.client.groups import Group, GroupCollector, GroupSizes
-from treadle.client.stream import Retries, RetryPolicy, StreamCursor
+from treadle.client.stream import RestartWatch, Retries, RetryPolicy, StreamCursor
 from treadle.client.wire import (
     Call,
     Delivered,
@@ -47,8 +47,13 @@ class AsyncRolloutClient:
         self.timeout_s = timeout_s  # per call, unless the call sets its own
         self.retry = retry or RetryPolicy()
         self.stream_idle_s = stream_idle_s  # silence before a stream reconnects
+        self._restart = RestartWatch()  # how long the service says its restarts take
         self._http = httpx.AsyncClient(base_url=self.url, headers=wire.auth_headers(token),
-                                       timeout=timeout_s, transport=transport)
+                                       timeout=timeout_s, transport=transport,
+                                       event_hooks={"response": [self._note_restart]})
+
+    async def _note_restart(self, response: httpx.Response) -> None:
+        self._restart.note(response)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -94,7 +99,7 @@ class AsyncRolloutClient:
                            follow: bool = True) -> AsyncIterator[Delivered]:
         path = wire.stream_path(job_id)
         cursor = StreamCursor(job_id, after)
-        retries = Retries(self.retry, f"GET {path}")
+        retries = Retries(self.retry, f"GET {path}", self._restart.seconds)
         while True:
             cursor.reconnect()
             failure: BaseException | None = None
@@ -183,7 +188,7 @@ class AsyncRolloutClient:
         return await self._do(wire.metrics_call())
 
     async def _do(self, call: Call[_T]) -> _T:
-        retries = Retries(self.retry, call.what)
+        retries = Retries(self.retry, call.what, self._restart.seconds)
         while True:
             try:
                 r = await self._http.request(call.method, call.path, json=call.body,

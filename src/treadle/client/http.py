@@ -43,7 +43,7 @@ import httpx
 
 from treadle.client import stream, wire
 from treadle.client.groups import Group, GroupCollector, GroupSizes
-from treadle.client.stream import Retries, RetryPolicy, StreamCursor
+from treadle.client.stream import RestartWatch, Retries, RetryPolicy, StreamCursor
 from treadle.client.wire import (
     Call,
     Delivered,
@@ -68,8 +68,10 @@ class RolloutClient:
         self.timeout_s = timeout_s  # per call, unless the call sets its own
         self.retry = retry or RetryPolicy()
         self.stream_idle_s = stream_idle_s  # silence before a stream reconnects
+        self._restart = RestartWatch()  # how long the service says its restarts take
         self._http = httpx.Client(base_url=self.url, headers=wire.auth_headers(token),
-                                  timeout=timeout_s, transport=transport)
+                                  timeout=timeout_s, transport=transport,
+                                  event_hooks={"response": [self._restart.note]})
 
     def close(self) -> None:
         self._http.close()
@@ -125,7 +127,7 @@ class RolloutClient:
         connections and restarts (see the module docstring)."""
         path = wire.stream_path(job_id)
         cursor = StreamCursor(job_id, after)
-        retries = Retries(self.retry, f"GET {path}")
+        retries = Retries(self.retry, f"GET {path}", self._restart.seconds)
         while True:
             cursor.reconnect()
             failure: BaseException | None = None
@@ -223,7 +225,7 @@ class RolloutClient:
         return self._do(wire.metrics_call())
 
     def _do(self, call: Call[_T]) -> _T:
-        retries = Retries(self.retry, call.what)
+        retries = Retries(self.retry, call.what, self._restart.seconds)
         while True:
             try:
                 r = self._http.request(call.method, call.path, json=call.body,

@@ -38,8 +38,10 @@ class RetryPolicy:
     `attempts` tries in a row may fail (the first included) before the client gives
     up with ServiceUnavailable; the wait after failure n is ``backoff_s * 2**(n-1)``,
     at most `max_backoff_s` (a 503's Retry-After, if longer, within that bound).
-    The defaults ride out about half a minute of a service restarting. No jitter:
-    the same failures give the same waits.
+    The defaults ride out about half a minute of a service restarting; a service
+    that announces a longer restart (the `x-treadle-restart-s` header of its
+    answers, `RestartWatch`) is waited for that long at least, at `max_backoff_s`
+    a try. No jitter: the same failures give the same waits.
     """
 
     attempts: int = 10
@@ -59,30 +61,57 @@ class RetryPolicy:
         return wait
 
 
-class Retries:
-    """Consecutive failures of one call or stream; `progress` starts the count again."""
+RESTART_HEADER = "x-treadle-restart-s"
+_MAX_PATIENCE_S = 3600.0  # whatever a service announces, a client gives up after this
 
-    def __init__(self, policy: RetryPolicy, what: str) -> None:
+
+class RestartWatch:
+    """The restart time the service announced in its latest answer (seconds; 0 until
+    it has answered once). `note` is an httpx response hook."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def note(self, response: httpx.Response) -> None:
+        try:
+            value = float(response.headers.get(RESTART_HEADER, ""))
+        except ValueError:
+            return
+        if math.isfinite(value) and value >= 0:
+            self.seconds = min(value, _MAX_PATIENCE_S)
+
+
+class Retries:
+    """Consecutive failures of one call or stream; `progress` starts the count again.
+    It gives up once `policy.attempts` tries in a row failed and their waits add up
+    to `patience_s` (the service's announced restart time)."""
+
+    def __init__(self, policy: RetryPolicy, what: str, patience_s: float = 0.0) -> None:
         self.policy = policy
         self.what = what  # named in the error
+        self.patience_s = patience_s  # seconds of waiting the failures must span at least
         self.failures = 0
+        self.waited = 0.0  # seconds waited since the last progress
 
     def progress(self) -> None:
         self.failures = 0
+        self.waited = 0.0
 
     def failed(self, cause: BaseException | ServiceError,
                retry_after_s: float | None = None) -> float:
         """Count a failure; the seconds to wait before the next try, or raise
         ServiceUnavailable (from `cause`) if no try is left."""
         self.failures += 1
-        if self.failures >= self.policy.attempts:
+        if self.failures >= self.policy.attempts and self.waited >= self.patience_s:
             raise ServiceUnavailable(
                 f"{self.what}: gave up after {self.failures} attempt"
                 f"{'s' * (self.failures != 1)}: {describe(cause)}",
                 attempts=self.failures, cause=cause) from cause
         wait = self.policy.delay(self.failures, retry_after_s)
+        self.waited += wait
         log.warning("%s: %s; retrying in %.2f s (attempt %d of %d)", self.what,
-                    describe(cause), wait, self.failures + 1, self.policy.attempts)
+                    describe(cause), wait, self.failures + 1,
+                    max(self.policy.attempts, self.failures + 1))
         return wait
 
 

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 from treadle.engines.base import Engine, GenerateRequest, GenerateResult
 from treadle.engines.errors import (
     EngineError,
+    EngineModelMissing,
     EngineProtocolError,
     EngineRequestError,
     EngineTimeout,
@@ -179,6 +180,9 @@ class HttpEngine(Engine):
             raise EngineUnavailable(f"{self.base_url}: timed out ({e!r})") from None
         except httpx.HTTPError as e:
             raise EngineUnavailable(f"{self.base_url}: {e!r}") from None
+        if reply.status_code == 404 and self._model_missing(reply):
+            raise EngineModelMissing(f"{self.base_url} does not serve the model: "
+                                     f"{reply.text[:300]}")
         if 400 <= reply.status_code < 500:
             raise EngineRequestError(f"{self.base_url} rejected the request "
                                      f"({reply.status_code}): {reply.text[:1000]}")
@@ -186,6 +190,10 @@ class HttpEngine(Engine):
             raise EngineUnavailable(f"{self.base_url} failed ({reply.status_code}): "
                                     f"{reply.text[:1000]}")
         return reply
+
+    def _model_missing(self, reply: httpx.Response) -> bool:
+        """Whether a 404 says the model is unknown (engines that name models say so)."""
+        return False
 
     async def _send(self, send: Callable[[], Awaitable[httpx.Response]]) -> Any:
         reply = await self._raw(send)

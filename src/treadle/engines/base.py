@@ -98,6 +98,11 @@ class Engine(ABC):
     async def aclose(self) -> None:
         """Release connections and cancel in-flight requests. Idempotent."""
 
+    async def model_problem(self) -> str | None:
+        """Why this engine cannot serve the model its client asks for (it serves
+        another), or None: it does, or this engine cannot tell. Never raises."""
+        return None
+
     async def __aenter__(self) -> Engine:
         return self
 

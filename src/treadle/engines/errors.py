@@ -7,7 +7,10 @@
         │                            later retry may succeed
         │   ├── EngineStartError     an engine process could not be started (the
         │   │                        message has the tail of its log)
-        │   └── NoEngineAvailable    the runtime has no engine left to run a turn on
+        │   ├── NoEngineAvailable    the runtime has no engine left to run a turn on
+        │   └── EngineModelMissing   the engine answers, but does not serve the model
+        │                            its client names (404): it is of no use to any
+        │                            turn and leaves the pool
         ├── EngineTimeout            the request ran past its `timeout_s`
         ├── EngineProtocolError      the engine answered something this client cannot
         │                            read; the message names the field
@@ -38,6 +41,10 @@ class EngineStartError(EngineUnavailable):
 
 class NoEngineAvailable(EngineUnavailable):
     """No engine is live (all failed or removed, none starting) to run a turn on."""
+
+
+class EngineModelMissing(EngineUnavailable):
+    """The engine does not serve the model its client asks for (vLLM's 404)."""
 
 
 class EngineTimeout(EngineError):

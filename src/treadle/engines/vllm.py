@@ -35,7 +35,9 @@ from pydantic import BaseModel, ConfigDict
 
 from treadle.engines._http import HttpEngine, parse_prometheus, validate
 from treadle.engines.base import EngineLoad, FinishReason, GenerateRequest, GenerateResult
-from treadle.engines.errors import EngineProtocolError
+from treadle.engines.errors import EngineError, EngineProtocolError
+
+_MODELS_TIMEOUT_S = 10.0
 
 _METRICS = {
     "vllm:num_requests_running": "running",
@@ -158,6 +160,22 @@ class VLLMEngine(HttpEngine):
         super().__init__(base_url, client=client, headers=headers,
                          connect_timeout_s=connect_timeout_s)
         self.model = model
+
+    async def model_problem(self) -> str | None:
+        try:
+            listed = (await self._send(lambda: self._client.get(
+                "/v1/models", timeout=_MODELS_TIMEOUT_S))).get("data", [])
+            served = sorted(str(m.get("id")) for m in listed if isinstance(m, dict))
+        except (EngineError, AttributeError):
+            return None  # cannot tell: the health check decides
+        if self.model in served:
+            return None
+        return (f"the engine at {self.base_url} serves {', '.join(served) or 'no model'}, "
+                f"not {self.model!r}")
+
+    def _model_missing(self, reply: httpx.Response) -> bool:
+        # vLLM: {"error": {"message": "The model `x` does not exist.", "code": 404}}
+        return "does not exist" in reply.text[:1000]
 
     async def _call(self, request: GenerateRequest, started: float) -> GenerateResult:
         data = await self._post_json("/v1/completions", completion_body(request, self.model),

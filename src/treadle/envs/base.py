@@ -58,6 +58,9 @@ class Suite(ABC):
     """A family of tasks with their tools and reward. See the module docstring."""
 
     name: ClassVar[str] = ""  # registry name; also Task.suite
+    # Constructor options that name a file on the host (the service checks them
+    # against its data roots before the suite may open anything).
+    file_options: ClassVar[tuple[str, ...]] = ()
     # Default limits for the sandbox of one episode; callers may use their own.
     limits: Limits = Limits(cpu_s=10, memory_mb=512, wall_timeout_s=30)
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
+import stat
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -34,10 +36,35 @@ def stable_id(prefix: str, payload: Any) -> str:
     return f"{prefix}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
 
 
-def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, object) for every non-blank line; TaskFormatError on bad JSON."""
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
+MAX_JSONL_BYTES = 1 << 30  # the largest task file read_jsonl reads
+
+
+def read_jsonl(path: str | Path, *,
+               max_bytes: int = MAX_JSONL_BYTES) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) for every non-blank line; TaskFormatError on bad JSON, or
+    on anything but a regular file of at most `max_bytes` (a FIFO, a device such as
+    /dev/zero and a directory are refused before a byte is read); OSError if it
+    cannot be opened."""
+    # O_NONBLOCK: opening a FIFO for reading must not wait for a writer.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # OSError as before
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise TaskFormatError(f"{path}: not a regular file")
+        if st.st_size > max_bytes:
+            raise TaskFormatError(f"{path}: {st.st_size} bytes, over the limit of {max_bytes}")
+        os.set_blocking(fd, True)
+        budget = max_bytes  # a file that grows while it is read stops at the limit too
+        number = 0
+        while raw := f.readline(budget + 1):
+            number += 1
+            budget -= len(raw)
+            if budget < 0:
+                raise TaskFormatError(f"{path}: over the limit of {max_bytes} bytes")
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise TaskFormatError(f"{path}:{number}: not UTF-8 text") from None
             if not line.strip():
                 continue
             try:

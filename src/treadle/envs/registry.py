@@ -52,8 +52,7 @@ def suite_names() -> list[str]:
     return sorted(set(_BUILTIN) | set(_registered))
 
 
-def get_suite(name: str, **options: Any) -> Suite:
-    """A new suite instance; EnvConfigError for an unknown name or bad options."""
+def _factory(name: str) -> SuiteFactory:
     factory = _registered.get(name)
     if factory is None:
         target = _BUILTIN.get(name)
@@ -62,6 +61,18 @@ def get_suite(name: str, **options: Any) -> Suite:
                                  f"{', '.join(suite_names())}")
         module, _, attribute = target.partition(":")
         factory = getattr(importlib.import_module(module), attribute)
+    return factory
+
+
+def file_options(name: str) -> tuple[str, ...]:
+    """The options of suite `name` that name host files (`Suite.file_options`; a
+    registered factory may declare them as its own `file_options` attribute)."""
+    return tuple(getattr(_factory(name), "file_options", ()))
+
+
+def get_suite(name: str, **options: Any) -> Suite:
+    """A new suite instance; EnvConfigError for an unknown name or bad options."""
+    factory = _factory(name)
     try:
         return factory(**options)
     except TypeError as e:

@@ -94,8 +94,9 @@ def add_run_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
     here.add_argument("--emulate", type=int, metavar="GPUS",
                       help=f"emulated engines on this many GPUs (default {DEFAULT_EMULATED_GPUS}"
                            " for a workload without --engine)")
-    here.add_argument("--time-scale", type=float, default=DEFAULT_TIME_SCALE,
-                      help="of the emulated engines")
+    here.add_argument("--time-scale", type=float, default=None,
+                      help=f"of the emulated engines (default {DEFAULT_TIME_SCALE:g}; real "
+                           "engines refuse it)")
     here.add_argument("--sandbox", default="bwrap", choices=("bwrap", "local", "none"),
                       help="where tools of suite tasks run (local isolates nothing)")
     here.add_argument("--policy", default="treadle")
@@ -219,7 +220,8 @@ def _check_service_args(args: argparse.Namespace) -> None:
     if args.vllm and not os.path.exists(args.vllm_python):
         raise UsageError(f"--vllm-python {args.vllm_python}: no such interpreter (bash "
                        "scripts/vllm-cpu.sh installs vLLM at .venv-vllm)")
-    if (args.emulate is not None and args.emulate < 0) or args.time_scale <= 0:
+    if (args.emulate is not None and args.emulate < 0) or (
+            args.time_scale is not None and args.time_scale <= 0):
         raise UsageError("--emulate must be >= 0 and --time-scale > 0")
 
 
@@ -245,9 +247,12 @@ def _service(args: argparse.Namespace,
     emulate = args.emulate if args.emulate is not None else (
         0 if args.engine or args.vllm else DEFAULT_EMULATED_GPUS)
     suite = "suite" in request["tasks"]
+    emulated = emulate or (args.engine and args.engine_kind == "emulated")
+    time_scale = args.time_scale if args.time_scale is not None else (
+        DEFAULT_TIME_SCALE if emulated else 1.0)
     try:
         config = ServiceConfig(
-            db=args.db, policy=args.policy, emulate=emulate, time_scale=args.time_scale,
+            db=args.db, policy=args.policy, emulate=emulate, time_scale=time_scale,
             engines=[EngineRequest(url=u, kind=args.engine_kind, model=args.served_model)
                      for u in args.engine],
             tokenizer=args.tokenizer or args.vllm,
@@ -257,7 +262,7 @@ def _service(args: argparse.Namespace,
     except (ValueError, KeyError, OSError, TreadleError) as e:
         raise UsageError(str(e).strip("'\"")) from None
     engines = (f"emulated engines on {emulate} GPU{'s' * (emulate != 1)} at time scale "
-               f"{args.time_scale:g} (timings in modelled seconds)" if emulate
+               f"{time_scale:g} (timings in modelled seconds)" if emulate
                else f"a vLLM engine serving {args.vllm}" if args.vllm
                else f"{len(args.engine)} engine{'s' * (len(args.engine) != 1)}")
     with serve_here(service, engines) as (url, where):

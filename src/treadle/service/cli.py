@@ -39,7 +39,8 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
                    help="start emulated engines on this many (modelled) GPUs")
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="of the emulated engines and the scheduler's clock (0.1 = 10x "
-                        "faster than modelled; job timings are then in modelled seconds)")
+                        "faster than modelled; job timings are then in modelled seconds); "
+                        "with --emulate only")
     p.add_argument("--vllm", default=None, metavar="MODEL_DIR",
                    help="start vLLM engines serving this model directory (with the RL "
                         "endpoints, so weight updates work); its tokenizer is the default "
@@ -63,6 +64,10 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--model", default="qwen3-14b", help="cost-model entry the policy plans with")
     p.add_argument("--gpu", default="h100", help="cost-model entry")
     p.add_argument("--max-live", type=int, default=4096, help="trajectories running at once")
+    p.add_argument("--data-root", action="append", default=[], metavar="DIR",
+                   help="a directory whose files jobs may name in suite options such as "
+                        "nemo_gym's rows_path (repeatable; default none: no file may be "
+                        "named)")
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=run_serve)
 
@@ -96,7 +101,8 @@ def run_serve(args: argparse.Namespace) -> int:
                                sandbox_rate_per_s=args.sandbox_rate,
                                vllm_engines=args.vllm_engines,
                                vllm_python=os.path.abspath(args.vllm_python),
-                               vllm_max_model_len=args.max_model_len)
+                               vllm_max_model_len=args.max_model_len,
+                               data_roots=tuple(_data_roots(args.data_root)))
         service = build_service(config)
     except (ValueError, KeyError, OSError) as e:
         print(f"treadle serve: {str(e).strip(chr(39))}", file=sys.stderr)
@@ -111,6 +117,13 @@ def run_serve(args: argparse.Namespace) -> int:
                                            lifespan="on", timeout_graceful_shutdown=10))
     asyncio.run(server.serve())
     return 0
+
+
+def _data_roots(paths: list[str]) -> list[str]:
+    for path in paths:
+        if not os.path.isdir(path):
+            raise ValueError(f"--data-root {path}: not a directory")
+    return [os.path.realpath(p) for p in paths]
 
 
 def _sandbox(name: str) -> Any:

@@ -40,20 +40,21 @@ import itertools
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from treadle.agent.chat import Tokenizer
 from treadle.agent.loop import AgentLimits, Sampling
 from treadle.envs.base import Suite
-from treadle.envs.registry import get_suite
+from treadle.envs.registry import file_options, get_suite
 from treadle.errors import ServiceBusy, TreadleError
 from treadle.runtime.driver import Runtime
 from treadle.runtime.rollout import replay_task, run_task
 from treadle.sandbox.base import SandboxBackend
 from treadle.sandbox.pool import SandboxPool
 from treadle.service.errors import RequestRefused
+from treadle.service.files import allowed_file
 from treadle.service.metrics import Metrics
 from treadle.service.schemas import (
     MAX_TRAJECTORIES_PER_JOB,
@@ -107,7 +108,8 @@ class Rollouts:
                  sandbox_backend: SandboxBackend | None, max_live: int = 4096,
                  max_queued: int = 262_144, max_context: int = 40_960,
                  sandbox_warm: int = 2, sandbox_max_live: int = 64,
-                 sandbox_rate_per_s: float = 64.0,
+                 sandbox_rate_per_s: float = 64.0, data_roots: Sequence[str] = (),
+                 max_data_file_bytes: int = 256 << 20,
                  metrics: Metrics | None = None) -> None:
         self.runtime = runtime
         self.store = store
@@ -119,6 +121,8 @@ class Rollouts:
         self.sandbox_warm = sandbox_warm
         self.sandbox_max_live = sandbox_max_live  # per suite's pool
         self.sandbox_rate_per_s = sandbox_rate_per_s  # sandbox starts a second, per pool
+        self.data_roots = tuple(data_roots)  # where files named by suite options may be
+        self.max_data_file_bytes = max_data_file_bytes  # the largest such file
         self.metrics = metrics or Metrics()
         self._jobs: dict[str, _Job] = {}
         # Jobs with work to start, highest priority then oldest first. An entry goes
@@ -280,8 +284,11 @@ class Rollouts:
             raise RequestRefused("tasks.suite: this service has no tokenizer for its model "
                                  "(start it with --tokenizer), so it can run replay tasks only")
         suite = self._suite(tasks)
-        if self.sandbox_backend is None and any(suite.needs_sandbox(t)
-                                                for t in suite.tasks(1, seed=0)):
+        try:
+            sample = suite.tasks(1, seed=0)
+        except (TreadleError, ValueError) as e:  # e.g. nemo_gym without rows
+            raise RequestRefused(f"tasks.options: suite {tasks.suite!r}: {e}") from None
+        if self.sandbox_backend is None and any(suite.needs_sandbox(t) for t in sample):
             raise RequestRefused(f"tasks.suite: suite {tasks.suite!r} needs a sandbox and this "
                                  "service has none")
         for task in _suite_tasks(suite, tasks):
@@ -296,9 +303,21 @@ class Rollouts:
         suite = self._suites.get(key)
         if suite is None:
             try:
-                suite = get_suite(tasks.suite, **tasks.options)
+                named_files = file_options(tasks.suite)
             except TreadleError as e:
                 raise RequestRefused(f"tasks.suite: {e}") from None
+            options = dict(tasks.options)
+            for name in named_files:
+                if name in options:
+                    options[name] = allowed_file(options[name], self.data_roots,
+                                                 self.max_data_file_bytes,
+                                                 f"tasks.options.{name}")
+            try:
+                suite = get_suite(tasks.suite, **options)
+            # A suite's constructor is the suite's code: whatever it says of its options
+            # is the request's fault, never a 500.
+            except (TreadleError, ValueError, TypeError, OSError) as e:
+                raise RequestRefused(f"tasks.options: suite {tasks.suite!r}: {e}") from None
             self._suites[key] = suite
         return suite
 
@@ -402,7 +421,10 @@ def _suite_key(tasks: SuiteTasks) -> str:
 
 def _suite_tasks(suite: Suite, tasks: SuiteTasks) -> list[Task]:
     if tasks.count is not None:
-        return suite.tasks(tasks.count, seed=tasks.seed)
+        try:
+            return suite.tasks(tasks.count, seed=tasks.seed)
+        except (TreadleError, ValueError) as e:  # more than a bundled suite holds
+            raise RequestRefused(f"tasks.count: {e}") from None
     out: list[Task] = []
     seen: set[str] = set()
     for i, record in enumerate(tasks.tasks or []):

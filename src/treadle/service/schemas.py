@@ -147,7 +147,16 @@ class JobRequest(_Strict):
                           description="higher starts first when trajectories queue")
     job_id: str | None = Field(default=None, min_length=1, max_length=128,
                                pattern=r"^[A-Za-z0-9._-]+$",
-                               description="the caller's id (idempotency); default random")
+                               description="the caller's id (idempotency); default random; "
+                                           "not '.' or '..', which no URL path can name")
+
+    @field_validator("job_id")
+    @classmethod
+    def _addressable(cls, job_id: str | None) -> str | None:
+        # A client puts the id in a URL path, where '.' and '..' are path steps.
+        if job_id is not None and set(job_id) == {"."} and len(job_id) <= 2:
+            raise ValueError("'.' and '..' cannot be named in a URL path")
+        return job_id
 
     @model_validator(mode="after")
     def _replay_is_one_per_line(self) -> JobRequest:

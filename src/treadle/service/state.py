@@ -31,6 +31,7 @@ from treadle.store.aio import AsyncStore
 from treadle.store.db import Store
 
 log = logging.getLogger(__name__)
+_RESTART_BASE_S = 10.0  # opening the store and recovering its jobs, with margin
 
 
 @dataclass(slots=True)
@@ -44,7 +45,9 @@ class ServiceConfig:
     gpu: str = "h100"  # cost-model entry
     engines: list[EngineRequest] = field(default_factory=list)  # registered at start
     emulate: int = 0  # GPUs of emulated engines to start (0: none)
-    time_scale: float = 1.0  # of the emulated engines, and then of the runtime's clock
+    # Of the emulated engines (started here or registered), and so of the runtime's
+    # clock; refused with real engines, whose seconds are real.
+    time_scale: float = 1.0
     tokenizer: str | None = None  # tokenizer.json directory; None: replay tasks only
     sandbox: SandboxBackend | None = None  # for suites that run code
     sandbox_max_live: int = 64  # sandboxes at once, per suite (in use, warm, starting)
@@ -55,6 +58,7 @@ class ServiceConfig:
     max_live: int = 4096  # trajectories running at once
     max_queued: int = 262_144  # trajectories waiting for a slot (a fuller submit is a 503)
     max_body_bytes: int = 64 << 20  # request body limit
+    body_timeout_s: float = 60.0  # a request body must arrive within this (else a 408)
     max_requests: int = 256  # API requests at once (streams apart)
     max_streams: int = 256  # NDJSON streams at once
     request_timeout_s: float | None = 600.0  # per engine call
@@ -63,17 +67,25 @@ class ServiceConfig:
     vllm_engines: int = 1  # how many (each a TP-1 process of its own)
     vllm_python: str = "python3"  # the interpreter vLLM is installed in
     vllm_max_model_len: int = 1024  # --max-model-len of the started engines
+    # Directories a job's suite options may name files under (e.g. nemo_gym's
+    # rows_path); a path outside them, or any path when there are none, is refused.
+    data_roots: tuple[str, ...] = ()
+    max_data_file_bytes: int = 256 << 20  # largest file such an option may name
 
 
 class Service:
     """The parts of a running service; see the module docstring."""
 
     def __init__(self, config: ServiceConfig, runtime: Runtime, store: AsyncStore,
-                 rollouts: Rollouts) -> None:
+                 rollouts: Rollouts, *, restart_s: float = _RESTART_BASE_S) -> None:
         self.config = config
         self.runtime = runtime
         self.store = store
         self.rollouts = rollouts
+        # How long this service takes to answer again after a restart (seconds): what
+        # it announces on /healthz and in the `x-treadle-restart-s` header, and what
+        # the client's retries wait for at least. Engines started here dominate it.
+        self.restart_s = restart_s
 
     async def start(self) -> None:
         # Engines started here from a model directory are TP-1 processes, whatever
@@ -85,6 +97,10 @@ class Service:
             if not await engine.health():
                 log.warning("engine %s is not healthy; registering it anyway (the runtime "
                             "fails it if it stays down)", request.url)
+            elif (problem := await engine.model_problem()) is not None:
+                # Every turn on it would fail: refuse to start rather than serve errors.
+                await engine.aclose()
+                raise ValueError(f"--engine {request.url}: {problem} (--served-model)")
             self.runtime.register_engine(engine, tp=request.tp, max_batch=request.max_batch,
                                          kv_capacity_tokens=request.kv_capacity_tokens,
                                          label=request.url)
@@ -103,6 +119,17 @@ class Service:
                         engines={s.label: s.calls for s in self.runtime.engines()},
                         policy_version=self.runtime.policy_version)
 
+    async def check_engine(self, engine: Engine, request: EngineRequest,
+                           ) -> tuple[str, str] | None:
+        """Why an engine offered for registration cannot join the pool, as (field,
+        message), or None: it must answer its health check and serve `request.model`."""
+        if not await engine.health():
+            return "url", f"no healthy engine at {request.url}"
+        problem = await engine.model_problem()
+        if problem is not None:
+            return "model", problem
+        return None
+
     def weights_view(self) -> WeightsView:
         return WeightsView(policy_version=self.runtime.policy_version,
                            paused=self.runtime.paused)
@@ -116,6 +143,11 @@ def build_service(config: ServiceConfig) -> Service:
     gpus = 0
     if config.emulate and config.vllm_model:
         raise ValueError("emulate and vllm_model exclude each other: one kind of engine")
+    if config.time_scale != 1.0 and (config.vllm_model or any(
+            e.kind != "emulated" for e in config.engines)):
+        # Only emulated engines run on a scaled clock; real engines' seconds are real.
+        raise ValueError("time_scale applies to emulated engines only (--emulate, or "
+                         "--engine-kind emulated)")
     if config.emulate:
         launcher = LocalLauncher(EmulatedProcess(config.model, config.gpu,
                                                  time_scale=config.time_scale))
@@ -130,19 +162,22 @@ def build_service(config: ServiceConfig) -> Service:
     # Emulated engines run `time_scale` times real; the scheduler and the replays'
     # tool latencies must see the same modelled seconds, or a replay sleeps its tools
     # in real seconds between turns that run 1/time_scale times faster.
-    clock = ScaledClock(config.time_scale) if config.emulate else WallClock()
+    clock = ScaledClock(config.time_scale) if config.time_scale != 1.0 else WallClock()
     runtime = Runtime(scheduler, launcher=launcher, gpus=gpus, clock=clock,
                       request_timeout_s=config.request_timeout_s,
                       engine_wait_s=config.engine_wait_s)
     store = AsyncStore(Store(config.db))
     tokenizer = HFTokenizer(config.tokenizer) if config.tokenizer else None
     rollouts = Rollouts(runtime, store, tokenizer=tokenizer, sandbox_backend=config.sandbox,
+                        data_roots=config.data_roots,
+                        max_data_file_bytes=config.max_data_file_bytes,
                         max_live=config.max_live, max_queued=config.max_queued,
                         max_context=cost.model.max_context,
                         sandbox_max_live=config.sandbox_max_live,
                         sandbox_rate_per_s=config.sandbox_rate_per_s)
     runtime.control.observer = rollouts.metrics.decisions.observe
-    return Service(config, runtime, store, rollouts)
+    restart_s = _RESTART_BASE_S + (launcher.startup_s(1) if launcher is not None else 0.0)
+    return Service(config, runtime, store, rollouts, restart_s=restart_s)
 
 
 def engine_client(request: EngineRequest) -> Engine:

@@ -113,6 +113,7 @@ class NemoGymSuite(Suite):
     """Tasks of one resources server; see the module docstring."""
 
     name = "nemo_gym"
+    file_options = ("rows_path",)
 
     def __init__(self, base_url: str, *, rows: Sequence[Mapping[str, Any]] | None = None,
                  rows_path: str | Path | None = None, timeout_s: float = 60.0,

@@ -1,0 +1,61 @@
+"""`/v1/engines`: the engine pool — list, register, drain, remove."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+
+from treadle.runtime.driver import EngineSlot
+from treadle.service.deps import ServiceDep
+from treadle.service.errors import RequestRefused
+from treadle.service.replies import documented
+from treadle.service.schemas import EngineRequest, EngineView
+from treadle.service.state import Service, engine_client
+from treadle.service.strict_json import StrictJSONRoute
+from treadle.store.errors import NotFound
+
+router = APIRouter(prefix="/v1/engines", route_class=StrictJSONRoute, tags=["engines"])
+
+
+@router.get("")
+async def engines(service: ServiceDep) -> list[EngineView]:
+    return [engine_view(s) for s in service.runtime.engines()]
+
+
+@router.post("", status_code=201, responses=documented(422))
+async def register(request: EngineRequest, service: ServiceDep) -> EngineView:
+    engine = engine_client(request)
+    problem = await service.check_engine(engine, request)
+    if problem is not None:
+        await engine.aclose()
+        raise RequestRefused(f"{problem[0]}: {problem[1]}")
+    eid = service.runtime.register_engine(
+        engine, tp=request.tp, max_batch=request.max_batch,
+        kv_capacity_tokens=request.kv_capacity_tokens, label=request.url)
+    return engine_view(_slot(service, eid))
+
+
+@router.post("/{engine_id}/drain", responses=documented(404))
+async def drain(engine_id: str, service: ServiceDep) -> EngineView:
+    slot = _slot(service, engine_id)
+    service.runtime.drain_engine(engine_id)
+    return engine_view(slot)
+
+
+@router.delete("/{engine_id}", status_code=204, responses=documented(404))
+async def remove(engine_id: str, service: ServiceDep) -> Response:
+    _slot(service, engine_id)
+    service.runtime.remove_engine(engine_id, "removed through the API")
+    return Response(status_code=204)
+
+
+def engine_view(slot: EngineSlot) -> EngineView:
+    return EngineView(engine_id=slot.engine_id, label=slot.label, tp=slot.tp,
+                      max_batch=slot.max_batch, kv_capacity_tokens=slot.kv_capacity_tokens,
+                      calls_in_flight=slot.calls, draining=slot.draining)
+
+
+def _slot(service: Service, engine_id: str) -> EngineSlot:
+    for slot in service.runtime.engines():
+        if slot.engine_id == engine_id:
+            return slot
+    raise NotFound(f"no engine {engine_id!r}")

@@ -1,0 +1,58 @@
+"""`/v1/jobs`: submit, read, stream and cancel jobs."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Query
+from fastapi.responses import StreamingResponse
+
+from treadle.service.deps import ServiceDep
+from treadle.service.replies import documented
+from treadle.service.schemas import MAX_INT64, JobCreated, JobRequest, JobView
+from treadle.service.strict_json import StrictJSONRoute
+from treadle.store.jobs import JobInfo
+
+router = APIRouter(prefix="/v1/jobs", route_class=StrictJSONRoute, tags=["jobs"])
+
+
+@router.post("", status_code=201, responses=documented(409, 422))
+async def submit(request: JobRequest, service: ServiceDep) -> JobCreated:
+    info = await service.rollouts.submit(request)
+    return JobCreated(job_id=info.job_id, planned=info.planned)
+
+
+@router.get("/{job_id}", responses=documented(404))
+async def job(job_id: str, service: ServiceDep) -> JobView:
+    info, running, queued = await service.rollouts.job(job_id)
+    return job_view(info, running, queued)
+
+
+@router.get("/{job_id}/trajectories", response_class=StreamingResponse,
+            responses={200: {"content": {"application/x-ndjson": {}},
+                             "description": "one JSON object a line"}, **documented(404, 422)})
+async def trajectories(job_id: str, service: ServiceDep,
+                       after: int = Query(0, ge=0, le=MAX_INT64),
+                       follow: bool = Query(False)) -> StreamingResponse:
+    await service.rollouts.job(job_id)  # 404 before the stream starts
+
+    async def lines() -> AsyncIterator[bytes]:
+        async for d in service.rollouts.results(job_id, after, follow=follow):
+            yield f'{{"seq":{d.seq},"trajectory":{d.record_json}}}\n'.encode()
+
+    return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
+@router.post("/{job_id}/cancel", responses=documented(404))
+async def cancel(job_id: str, service: ServiceDep) -> JobView:
+    # Nothing of a cancelled job runs or waits here any more.
+    return job_view(await service.rollouts.cancel(job_id), 0, 0)
+
+
+def job_view(info: JobInfo, running: int, queued: int) -> JobView:
+    return JobView(job_id=info.job_id, status=info.status.value, reason=info.reason,
+                   planned=info.planned, delivered=info.delivered,
+                   counts={s.value: n for s, n in info.counts.items()},
+                   progress=info.delivered / info.planned if info.planned else 1.0,
+                   created_at=info.created_at, started_at=info.started_at,
+                   finished_at=info.finished_at, running=running, queued=queued)

@@ -1,0 +1,80 @@
+"""Request bodies parsed as strict JSON: finite numbers, well-formed Unicode.
+
+Python's JSON parser takes ``NaN``, ``Infinity`` and ``1e400`` (as infinity), and
+``"\\ud800"`` (a lone surrogate, which no UTF-8 encoder can write back): each got
+past validation and broke later — a 422 that could not itself be serialised, a
+500 in the store. `StrictJSONRoute` parses bodies so that each is refused up front
+as a ``json_invalid`` 422 at ``["body"]``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from fastapi import Request, Response
+from fastapi.routing import APIRoute
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:40]} is out of the range of a double")
+    return value
+
+
+def _well_formed(value: Any) -> None:
+    """ValueError if any string (key or value) holds a lone surrogate. Iterative:
+    a deeply nested body must not exhaust the stack."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii():
+                item.encode("utf-8")  # UnicodeEncodeError (a ValueError) on a surrogate
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+def loads(body: bytes) -> Any:
+    """`json.loads`, refusing non-finite numbers and lone surrogates: JSONDecodeError."""
+    text = body.decode("utf-8")  # not UTF-8: UnicodeDecodeError, FastAPI's 400 -> 422
+    try:
+        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+        _well_formed(value)
+    except json.JSONDecodeError:
+        raise
+    except ValueError as e:
+        raise json.JSONDecodeError(str(e)[:200], text[:64], 0) from None
+    return value
+
+
+class _StrictRequest(Request):
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            self._json = loads(await self.body())
+        return self._json
+
+
+class StrictJSONRoute(APIRoute):
+    """An APIRoute whose body is parsed by `loads`."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def strict(request: Request) -> Response:
+            return await handler(_StrictRequest(request.scope, request.receive))
+
+        return strict
+
+
+__all__ = ["StrictJSONRoute", "loads"]
