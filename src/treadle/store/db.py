@@ -123,8 +123,8 @@ class Store:
             if self._conn.execute("SELECT 1 FROM jobs WHERE job_id = ?", (job_id,)).fetchone():
                 raise StoreConflict(f"job {job_id!r} already exists")
             self._conn.execute(
-                "INSERT INTO jobs (job_id, status, created_at, finished_at, planned, n_pending) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO jobs (job_id, spec, status, created_at, finished_at, planned, "
+                "n_pending) VALUES (?, '', ?, ?, ?, ?, ?)",
                 (job_id, status.value, now, None if planned else now, len(planned),
                  len(planned)))
             self._conn.execute("INSERT INTO job_specs (job_id, spec) VALUES (?, ?)",

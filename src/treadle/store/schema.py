@@ -69,7 +69,10 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             spec    TEXT NOT NULL                  -- the request, as JSON
         )""",
         "INSERT INTO job_specs (job_id, spec) SELECT job_id, spec FROM jobs",
-        "ALTER TABLE jobs DROP COLUMN spec",
+        # Emptied, not dropped: ALTER TABLE DROP COLUMN needs SQLite 3.35, and the
+        # Pythons of long-lived distributions (RHEL 8: 3.26) link older ones. An
+        # empty string keeps the row small; nothing reads the column any more.
+        "UPDATE jobs SET spec = ''",
         # n_<status>: the job's trajectories in that TrajectoryStatus.
         "ALTER TABLE jobs ADD COLUMN n_pending INTEGER NOT NULL DEFAULT 0",
         "ALTER TABLE jobs ADD COLUMN n_running INTEGER NOT NULL DEFAULT 0",
@@ -100,8 +103,6 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
-# Step 2 drops a column: ALTER TABLE DROP COLUMN is new in SQLite 3.35.
-MIN_SQLITE = (3, 35, 0)
 
 
 def user_version(conn: sqlite3.Connection) -> int:
@@ -112,12 +113,8 @@ def migrate(conn: sqlite3.Connection) -> int:
     """Bring the database to SCHEMA_VERSION; returns the version it had before.
 
     `conn` must be in autocommit mode (isolation_level None). Raises SchemaError for
-    a file from a newer treadle, a version-0 file that already holds other tables, or
-    an SQLite library older than MIN_SQLITE.
+    a file from a newer treadle, a version-0 file that already holds other tables.
     """
-    if sqlite3.sqlite_version_info < MIN_SQLITE:
-        raise SchemaError(f"the store needs SQLite >= {'.'.join(map(str, MIN_SQLITE))}; "
-                          f"this Python links SQLite {sqlite3.sqlite_version}")
     before = user_version(conn)
     while True:
         conn.execute("BEGIN IMMEDIATE")
