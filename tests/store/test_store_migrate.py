@@ -75,7 +75,9 @@ def test_a_version_1_file_migrates_keeping_its_jobs(tmp_path: Path) -> None:
     assert raw.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
     assert raw.execute("PRAGMA foreign_key_check").fetchall() == []
     columns = {r[1] for r in raw.execute("PRAGMA table_info(jobs)")}
-    assert "spec" not in columns and "delivered" in columns
+    assert "delivered" in columns
+    # The old column stays, empty: the job row no longer carries the request.
+    assert raw.execute("SELECT DISTINCT spec FROM jobs").fetchall() == [("",)]
     assert {f"n_{s.value}" for s in TrajectoryStatus} <= columns
     indexes = {r[1] for r in raw.execute("PRAGMA index_list(jobs)")}
     assert "jobs_by_status" in indexes
