@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import random
 import threading
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 from store_helpers import plan, random_trajectory
 
 from treadle.store import AsyncStore, JobStatus, Store
-from treadle.types import TrajectoryStatus
+from treadle.types import FailureStage, TrajectoryStatus
 
 
 def _run(coro: object) -> object:
@@ -26,14 +27,13 @@ def test_concurrent_finishes_from_tasks_get_dense_seqs_in_call_order(tmp_path: P
 
     async def main() -> list[int]:
         astore = AsyncStore(Store(tmp_path / "a.db"))
-        await astore.call(astore.store.create_job, "j", {"n": 16}, planned)
+        await astore.create_job("j", {"n": 16}, planned)
         # gather starts the calls in list order; one worker thread keeps that order.
-        finishes = await asyncio.gather(*(astore.call(astore.store.finish, "j", t)
-                                          for t in results))
+        finishes = await asyncio.gather(*(astore.finish("j", t) for t in results))
         seqs = [f.seq for f in finishes]
         streamed = [d.trajectory_id async for d in astore.iter_results("j", page_size=7)]
         assert streamed == [t.trajectory_id for t in results]
-        info = await astore.call(astore.store.job, "j")
+        info = await astore.job("j")
         assert info.status is JobStatus.COMPLETED
         await astore.aclose()
         return seqs
@@ -134,6 +134,57 @@ def test_a_cancelled_await_of_a_queued_call_drops_it() -> None:
         await blocker
         assert (await astore.call(store.job, "j")).delivered == 0
         assert not (await astore.call(store.finish, "j", t)).duplicate  # a retry delivers it
+        await astore.aclose()
+
+    _run(main())
+
+
+def test_every_store_call_has_an_async_twin_with_its_signature() -> None:
+    public = [name for name, fn in inspect.getmembers(Store, inspect.isfunction)
+              if not name.startswith("_") and name != "close"]
+    for name in public:
+        twin = getattr(AsyncStore, name, None)
+        assert twin is not None, f"AsyncStore has no {name}"
+        want, got = inspect.signature(getattr(Store, name)), inspect.signature(twin)
+        assert got.parameters == want.parameters, name
+        if name == "iter_results":
+            assert inspect.isasyncgenfunction(twin)
+        else:
+            assert inspect.iscoroutinefunction(twin), name
+            assert got.return_annotation == want.return_annotation, name
+
+
+def test_the_async_twins_run_a_job_through(tmp_path: Path) -> None:
+    planned = plan(2, 3)
+    rng = random.Random(5)
+
+    async def main() -> None:
+        astore = AsyncStore(Store(tmp_path / "t.db"))
+        info = await astore.create_job("j", {"n": 3}, planned)
+        assert info.status is JobStatus.QUEUED
+        assert await astore.job_spec("j") == {"n": 3}
+        assert await astore.job_ids() == ["j"]
+        assert await astore.start("j", planned[0].trajectory_id) == 0
+        assert await astore.start("j", planned[1].trajectory_id) == 0
+        done = random_trajectory(rng, planned[0], TrajectoryStatus.COMPLETED)
+        finish = await astore.finish("j", done)
+        assert (finish.seq, finish.duplicate) == (1, False)
+        assert [j.job_id for j in await astore.unfinished_jobs()] == ["j"]
+        assert [j.job_id for j in await astore.recover()] == ["j"]
+        state = await astore.trajectory_state("j", planned[1].trajectory_id)
+        assert state.status is TrajectoryStatus.PENDING and state.attempts == 1
+        assert len(await astore.unfinished("j")) == 5
+        event_id = await astore.add_event("j", "note", {"x": 1}, planned[1].trajectory_id)
+        assert (await astore.events("j", after=event_id - 1))[0].payload == {"x": 1}
+        assert (await astore.cancel("j", "enough")).counts[TrajectoryStatus.ABORTED] == 5
+        assert [d.seq for d in await astore.results("j", after=2, limit=2)] == [3, 4]
+        assert (await astore.fail("j", "late")).status is JobStatus.CANCELLED  # terminal
+        await astore.create_job("k", {}, plan(1, 1, "k"))
+        failed = await astore.fail("k", "engines lost", FailureStage.ENGINE)
+        assert failed.counts[TrajectoryStatus.ERROR] == 1
+        await astore.delete_job("k")
+        assert await astore.job_ids() == ["j"]
+        assert (await astore.job("j")).delivered == 6
         await astore.aclose()
 
     _run(main())

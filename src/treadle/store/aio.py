@@ -1,10 +1,13 @@
 """`AsyncStore`: the store for asyncio code, its calls on one worker thread.
 
     astore = AsyncStore(Store("treadle.db"))
-    result = await astore.call(astore.store.finish, job_id, trajectory)
+    result = await astore.finish(job_id, trajectory)
     async for delivery in astore.iter_results(job_id, after=cursor):
         ...
     await astore.aclose()
+
+Every public `Store` method has an async twin here with the same parameters and
+result (`Store.close` is `aclose`); `call` runs any other callable on the worker.
 
 SQLite calls block on disk, and a blocked event loop stalls every trajectory, so
 every call runs on a single dedicated thread: calls run one at a time, in the order
@@ -22,12 +25,20 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from treadle.store.db import Store
-from treadle.store.jobs import Delivery
+from treadle.store.jobs import (
+    Delivery,
+    Event,
+    Finish,
+    JobInfo,
+    PlannedTrajectory,
+    TrajectoryState,
+)
+from treadle.types import FailureStage, Trajectory
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -45,11 +56,64 @@ class AsyncStore:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._worker, functools.partial(fn, *args, **kwargs))
 
+    # -- Store's calls, each on the worker; see Store for what they do ------------------
+
+    async def create_job(self, job_id: str, spec: Mapping[str, Any],
+                         planned: Sequence[PlannedTrajectory]) -> JobInfo:
+        return await self.call(self.store.create_job, job_id, spec, planned)
+
+    async def job(self, job_id: str) -> JobInfo:
+        return await self.call(self.store.job, job_id)
+
+    async def job_spec(self, job_id: str) -> dict[str, Any]:
+        return await self.call(self.store.job_spec, job_id)
+
+    async def job_ids(self) -> list[str]:
+        return await self.call(self.store.job_ids)
+
+    async def unfinished_jobs(self) -> list[JobInfo]:
+        return await self.call(self.store.unfinished_jobs)
+
+    async def recover(self) -> list[JobInfo]:
+        return await self.call(self.store.recover)
+
+    async def cancel(self, job_id: str, reason: str = "cancelled") -> JobInfo:
+        return await self.call(self.store.cancel, job_id, reason)
+
+    async def fail(self, job_id: str, reason: str,
+                   stage: FailureStage = FailureStage.RUNTIME) -> JobInfo:
+        return await self.call(self.store.fail, job_id, reason, stage)
+
+    async def delete_job(self, job_id: str) -> None:
+        await self.call(self.store.delete_job, job_id)
+
+    async def start(self, job_id: str, trajectory_id: str) -> int | None:
+        return await self.call(self.store.start, job_id, trajectory_id)
+
+    async def finish(self, job_id: str, trajectory: Trajectory) -> Finish:
+        return await self.call(self.store.finish, job_id, trajectory)
+
+    async def results(self, job_id: str, after: int = 0, limit: int = 100) -> list[Delivery]:
+        return await self.call(self.store.results, job_id, after, limit)
+
+    async def unfinished(self, job_id: str) -> list[TrajectoryState]:
+        return await self.call(self.store.unfinished, job_id)
+
+    async def trajectory_state(self, job_id: str, trajectory_id: str) -> TrajectoryState:
+        return await self.call(self.store.trajectory_state, job_id, trajectory_id)
+
+    async def add_event(self, job_id: str, kind: str, payload: Mapping[str, Any] | None = None,
+                        trajectory_id: str | None = None) -> int:
+        return await self.call(self.store.add_event, job_id, kind, payload, trajectory_id)
+
+    async def events(self, job_id: str, after: int = 0, limit: int = 100) -> list[Event]:
+        return await self.call(self.store.events, job_id, after, limit)
+
     async def iter_results(self, job_id: str, after: int = 0,
                            page_size: int = 100) -> AsyncIterator[Delivery]:
         """Every result with seq > `after`, a page per worker call (memory: one page)."""
         while True:
-            page = await self.call(self.store.results, job_id, after, page_size)
+            page = await self.results(job_id, after, page_size)
             for delivery in page:
                 yield delivery
             if len(page) < page_size:

@@ -30,6 +30,12 @@ Contracts:
 - Job status: queued (created) -> running (first trajectory started or finished) ->
   completed (every planned trajectory finished) | cancelled | failed.
 - Time comes from the injected `clock` (seconds, a float; `time.time` by default).
+- Costs. What `start`, `finish` and `job` cost does not depend on the size of the
+  job's spec and grows with its trajectories only as an index lookup does: the spec
+  is kept apart from the job's row, which every finish rewrites, and per-status
+  counts are kept as trajectories change status, not counted on each read.
+  `cancel` and `fail` are linear in the job's trajectories, in one transaction
+  (every other call waits for it).
 - Memory: the store keeps nothing per job in Python; results and events are read in
   pages (`iter_results` fetches one page per query). SQLite's page cache is its
   default (about 2 MB).
@@ -50,6 +56,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
+from treadle.store import rows
 from treadle.store.errors import NotFound, StoreConflict
 from treadle.store.jobs import (
     Delivery,
@@ -61,11 +68,9 @@ from treadle.store.jobs import (
     TrajectoryState,
 )
 from treadle.store.record import dumps_record, trajectory_to_record
+from treadle.store.rows import STATE_COLUMNS
 from treadle.store.schema import migrate
-from treadle.types import FailureStage, GroupKey, Timings, Trajectory, TrajectoryStatus
-
-_STATE_COLUMNS = "trajectory_id, group_id, task_id, repetition, status, attempts, seq"
-_PAGE = 500  # rows per internal batch when cancelling or failing a large job
+from treadle.types import FailureStage, Trajectory, TrajectoryStatus
 
 
 class Store:
@@ -118,26 +123,29 @@ class Store:
             if self._conn.execute("SELECT 1 FROM jobs WHERE job_id = ?", (job_id,)).fetchone():
                 raise StoreConflict(f"job {job_id!r} already exists")
             self._conn.execute(
-                "INSERT INTO jobs (job_id, spec, status, created_at, finished_at, planned) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (job_id, spec_json, status.value, now, None if planned else now, len(planned)))
+                "INSERT INTO jobs (job_id, spec, status, created_at, finished_at, planned, "
+                "n_pending) VALUES (?, '', ?, ?, ?, ?, ?)",
+                (job_id, status.value, now, None if planned else now, len(planned),
+                 len(planned)))
+            self._conn.execute("INSERT INTO job_specs (job_id, spec) VALUES (?, ?)",
+                               (job_id, spec_json))
             self._conn.executemany(
                 "INSERT INTO trajectories (job_id, trajectory_id, pos, group_id, task_id, "
                 "repetition, status) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 ((job_id, p.trajectory_id, i, p.group_id, p.task_id, p.repetition,
                   TrajectoryStatus.PENDING.value) for i, p in enumerate(planned)))
-            self._event(job_id, None, "job_created", {"planned": len(planned)}, now)
-            return self._job_info(job_id)
+            rows.event(self._conn, job_id, None, "job_created", {"planned": len(planned)}, now)
+            return rows.job_info(self._conn, job_id)
 
     def job(self, job_id: str) -> JobInfo:
         """The job's state; NotFound if there is none."""
         with self._read():
-            return self._job_info(job_id)
+            return rows.job_info(self._conn, job_id)
 
     def job_spec(self, job_id: str) -> dict[str, Any]:
         """The spec given to create_job, decoded."""
         with self._lock:
-            row = self._conn.execute("SELECT spec FROM jobs WHERE job_id = ?",
+            row = self._conn.execute("SELECT spec FROM job_specs WHERE job_id = ?",
                                      (job_id,)).fetchone()
         if row is None:
             raise NotFound(f"no job {job_id!r}")
@@ -156,7 +164,7 @@ class Store:
             ids = [r[0] for r in self._conn.execute(
                 "SELECT job_id FROM jobs WHERE status IN (?, ?) ORDER BY created_at, job_id",
                 (JobStatus.QUEUED.value, JobStatus.RUNNING.value))]
-            return [self._job_info(job_id) for job_id in ids]
+            return [rows.job_info(self._conn, job_id) for job_id in ids]
 
     def recover(self) -> list[JobInfo]:
         """At startup: put in-flight trajectories of unfinished jobs back to pending
@@ -172,18 +180,26 @@ class Store:
                     (TrajectoryStatus.PENDING.value, job_id,
                      TrajectoryStatus.RUNNING.value)).rowcount
                 if n:
-                    self._event(job_id, None, "recovered", {"in_flight": n}, now)
+                    terms, args = rows.counted({TrajectoryStatus.RUNNING: -n,
+                                                TrajectoryStatus.PENDING: n})
+                    self._conn.execute(f"UPDATE jobs SET {', '.join(terms)} WHERE job_id = ?",
+                                       (*args, job_id))
+                    rows.event(self._conn, job_id, None, "recovered", {"in_flight": n}, now)
         return self.unfinished_jobs()
 
     def cancel(self, job_id: str, reason: str = "cancelled") -> JobInfo:
         """Cancel a job: every unfinished trajectory is finished as ABORTED with `reason`.
         A job already completed, cancelled or failed is left as it is."""
-        return self._end_job(job_id, JobStatus.CANCELLED, reason, None)
+        now = self._clock()
+        with self._write():
+            return rows.end_job(self._conn, job_id, JobStatus.CANCELLED, reason, None, now)
 
     def fail(self, job_id: str, reason: str,
              stage: FailureStage = FailureStage.RUNTIME) -> JobInfo:
         """Give a job up: every unfinished trajectory is finished as ERROR at `stage`."""
-        return self._end_job(job_id, JobStatus.FAILED, reason, stage)
+        now = self._clock()
+        with self._write():
+            return rows.end_job(self._conn, job_id, JobStatus.FAILED, reason, stage, now)
 
     def delete_job(self, job_id: str) -> None:
         """Remove a job with its trajectories and events (disk retention)."""
@@ -200,18 +216,19 @@ class Store:
         now = self._clock()
         with self._write():
             row = self._conn.execute(
-                "SELECT seq, attempts FROM trajectories WHERE job_id = ? AND trajectory_id = ?",
-                (job_id, trajectory_id)).fetchone()
+                "SELECT seq, attempts, status FROM trajectories "
+                "WHERE job_id = ? AND trajectory_id = ?", (job_id, trajectory_id)).fetchone()
             if row is None:
                 raise NotFound(f"job {job_id!r} has no trajectory {trajectory_id!r}")
-            if row[0] is not None:
+            seq, attempts, was = row
+            if seq is not None:
                 return None
             self._conn.execute(
                 "UPDATE trajectories SET status = ?, attempts = attempts + 1, "
                 "started_at = coalesce(started_at, ?) WHERE job_id = ? AND trajectory_id = ?",
                 (TrajectoryStatus.RUNNING.value, now, job_id, trajectory_id))
-            self._mark_job_running(job_id, now)
-            return int(row[1])
+            rows.move(self._conn, job_id, TrajectoryStatus(was), TrajectoryStatus.RUNNING, now)
+            return int(attempts)
 
     def finish(self, job_id: str, trajectory: Trajectory) -> Finish:
         """Store a terminal trajectory and give it the job's next seq; idempotent.
@@ -227,23 +244,23 @@ class Store:
         now = self._clock()
         with self._write():
             row = self._conn.execute(
-                "SELECT seq, group_id, repetition, task_id FROM trajectories "
+                "SELECT seq, group_id, repetition, task_id, status FROM trajectories "
                 "WHERE job_id = ? AND trajectory_id = ?", (job_id, t.trajectory_id)).fetchone()
             if row is None:
                 raise NotFound(f"job {job_id!r} has no trajectory {t.trajectory_id!r}")
-            seq, group_id, repetition, task_id = row
+            seq, group_id, repetition, task_id, was = row
             if (group_id, repetition, task_id) != (t.key.group_id, t.key.repetition, t.task_id):
                 raise StoreConflict(
                     f"trajectory {t.trajectory_id!r}: result is for group {t.key.group_id!r} "
                     f"repetition {t.key.repetition} task {t.task_id!r}, the plan says "
                     f"{group_id!r} {repetition} {task_id!r}")
             if seq is not None:
-                self._event(job_id, t.trajectory_id, "duplicate_finish",
-                            {"status": t.status.value, "kept_seq": seq}, now)
+                rows.event(self._conn, job_id, t.trajectory_id, "duplicate_finish",
+                           {"status": t.status.value, "kept_seq": seq}, now)
                 return Finish(int(seq), duplicate=True)
-            self._mark_job_running(job_id, now)
-            return Finish(self._deliver(job_id, t.trajectory_id, t.status, t.reason,
-                                        record_json, now), duplicate=False)
+            return Finish(rows.deliver(self._conn, job_id, t.trajectory_id,
+                                       TrajectoryStatus(was), t.status, t.reason,
+                                       record_json, now), duplicate=False)
 
     def results(self, job_id: str, after: int = 0, limit: int = 100) -> list[Delivery]:
         """Up to `limit` results with seq > `after`, in seq order (`after=0`: from the
@@ -251,12 +268,12 @@ class Store:
         if limit < 1:
             raise ValueError("limit must be >= 1")
         with self._read():
-            self._require_job(job_id)
-            rows = self._conn.execute(
+            rows.require_job(self._conn, job_id)
+            page = self._conn.execute(
                 "SELECT seq, trajectory_id, record FROM trajectories "
                 "WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?",
                 (job_id, after, limit)).fetchall()
-        return [Delivery(int(s), tid, rec) for s, tid, rec in rows]
+        return [Delivery(int(s), tid, rec) for s, tid, rec in page]
 
     def iter_results(self, job_id: str, after: int = 0,
                      page_size: int = 100) -> Iterator[Delivery]:
@@ -271,21 +288,21 @@ class Store:
     def unfinished(self, job_id: str) -> list[TrajectoryState]:
         """The job's trajectories without a result, in plan order: what to run again."""
         with self._read():
-            self._require_job(job_id)
-            rows = self._conn.execute(
-                f"SELECT {_STATE_COLUMNS} FROM trajectories WHERE job_id = ? AND seq IS NULL "
+            rows.require_job(self._conn, job_id)
+            found = self._conn.execute(
+                f"SELECT {STATE_COLUMNS} FROM trajectories WHERE job_id = ? AND seq IS NULL "
                 "ORDER BY pos", (job_id,)).fetchall()
-        return [_state(r) for r in rows]
+        return [rows.state(r) for r in found]
 
     def trajectory_state(self, job_id: str, trajectory_id: str) -> TrajectoryState:
         """One trajectory's bookkeeping; NotFound if the job has no such trajectory."""
         with self._lock:
             row = self._conn.execute(
-                f"SELECT {_STATE_COLUMNS} FROM trajectories "
+                f"SELECT {STATE_COLUMNS} FROM trajectories "
                 "WHERE job_id = ? AND trajectory_id = ?", (job_id, trajectory_id)).fetchone()
         if row is None:
             raise NotFound(f"job {job_id!r} has no trajectory {trajectory_id!r}")
-        return _state(row)
+        return rows.state(row)
 
     # -- events -------------------------------------------------------------------------
 
@@ -294,18 +311,19 @@ class Store:
         """Append a diagnostic event; returns its id."""
         now = self._clock()
         with self._write():
-            self._require_job(job_id)
-            return self._event(job_id, trajectory_id, kind, payload or {}, now)
+            rows.require_job(self._conn, job_id)
+            return rows.event(self._conn, job_id, trajectory_id, kind, payload or {}, now)
 
     def events(self, job_id: str, after: int = 0, limit: int = 100) -> list[Event]:
         """Up to `limit` of the job's events with id > `after`, oldest first."""
         with self._read():
-            self._require_job(job_id)
-            rows = self._conn.execute(
+            rows.require_job(self._conn, job_id)
+            found = self._conn.execute(
                 "SELECT event_id, job_id, trajectory_id, kind, payload, at FROM events "
                 "WHERE job_id = ? AND event_id > ? ORDER BY event_id LIMIT ?",
                 (job_id, after, limit)).fetchall()
-        return [Event(int(r[0]), r[1], r[2], r[3], json.loads(r[4]), float(r[5])) for r in rows]
+        return [Event(int(r[0]), r[1], r[2], r[3], json.loads(r[4]), float(r[5]))
+                for r in found]
 
     # -- internals ----------------------------------------------------------------------
 
@@ -329,94 +347,3 @@ class Store:
                 yield
             finally:
                 self._conn.execute("COMMIT")
-
-    def _require_job(self, job_id: str) -> None:
-        if not self._conn.execute("SELECT 1 FROM jobs WHERE job_id = ?", (job_id,)).fetchone():
-            raise NotFound(f"no job {job_id!r}")
-
-    def _job_info(self, job_id: str) -> JobInfo:
-        row = self._conn.execute(
-            "SELECT status, reason, created_at, started_at, finished_at, planned, delivered "
-            "FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
-        if row is None:
-            raise NotFound(f"no job {job_id!r}")
-        counts = dict.fromkeys(TrajectoryStatus, 0)
-        for status, n in self._conn.execute(
-                "SELECT status, count(*) FROM trajectories WHERE job_id = ? GROUP BY status",
-                (job_id,)):
-            counts[TrajectoryStatus(status)] = int(n)
-        return JobInfo(job_id, JobStatus(row[0]), row[1], row[2], row[3], row[4],
-                       int(row[5]), int(row[6]), counts)
-
-    def _mark_job_running(self, job_id: str, now: float) -> None:
-        self._conn.execute(
-            "UPDATE jobs SET status = ?, started_at = coalesce(started_at, ?) "
-            "WHERE job_id = ? AND status = ?",
-            (JobStatus.RUNNING.value, now, job_id, JobStatus.QUEUED.value))
-
-    def _deliver(self, job_id: str, trajectory_id: str, status: TrajectoryStatus,
-                 reason: str | None, record_json: str, now: float) -> int:
-        """Give the job's next seq to an unfinished trajectory; completes the job if it
-        was the last. Inside a write transaction."""
-        self._conn.execute("UPDATE jobs SET delivered = delivered + 1 WHERE job_id = ?",
-                           (job_id,))
-        planned, delivered = self._conn.execute(
-            "SELECT planned, delivered FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
-        self._conn.execute(
-            "UPDATE trajectories SET status = ?, seq = ?, record = ?, reason = ?, "
-            "finished_at = ? WHERE job_id = ? AND trajectory_id = ?",
-            (status.value, delivered, record_json, reason, now, job_id, trajectory_id))
-        if delivered == planned:
-            self._conn.execute(
-                "UPDATE jobs SET status = ?, finished_at = ? WHERE job_id = ? AND status IN (?, ?)",
-                (JobStatus.COMPLETED.value, now, job_id, JobStatus.QUEUED.value,
-                 JobStatus.RUNNING.value))
-        return int(delivered)
-
-    def _end_job(self, job_id: str, status: JobStatus, reason: str,
-                 stage: FailureStage | None) -> JobInfo:
-        now = self._clock()
-        outcome = TrajectoryStatus.ABORTED if stage is None else TrajectoryStatus.ERROR
-        with self._write():
-            info = self._job_info(job_id)
-            if info.status.terminal:
-                return info
-            # Mark the job first so that _deliver does not call it completed.
-            self._conn.execute(
-                "UPDATE jobs SET status = ?, reason = ?, finished_at = ? WHERE job_id = ?",
-                (status.value, reason, now, job_id))
-            ended = 0
-            while True:
-                rows = self._conn.execute(
-                    "SELECT trajectory_id, group_id, task_id, repetition, attempts "
-                    "FROM trajectories WHERE job_id = ? AND seq IS NULL ORDER BY pos LIMIT ?",
-                    (job_id, _PAGE)).fetchall()
-                for tid, group_id, task_id, repetition, attempts in rows:
-                    t = Trajectory(trajectory_id=tid, key=GroupKey(group_id, int(repetition)),
-                                   status=outcome, reason=reason, failure_stage=stage,
-                                   attempt=max(int(attempts) - 1, 0),
-                                   timings=Timings(finished_at=now), task_id=task_id)
-                    self._deliver(job_id, tid, outcome, reason,
-                                  dumps_record(trajectory_to_record(t)), now)
-                ended += len(rows)
-                if len(rows) < _PAGE:
-                    break
-            self._event(job_id, None, f"job_{status.value}", {"reason": reason, "ended": ended},
-                        now)
-            return self._job_info(job_id)
-
-    def _event(self, job_id: str, trajectory_id: str | None, kind: str,
-               payload: Mapping[str, Any], now: float) -> int:
-        cur = self._conn.execute(
-            "INSERT INTO events (job_id, trajectory_id, kind, payload, at) VALUES (?, ?, ?, ?, ?)",
-            (job_id, trajectory_id, kind,
-             json.dumps(dict(payload), ensure_ascii=False, allow_nan=False, separators=(",", ":")),
-             now))
-        return int(cur.lastrowid or 0)
-
-
-def _state(row: tuple[Any, ...]) -> TrajectoryState:
-    """A TrajectoryState from a row of _STATE_COLUMNS."""
-    tid, group_id, task_id, repetition, status, attempts, seq = row
-    return TrajectoryState(tid, group_id, task_id, int(repetition), TrajectoryStatus(status),
-                           int(attempts), None if seq is None else int(seq))

@@ -58,6 +58,48 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )""",
         "CREATE INDEX events_by_job ON events (job_id, event_id)",
     ),
+    # 2: the request out of the job row, and the job's trajectories per status on it.
+    # Every finish updates its job's row (the delivered counter); SQLite rewrites a
+    # row whole, overflow pages included, so a spec in it made each finish cost the
+    # size of the request. Counting statuses with a GROUP BY made each job() read
+    # cost the size of the job; the counts, updated with the row, cost nothing more.
+    (
+        """CREATE TABLE job_specs (
+            job_id  TEXT PRIMARY KEY REFERENCES jobs (job_id) ON DELETE CASCADE,
+            spec    TEXT NOT NULL                  -- the request, as JSON
+        )""",
+        "INSERT INTO job_specs (job_id, spec) SELECT job_id, spec FROM jobs",
+        # Emptied, not dropped: ALTER TABLE DROP COLUMN needs SQLite 3.35, and the
+        # Pythons of long-lived distributions (RHEL 8: 3.26) link older ones. An
+        # empty string keeps the row small; nothing reads the column any more.
+        "UPDATE jobs SET spec = ''",
+        # n_<status>: the job's trajectories in that TrajectoryStatus.
+        "ALTER TABLE jobs ADD COLUMN n_pending INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE jobs ADD COLUMN n_running INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE jobs ADD COLUMN n_completed INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE jobs ADD COLUMN n_truncated INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE jobs ADD COLUMN n_max_turns INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE jobs ADD COLUMN n_timeout INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE jobs ADD COLUMN n_aborted INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE jobs ADD COLUMN n_error INTEGER NOT NULL DEFAULT 0",
+        "UPDATE jobs SET "
+        "n_pending = (SELECT count(*) FROM trajectories t "
+        "WHERE t.job_id = jobs.job_id AND t.status = 'pending'), "
+        "n_running = (SELECT count(*) FROM trajectories t "
+        "WHERE t.job_id = jobs.job_id AND t.status = 'running'), "
+        "n_completed = (SELECT count(*) FROM trajectories t "
+        "WHERE t.job_id = jobs.job_id AND t.status = 'completed'), "
+        "n_truncated = (SELECT count(*) FROM trajectories t "
+        "WHERE t.job_id = jobs.job_id AND t.status = 'truncated'), "
+        "n_max_turns = (SELECT count(*) FROM trajectories t "
+        "WHERE t.job_id = jobs.job_id AND t.status = 'max_turns'), "
+        "n_timeout = (SELECT count(*) FROM trajectories t "
+        "WHERE t.job_id = jobs.job_id AND t.status = 'timeout'), "
+        "n_aborted = (SELECT count(*) FROM trajectories t "
+        "WHERE t.job_id = jobs.job_id AND t.status = 'aborted'), "
+        "n_error = (SELECT count(*) FROM trajectories t "
+        "WHERE t.job_id = jobs.job_id AND t.status = 'error')",
+    ),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -71,7 +113,7 @@ def migrate(conn: sqlite3.Connection) -> int:
     """Bring the database to SCHEMA_VERSION; returns the version it had before.
 
     `conn` must be in autocommit mode (isolation_level None). Raises SchemaError for
-    a file from a newer treadle or a version-0 file that already holds other tables.
+    a file from a newer treadle, a version-0 file that already holds other tables.
     """
     before = user_version(conn)
     while True:
