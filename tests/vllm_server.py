@@ -83,9 +83,11 @@ def serve_vllm(model_dir: Path, work: Path, *, model: str = MODEL,
                extra_env: dict[str, str] | None = None) -> Iterator[VLLMServer]:
     """vLLM serving `model_dir` until the block exits; pytest.fail with the log tail
     if it does not come up."""
-    # The command line the service's launcher runs, plus eager mode (a faster start).
+    # The command line the service's launcher runs, plus eager mode (a faster start)
+    # and /load (the requests in flight in its API server, which tests wait on).
     spec = VLLMProcess(model_dir=str(model_dir), served_name=model, python=str(ensure_vllm()),
-                       max_model_len=MAX_MODEL_LEN, extra_args=("--enforce-eager",))
+                       max_model_len=MAX_MODEL_LEN,
+                       extra_args=("--enforce-eager", "--enable-server-load-tracking"))
     port = free_port()
     log_path = work / f"vllm-{port}.log"
     env = {**os.environ, **spec.env(), **(extra_env or {})}
@@ -122,5 +124,6 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer
     model_dir = work / "tiny-qwen2"
     subprocess.run([str(python), str(REPO / "tests" / "engines" / "tiny_model.py"),
                     str(model_dir)], check=True, cwd=REPO, timeout=120)
-    with serve_vllm(model_dir, work) as server:
+    # Dev mode for /pause and /resume: a test holds a request inside the engine with them.
+    with serve_vllm(model_dir, work, extra_env={"VLLM_SERVER_DEV_MODE": "1"}) as server:
         yield server

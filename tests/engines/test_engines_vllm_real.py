@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
+import httpx
 import pytest
 
 from treadle.engines import EngineLoad, EngineRequestError, GenerateRequest
@@ -138,23 +139,49 @@ def test_repeated_long_prompt_hits_the_prefix_cache(vllm_url: str) -> None:
 
 
 def test_abort_frees_the_engine(vllm_url: str) -> None:
+    # The tiny model can finish even a 1,000-token request before a poll of /metrics
+    # sees it run. So the engine's scheduler is paused ("keep": requests are held, not
+    # refused) while the request arrives (the API server counts it in /load) and is
+    # aborted; after the resume, a short probe request steps the engine: had the abort
+    # not reached the engine, the long request would run beside the probe and sample
+    # tokens of its own.
     async def main() -> None:
-        async with VLLMEngine(vllm_url, MODEL) as engine:
-            task = asyncio.create_task(engine.generate(
-                req("long", max_tokens=MAX_MODEL_LEN - len(PROMPT), stop_token_ids=[])))
-            deadline = asyncio.get_running_loop().time() + 60  # a loaded machine is slow
-            while not (await engine.load()).running:
-                if task.done() or asyncio.get_running_loop().time() > deadline:
-                    pytest.fail("the long request never showed as running in /metrics "
-                                f"(finished first: {task.done()})")
+        async with VLLMEngine(vllm_url, MODEL) as engine, \
+                httpx.AsyncClient(base_url=vllm_url, timeout=60) as http:
+            before = _counters(await http.get("/metrics"))
+            (await http.post("/pause", params={"mode": "keep"})).raise_for_status()
+            try:
+                task = asyncio.create_task(engine.generate(
+                    req("long", max_tokens=MAX_MODEL_LEN - len(PROMPT), stop_token_ids=[])))
+                while (await http.get("/load")).json()["server_load"] < 1:
+                    assert not task.done(), "the paused engine answered the request"
+                    await asyncio.sleep(0.05)
+                await engine.abort("long")
+                r = await task
+                assert (r.finish_reason, r.output_ids, r.request_id) == ("abort", [], "long")
+            finally:
+                (await http.post("/resume")).raise_for_status()
+            while (await http.get("/load")).json()["server_load"] != 0:  # let go of it
                 await asyncio.sleep(0.05)
-            await engine.abort("long")
-            r = await task
-            assert (r.finish_reason, r.output_ids, r.request_id) == ("abort", [], "long")
-            for _ in range(200):  # the closed connection becomes an engine-side abort
-                if (await engine.load()).running == 0:
-                    break
-                await asyncio.sleep(0.05)
-            assert (await engine.load()).running == 0
+            probe = await engine.generate(req("probe", max_tokens=2, stop_token_ids=[]))
+            after = _counters(await http.get("/metrics"))
+            assert after["generation_tokens"] - before["generation_tokens"] == \
+                len(probe.output_ids) == 2
+            assert after["finished"] - before["finished"] == 1  # the probe alone
+            load = await engine.load()
+            assert (load.running, load.waiting) == (0, 0)
 
-    asyncio.run(main())
+    asyncio.run(asyncio.wait_for(main(), 120))  # a bound for a hang, not a measure
+
+
+def _counters(metrics: httpx.Response) -> dict[str, float]:
+    """vLLM's totals of sampled tokens and of requests that ended on their own."""
+    out = {"generation_tokens": 0.0, "finished": 0.0}
+    for line in metrics.text.splitlines():
+        value = line.rsplit(" ", 1)[-1]
+        if line.startswith("vllm:generation_tokens_total{"):
+            out["generation_tokens"] += float(value)
+        elif line.startswith("vllm:request_success_total{") and \
+                'finished_reason="abort"' not in line:
+            out["finished"] += float(value)
+    return out

@@ -142,19 +142,19 @@ class Rollouts:
         """Recover the store's unfinished jobs and queue their trajectories again;
         returns their ids. A job whose request can no longer be resolved is failed."""
         recovered = []
-        for info in await self.store.call(self.store.store.recover):
+        for info in await self.store.recover():
             try:
-                spec = await self.store.call(self.store.store.job_spec, info.job_id)
+                spec = await self.store.job_spec(info.job_id)
                 request = JobRequest.model_validate(spec["request"])
                 # Planning can be long (a suite's tasks, a big trace): off the loop,
                 # where the jobs recovered before this one are already running.
                 work = await asyncio.to_thread(self._resolve, info.job_id, request)
             except (TreadleError, ValueError, KeyError) as e:
-                await self.store.call(self.store.store.fail, info.job_id,
+                await self.store.fail(info.job_id,
                                       f"cannot resume after a restart: {e}")
                 continue
             pending = {s.trajectory_id for s in
-                       await self.store.call(self.store.store.unfinished, info.job_id)}
+                       await self.store.unfinished(info.job_id)}
             self._admit_job(info.job_id, request, [w for w in work
                                                    if w.planned.trajectory_id in pending])
             recovered.append(info.job_id)
@@ -181,14 +181,14 @@ class Rollouts:
         if self.queued + len(work) > self.max_queued:
             raise ServiceBusy(f"{self.queued} trajectories are queued here and the job adds "
                               f"{len(work)}, over the limit of {self.max_queued}; retry later")
-        info = await self.store.call(self.store.store.create_job, job_id,
+        info = await self.store.create_job(job_id,
                                      {"request": stored},
                                      [w.planned for w in work])
         self._admit_job(job_id, request, work)
         return info
 
     async def cancel(self, job_id: str) -> JobInfo:
-        info = await self.store.call(self.store.store.cancel, job_id)
+        info = await self.store.cancel(job_id)
         job = self._jobs.pop(job_id, None)
         self._waiting.pop(job_id, None)
         if job is not None:
@@ -200,7 +200,7 @@ class Rollouts:
 
     async def job(self, job_id: str) -> tuple[JobInfo, int, int]:
         """(the stored state, trajectories running here, queued here)."""
-        info = await self.store.call(self.store.store.job, job_id)
+        info = await self.store.job(job_id)
         job = self._jobs.get(job_id)
         return info, len(job.running) if job else 0, job.queued if job else 0
 
@@ -215,7 +215,7 @@ class Rollouts:
                 async for delivery in self.store.iter_results(job_id, after, 256):
                     yield delivery
                     after = delivery.seq
-                info = await self.store.call(self.store.store.job, job_id)
+                info = await self.store.job(job_id)
             except NotFound:
                 self._wakeups.wake(job_id)  # drop the future of a job that is not there
                 raise
@@ -350,7 +350,7 @@ class Rollouts:
     async def _run(self, work: _Work) -> None:
         tid = work.planned.trajectory_id
         try:
-            attempt = await self.store.call(self.store.store.start, work.job_id, tid)
+            attempt = await self.store.start(work.job_id, tid)
             if attempt is not None:
                 traj = await self._trajectory(work, attempt)
                 await self._finish(work.job_id, traj)
@@ -401,7 +401,7 @@ class Rollouts:
         return pool
 
     async def _finish(self, job_id: str, traj: Trajectory) -> None:
-        finish = await self.store.call(self.store.store.finish, job_id, traj)
+        finish = await self.store.finish(job_id, traj)
         if finish.duplicate:
             return
         m = self.metrics
