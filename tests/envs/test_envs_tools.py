@@ -130,7 +130,7 @@ def test_exec_failures_are_observations(sandbox_backend: Backend) -> None:
         assert "before" in crash.output and "KeyError: 'boom'" in crash.output
         slow = await PythonTool(timeout_s=0.5).call({"code": "import time; time.sleep(30)"}, c)
         assert slow.error is not None and "timed out after 0.5 s" in slow.error, slow
-        assert slow.latency_s < 10
+        assert slow.latency_s < 30  # killed, not waited for
         missing = await BashTool().call({"command": "no-such-command-xyz"}, c)
         assert missing.error == "exit status 127" and "not found" in missing.output, missing
         noisy = await BashTool(max_output_chars=100).call(

@@ -99,6 +99,17 @@ def wait_until(predicate: Any, timeout_s: float = 5.0) -> bool:
         time.sleep(0.02)
 
 
+async def eventually(predicate: Any, timeout_s: float = 60.0) -> bool:
+    """Poll `predicate` from a coroutine (the loop keeps running the sandbox's own
+    I/O) until it is true; False if `timeout_s` passes first, a bound for a hang."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
+
+
 def workdirs(root: str) -> list[str]:
     try:
         return sorted(n for n in os.listdir(root) if n.startswith("treadle-sb-"))

@@ -23,6 +23,7 @@ import pytest
 import sandbox_probes as probes
 from sandbox_helpers import (
     SMALL,
+    eventually,
     marker,
     processes_with,
     require_bwrap,
@@ -306,8 +307,7 @@ def test_nothing_survives_the_exec_or_close(bwrap: BwrapBackend) -> None:
         # One more, still running when close() comes.
         running = asyncio.ensure_future(sb.exec(["sh", "-c", f"sleep {tags[0]} & wait"],
                                                 timeout_s=30))
-        await asyncio.sleep(0.3)
-        assert sleepers(tags[0])
+        assert await eventually(lambda: sleepers(tags[0]))
         await sb.close()
         with pytest.raises(SandboxClosed):
             await running

@@ -12,7 +12,16 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from sandbox_helpers import SMALL, descendants, marker, run, sleepers, wait_until, workdirs
+from sandbox_helpers import (
+    SMALL,
+    descendants,
+    eventually,
+    marker,
+    run,
+    sleepers,
+    wait_until,
+    workdirs,
+)
 
 from treadle.errors import SandboxClosed, SandboxStartError
 from treadle.sandbox import (
@@ -69,12 +78,12 @@ def test_warm_spares_are_kept_and_cleaned_up(local: LocalBackend, work_root: str
     async def body() -> None:
         pool = SandboxPool(local, SMALL, warm=2, max_live=3, create_rate_per_s=1000)
         async with pool:
-            await asyncio.sleep(0.2)
-            assert pool.stats().idle == 2 and len(workdirs(work_root)) == 2
+            assert await eventually(lambda: pool.stats().idle == 2)
+            assert len(workdirs(work_root)) == 2
             async with pool.sandbox() as sb:
                 result = await sb.exec(["sh", "-c", "echo used > mark"], timeout_s=5)
                 assert result.ok
-            await asyncio.sleep(0.2)
+            assert await eventually(lambda: pool.stats().idle == 2)
             stats = pool.stats()
             assert stats.idle == 2 and stats.in_use == 0 and stats.live == 2
             # The used sandbox is gone; the spares are fresh.
@@ -135,7 +144,7 @@ def test_close_reclaims_borrowed_sandboxes_after_the_grace(local: LocalBackend) 
         pool = SandboxPool(local, SMALL, grace_s=0.3)
         sb = await pool.acquire()
         running = asyncio.ensure_future(sb.exec(["sleep", tag], timeout_s=30))
-        await asyncio.sleep(0.2)
+        assert await eventually(lambda: sleepers(tag))
         await pool.close()
         with pytest.raises(SandboxClosed):
             await running
@@ -148,8 +157,18 @@ def test_close_reclaims_borrowed_sandboxes_after_the_grace(local: LocalBackend) 
 
 
 _CRASHING_OWNER = textwrap.dedent("""
-    import asyncio, sys
+    import asyncio, os, sys
     from treadle.sandbox import BwrapBackend, LocalBackend, Limits, SandboxPool
+
+    def running(tag):  # processes that are `sleep TAG`
+        found = 0
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    found += f.read().split(b"\\0")[:2] == [b"sleep", tag.encode()]
+            except OSError:
+                pass
+        return found
 
     async def main(kind, root, tag):
         backend = BwrapBackend(work_root=root) if kind == "bwrap" else LocalBackend(work_root=root)
@@ -157,7 +176,8 @@ _CRASHING_OWNER = textwrap.dedent("""
         async with pool.sandbox() as sb:
             exec_task = asyncio.ensure_future(
                 sb.exec(["sh", "-c", f"setsid sleep {tag} & sleep {tag}"], timeout_s=600))
-            await asyncio.sleep(0.5)
+            while running(tag) < 2:  # both sleeps have started
+                await asyncio.sleep(0.02)
             print("ready", flush=True)
             await exec_task
 

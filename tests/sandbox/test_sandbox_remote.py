@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 
 import httpx
@@ -426,19 +427,27 @@ def test_a_full_server_sends_starts_elsewhere(work_root: str) -> None:
 
 
 def test_a_start_cancelled_midway_leaves_nothing_on_the_server(work_root: str) -> None:
-    class SlowLocal(LocalBackend):
+    armed, inside, go_on = threading.Event(), threading.Event(), threading.Event()
+
+    class HeldLocal(LocalBackend):
+        """Once armed, a start that waits inside until the client has given up on it."""
+
         async def start(self, limits: Limits) -> Sandbox:
-            await asyncio.sleep(0.5)
+            if armed.is_set():
+                inside.set()
+                await asyncio.to_thread(go_on.wait, 60)
             return await super().start(limits)
 
     async def body(url: str) -> None:
+        armed.set()
         task = asyncio.ensure_future(RemoteBackend([url], TOKEN).start(SMALL))
-        await asyncio.sleep(0.2)  # the server is inside the slow start now
+        assert await asyncio.to_thread(inside.wait, 60)  # the server is inside the start
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+        go_on.set()
 
-    with serve_in_thread(SlowLocal(work_root=work_root), TOKEN) as running:
+    with serve_in_thread(HeldLocal(work_root=work_root), TOKEN) as running:
         run(body(running.url))
         assert wait_until(lambda: running.host.live == 0 and not workdirs(work_root), 5)
 

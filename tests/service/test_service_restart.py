@@ -87,7 +87,11 @@ def test_clients_iterating_across_a_kill_9_and_restart_get_every_trajectory_once
             return [d async for d in c.trajectories("r2")]
 
     def restart() -> None:
-        time.sleep(1.0)  # the clients meet a refused connection for a while
+        # Once the clients have met the refused connection (each logs its retries).
+        deadline = time.monotonic() + 60
+        while sum("retrying" in r.getMessage() for r in list(caplog.records)) < 2:
+            assert time.monotonic() < deadline, "no client retried"
+            time.sleep(0.02)
         procs.append(serve_process(db, port, log, token=TOKEN))
 
     try:
