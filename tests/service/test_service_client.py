@@ -231,8 +231,12 @@ def test_infrastructure_failures_are_flagged_in_their_groups(tmp_path: Path) -> 
         for engine in client.engines():
             client.remove_engine(engine.engine_id)
         groups = list(stream)
+        view = client.job(job.job_id)
     failed = [t for g in groups for t in g.trajectories if t.infra_failure]
     assert failed, "removing every engine left no trajectory failed"
+    # The job completed, and says it was not clean.
+    assert view.status == "completed" and view.infrastructure_failures == len(failed)
+    assert view.reason is not None and f"{len(failed)} of 32" in view.reason
     assert all(t.reward is None and t.status is TrajectoryStatus.ERROR for t in failed)
     for g in groups:
         assert set(g.infra_failures) == {t.trajectory_id for t in g.trajectories

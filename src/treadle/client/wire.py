@@ -59,7 +59,7 @@ class JobState:
 
     job_id: str
     status: str  # queued | running | completed | cancelled | failed
-    reason: str | None  # why it was cancelled or failed
+    reason: str | None  # why it was cancelled or failed, or how many infrastructure failures
     planned: int  # trajectories in the job
     delivered: int  # finished so far; the stream's last sequence number
     counts: dict[str, int]  # trajectories per status
@@ -74,6 +74,11 @@ class JobState:
     def terminal(self) -> bool:
         """Completed, cancelled or failed: nothing more will be delivered after `delivered`."""
         return self.status in _TERMINAL
+
+    @property
+    def infrastructure_failures(self) -> int:
+        """Trajectories ended by an infrastructure failure (status error)."""
+        return self.counts.get("error", 0)
 
 
 @dataclass(frozen=True, slots=True)

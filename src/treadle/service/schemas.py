@@ -186,10 +186,15 @@ class JobView(BaseModel):
 
     job_id: str
     status: str  # queued | running | completed | cancelled | failed
+    # Why it was cancelled or failed; for a job completed with infrastructure
+    # failures, how many (a completed job is not a clean one unless this is None).
     reason: str | None
     planned: int
     delivered: int  # finished trajectories; the NDJSON stream's last sequence number
     counts: dict[str, int]  # trajectories per status
+    # Trajectories that ended in an infrastructure failure (status error: an engine,
+    # sandbox, tool server or treadle itself failed): excluded from training.
+    infrastructure_failures: int
     progress: float  # delivered / planned
     created_at: float
     started_at: float | None

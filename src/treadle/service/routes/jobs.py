@@ -11,7 +11,8 @@ from treadle.service.deps import ServiceDep
 from treadle.service.replies import documented
 from treadle.service.schemas import MAX_INT64, JobCreated, JobRequest, JobView
 from treadle.service.strict_json import StrictJSONRoute
-from treadle.store.jobs import JobInfo
+from treadle.store.jobs import JobInfo, JobStatus
+from treadle.types import TrajectoryStatus
 
 router = APIRouter(prefix="/v1/jobs", route_class=StrictJSONRoute, tags=["jobs"])
 
@@ -50,9 +51,15 @@ async def cancel(job_id: str, service: ServiceDep) -> JobView:
 
 
 def job_view(info: JobInfo, running: int, queued: int) -> JobView:
-    return JobView(job_id=info.job_id, status=info.status.value, reason=info.reason,
+    failures = info.counts[TrajectoryStatus.ERROR]
+    reason = info.reason
+    if reason is None and failures and info.status is JobStatus.COMPLETED:
+        reason = (f"completed with {failures} of {info.planned} trajectories ended by "
+                  "infrastructure failures (status error, excluded from training)")
+    return JobView(job_id=info.job_id, status=info.status.value, reason=reason,
                    planned=info.planned, delivered=info.delivered,
                    counts={s.value: n for s, n in info.counts.items()},
+                   infrastructure_failures=failures,
                    progress=info.delivered / info.planned if info.planned else 1.0,
                    created_at=info.created_at, started_at=info.started_at,
                    finished_at=info.finished_at, running=running, queued=queued)
