@@ -8,11 +8,15 @@ import asyncio
 import contextlib
 import random
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from service_helpers import running_service
 
 from runtime.runtime_helpers import FakeEngine
+from treadle.client import RolloutClient
 from treadle.service.schemas import JobRequest
 from treadle.service.state import ServiceConfig, build_service
 from treadle.service.wakeups import JobWakeups
@@ -58,7 +62,8 @@ def test_followers_that_hang_up_never_stall_delivery(seed: int) -> None:
                 {"tasks": {"trace": _trace(planned)}, "job_id": "j"}))
 
             async def follow() -> list[int]:
-                return [d.seq async for d in rollouts.results(info.job_id, follow=True)]
+                return [d.seq async for d in rollouts.results(info.job_id, follow=True)
+                        if d is not None]
 
             stayer = asyncio.create_task(follow())
             rng = random.Random(seed)
@@ -110,3 +115,22 @@ def test_a_wake_reaches_every_waiter_and_a_cancelled_waiter_leaves_it_to_the_oth
         wakeups.wake("other")  # a job nobody follows: nothing to do
 
     asyncio.run(main())
+
+
+def test_an_idle_followed_stream_sends_blank_lines_and_the_client_skips_them(
+        tmp_path: Path) -> None:
+    # A job that waits for a policy version: its stream has nothing to say for ever.
+    config = ServiceConfig(db=str(tmp_path / "t.db"), policy="verl", emulate=2, time_scale=0.02,
+                           stream_heartbeat_s=0.05)
+    with running_service(config) as url, httpx.Client(base_url=url, timeout=60) as client:
+        r = client.post("/v1/jobs", json={"tasks": {"trace": _trace(1)}, "job_id": "idle",
+                                          "min_policy_version": 1})
+        assert r.status_code == 201, r.text
+        with client.stream("GET", "/v1/jobs/idle/trajectories",
+                           params={"follow": "true"}) as stream:
+            lines = stream.iter_lines()
+            assert [next(lines), next(lines), next(lines)] == ["", "", ""]
+        # The client reads through the heartbeats to what comes after them.
+        client.post("/v1/weights/resume", json={"policy_version": 1})
+        with RolloutClient(url) as rollout_client:
+            assert [d.seq for d in rollout_client.trajectories("idle")] == [1]

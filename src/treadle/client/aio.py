@@ -41,7 +41,7 @@ class AsyncRolloutClient:
     """An asyncio client of one rollout service; see `RolloutClient` for each method."""
 
     def __init__(self, url: str, *, token: str | None = None, timeout_s: float = 30.0,
-                 retry: RetryPolicy | None = None, stream_idle_s: float | None = None,
+                 retry: RetryPolicy | None = None, stream_idle_s: float | None = 60.0,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s  # per call, unless the call sets its own

@@ -24,8 +24,10 @@ drops or the service restarts, reconnects from its cursor (``?after=`` the last
 sequence number it handed out) with backoff: nothing is delivered twice, nothing is
 skipped, and `RetryPolicy.attempts` failures in a row without a new trajectory end
 it with ServiceUnavailable. A stream that ends cleanly before its job has ended
-counts as a failure too. A stream stays open, silent, while no trajectory
-finishes; `stream_idle_s` sets how long before it reconnects (None: never; a
+counts as a failure too. While no trajectory finishes the service writes a blank
+line every 15 s (`ServiceConfig.stream_heartbeat_s`); a stream silent for
+`stream_idle_s` (default 60 s) is taken for a dead connection — a proxy that
+stopped forwarding, a half-open socket — and reconnects (None: never; a
 reconnection after silence is not a failure).
 
 Timeouts: `timeout_s` bounds each call; `rollout`, `pause` and `update_weights`
@@ -62,7 +64,7 @@ class RolloutClient:
     """A synchronous client of one rollout service; see the module docstring."""
 
     def __init__(self, url: str, *, token: str | None = None, timeout_s: float = 30.0,
-                 retry: RetryPolicy | None = None, stream_idle_s: float | None = None,
+                 retry: RetryPolicy | None = None, stream_idle_s: float | None = 60.0,
                  transport: httpx.BaseTransport | None = None) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s  # per call, unless the call sets its own

@@ -205,9 +205,11 @@ class Rollouts:
         return info, len(job.running) if job else 0, job.queued if job else 0
 
     async def results(self, job_id: str, after: int = 0, *, follow: bool = False,
-                      poll_s: float = 1.0) -> AsyncIterator[Delivery]:
+                      heartbeat_s: float = 15.0) -> AsyncIterator[Delivery | None]:
         """Results with seq > `after` in order; with `follow`, wait for more until the
-        job ends. NotFound for an unknown job."""
+        job ends, yielding None after every `heartbeat_s` without one (a stream writes
+        a blank line then, so that its client can tell a silent job from a dead
+        connection). NotFound for an unknown job."""
         while True:
             # Taken before the read: a result stored after it wakes this follower.
             changed = self._wakeups.future(job_id)
@@ -222,8 +224,11 @@ class Rollouts:
             if not follow or (info.status.terminal and info.delivered <= after):
                 return
             # asyncio.wait, not wait_for: a cancelled follower never cancels the
-            # future its job's other followers share.
-            await asyncio.wait({changed}, timeout=poll_s)
+            # future its job's other followers share. Its timeout is also a backstop:
+            # the store is read again after every heartbeat.
+            done, _ = await asyncio.wait({changed}, timeout=heartbeat_s)
+            if not done:
+                yield None
 
     async def rollout(self, request: RolloutRequest) -> dict[str, Any]:
         """One trajectory, run now (as a one-trajectory job); its record."""
@@ -233,7 +238,8 @@ class Rollouts:
         info = await self.submit(job)
         try:
             async for delivery in self.results(info.job_id, follow=True):
-                return delivery.record()
+                if delivery is not None:
+                    return delivery.record()
         except asyncio.CancelledError:
             await self.cancel(info.job_id)
             raise

@@ -61,6 +61,9 @@ class ServiceConfig:
     body_timeout_s: float = 60.0  # a request body must arrive within this (else a 408)
     max_requests: int = 256  # API requests at once (streams apart)
     max_streams: int = 256  # NDJSON streams at once
+    # A followed stream silent this long gets a blank line, so that a client can tell
+    # a job with nothing new from a dead connection (its read timeout: a few of these).
+    stream_heartbeat_s: float = 15.0
     request_timeout_s: float | None = 600.0  # per engine call
     engine_wait_s: float = 60.0  # a turn with no engine at all gives up after this
     vllm_model: str | None = None  # start vLLM engines serving this model directory

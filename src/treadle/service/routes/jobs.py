@@ -38,8 +38,11 @@ async def trajectories(job_id: str, service: ServiceDep,
     await service.rollouts.job(job_id)  # 404 before the stream starts
 
     async def lines() -> AsyncIterator[bytes]:
-        async for d in service.rollouts.results(job_id, after, follow=follow):
-            yield f'{{"seq":{d.seq},"trajectory":{d.record_json}}}\n'.encode()
+        async for d in service.rollouts.results(
+                job_id, after, follow=follow, heartbeat_s=service.config.stream_heartbeat_s):
+            # None: a heartbeat, a blank line (readers skip blank lines).
+            yield b"\n" if d is None else \
+                f'{{"seq":{d.seq},"trajectory":{d.record_json}}}\n'.encode()
 
     return StreamingResponse(lines(), media_type="application/x-ndjson")
 
