@@ -153,6 +153,7 @@ class EmulatedEngine:
         self.steps = 0  # decode steps run so far
         self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
         self.prefix_hits = 0  # of which found
+        self.generated = 0  # tokens sampled by requests that ended (aborted ones included)
         self.preemptions = 0  # requests sent back to the queue because KV ran out
 
     # -- public ---------------------------------------------------------------------
@@ -304,6 +305,7 @@ class EmulatedEngine:
         self._cache.trim((self.kv_capacity - self._kv_used()) // BLOCK)
 
     def _finish(self, seq: _Seq, reason: FinishReason) -> None:
+        self.generated += len(seq.output)
         self._known.pop(seq.request_id, None)
         self._running.pop(seq.request_id, None)  # a waiting entry is skipped when popped
         if reason != "abort":

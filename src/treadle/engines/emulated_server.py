@@ -14,7 +14,7 @@ Endpoints (vLLM's shapes, so `VLLMEngine` drives it unchanged):
   its request (as in vLLM).
 - `GET /metrics`: `vllm:num_requests_running`, `vllm:num_requests_waiting`,
   `vllm:kv_cache_usage_perc`, `vllm:prefix_cache_queries_total`,
-  `vllm:prefix_cache_hits_total`.
+  `vllm:prefix_cache_hits_total`, `vllm:generation_tokens_total`.
 - `GET /health`, `GET /v1/models`; and, not in vLLM, `POST /abort_request
   {"request_id"}` ending a request with its tokens so far (its caller gets them).
 - vLLM's RL endpoints (`POST /pause`, `/resume`, `/collective_rpc` with
@@ -181,6 +181,8 @@ def create_app(engine: EmulatedEngine, served_model: str) -> FastAPI:
             f"vllm:prefix_cache_queries_total{label} {engine.prefix_queries}",
             "# TYPE vllm:prefix_cache_hits_total counter",
             f"vllm:prefix_cache_hits_total{label} {engine.prefix_hits}",
+            "# TYPE vllm:generation_tokens_total counter",
+            f"vllm:generation_tokens_total{label} {engine.generated}",
         ]
         return PlainTextResponse("\n".join(lines) + "\n")
 
