@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
+from treadle.clock import ScaledClock
 from treadle.core.cost_model import CostModel
 from treadle.core.policies.baselines import Slime
 from treadle.engines.errors import NoEngineAvailable
-from treadle.runtime.clock import ScaledClock
 from treadle.runtime.driver import Runtime
 from treadle.runtime.launcher import EmulatedProcess, LocalLauncher, VLLMProcess
 from treadle.runtime.replay import replay
