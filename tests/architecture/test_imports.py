@@ -107,8 +107,6 @@ def _package(module: str) -> str:
     return module.split(".")[1] if module.count(".") else ""
 
 
-@pytest.mark.xfail(strict=True, reason="runtime.driver <-> runtime.turns: the runner reaches "
-                   "into the runtime's private members until they share a public contract")
 def test_no_module_of_treadle_imports_itself_back() -> None:
     cycle = _cycle(_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])

@@ -1,5 +1,7 @@
 """The runtime over real engine processes (`treadle engine emulate`, over HTTP):
-an engine killed with SIGKILL mid-batch loses no trajectory and hangs none."""
+engines killed with SIGKILL mid-batch lose no trajectory and hang none — the
+survivors take the turns over, and with no engine left every waiting trajectory
+ends with the reason."""
 
 from __future__ import annotations
 
@@ -39,8 +41,8 @@ async def _run(kill: str, n: int = 16) -> tuple[list[Any], Runtime, list[Any]]:
         assert len(launched) == 3 and all(x is not None and x.pid for x in launched)
         jobs = [asyncio.ensure_future(replay(t, rt.turns(t.traj_id, t.group_id), clock))
                 for t in wl.trajectories]
-        await asyncio.sleep(1.0)  # mid-batch: every engine is busy
-        assert sum(j.done() for j in jobs) < len(jobs) // 2
+        while not all(s.calls for s in rt.engines()):  # mid-batch: every engine is busy
+            await asyncio.sleep(0.01)
         victims = launched[:1] if kill == "one" else launched
         for x in victims:
             assert x is not None and x.pid is not None
@@ -61,7 +63,7 @@ def test_an_engine_killed_mid_batch_loses_and_hangs_nothing() -> None:
 def test_with_every_engine_killed_each_trajectory_ends_with_the_reason() -> None:
     out, rt, specs = asyncio.run(_run("all"))
     errors = [r for r in out if isinstance(r, BaseException)]
-    assert len(errors) > len(out) // 2 and all(isinstance(e, NoEngineAvailable) for e in errors)
+    assert errors and all(isinstance(e, NoEngineAvailable) for e in errors)
     assert all("no engine left" in str(e) for e in errors)
     for r, s in zip(out, specs, strict=True):  # finished before the kill: complete
         assert isinstance(r, BaseException) or r.output_tokens == s.output_tokens
