@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from treadle.clock import Clock
 from treadle.core.scheduler import EngineState, Phase, TrajectoryScheduler, TrajState
 from treadle.engines.base import Engine, EngineLoad, GenerateRequest, GenerateResult
-from treadle.engines.errors import EngineUnavailable
+from treadle.engines.errors import EngineStartError, EngineUnavailable
 from treadle.runtime.launcher import EngineLauncher, LaunchedEngine
 
 
@@ -23,15 +23,18 @@ class FakeEngine(Engine):
     """Samples `max_tokens` ids (its own counter) at `tokens_per_s` of `clock`, logprob
     -0.5 each, so a call of n tokens takes exactly n / tokens_per_s clock seconds.
     `abort` ends a call with the tokens of the time it ran; `kill()` makes every call
-    and health check fail from then on (as a dead process would)."""
+    and health check fail from then on (as a dead process would); `update_weights`
+    records what it was told."""
 
-    def __init__(self, name: str, clock: Clock, tokens_per_s: float = 2000.0) -> None:
+    def __init__(self, name: str, clock: Clock, tokens_per_s: float = 2000.0, *,
+                 dead: bool = False) -> None:
         self.name = name
         self.clock = clock
         self.tokens_per_s = tokens_per_s
-        self.dead = False
+        self.dead = dead
         self.flaky = 0  # the next `flaky` calls raise although the engine stays healthy
         self.requests: list[GenerateRequest] = []
+        self.weights: tuple[str, int] | None = None  # the last update_weights
         self._calls: dict[str, _Call] = {}
         self._next_id = 1000
         self.closed = False
@@ -83,29 +86,41 @@ class FakeEngine(Engine):
     async def health(self) -> bool:
         return not self.dead
 
+    async def update_weights(self, weights_path: str, policy_version: int) -> None:
+        if self.dead:
+            raise EngineUnavailable(f"{self.name}: connection refused")
+        self.weights = (weights_path, policy_version)
+
     async def aclose(self) -> None:
         self.closed = True
 
 
 class FakeLauncher(EngineLauncher):
     """Starts a `FakeEngine` after `startup_s` of `clock`, as a process takes to come
-    up. Keeps every engine it started and the clock time of every start."""
+    up. `refuse` makes starts from the n-th on (0-based) raise EngineStartError;
+    `doomed` makes engines from the n-th on dead on arrival (they die at their first
+    call). Keeps every engine it started and the clock time of every start."""
 
-    def __init__(self, clock: Clock, *, startup_s: float = 2.0,
-                 tokens_per_s: float = 2000.0) -> None:
+    def __init__(self, clock: Clock, *, startup_s: float = 2.0, tokens_per_s: float = 2000.0,
+                 refuse: int | None = None, doomed: int | None = None) -> None:
         self.clock = clock
         self.startup = startup_s
         self.tokens_per_s = tokens_per_s
+        self.refuse = refuse
+        self.doomed = doomed
         self.started: list[FakeEngine] = []  # engines that came up, in order
-        self.starts: list[float] = []  # clock time of every start
+        self.starts: list[float] = []  # clock time of every start, failed ones too
         self.stopped: list[str] = []  # names of engines stopped
 
     async def start(self, tp: int) -> LaunchedEngine:
         index = len(self.starts)
         self.starts.append(self.clock.now())
         await self.clock.sleep(self.startup)
+        if self.refuse is not None and index >= self.refuse:
+            raise EngineStartError(f"start {index} refused")
         name = f"launched-{index}"
-        engine = FakeEngine(name, self.clock, self.tokens_per_s)
+        engine = FakeEngine(name, self.clock, self.tokens_per_s,
+                            dead=self.doomed is not None and index >= self.doomed)
         self.started.append(engine)
 
         async def stop() -> None:

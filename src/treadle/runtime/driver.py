@@ -24,7 +24,7 @@ engines, `runtime.turns` runs each trajectory's turns; the runtime and those run
 see each other only through `runtime.contract` (`RunnerHost`, `Runner`).
 
 Time is the `Clock`'s: every wait of the runtime — the scheduler's wake-ups, the
-grace for engines to come back, health checks — is on it, so a
+grace for engines to come back, relaunch back-offs, health checks — is on it, so a
 `ScaledClock` replays a trace faster than real while the scheduler sees the trace's
 seconds, and a `treadle.testing.FakeClock` makes it exact in tests. Only
 `request_timeout_s`, handed to the engines' HTTP clients, is real seconds. The
@@ -34,7 +34,8 @@ sandboxes (subprocesses), file I/O goes to threads.
 
 Failures: an engine whose call fails is health-checked; a dead one is failed
 (`EngineFailed`: every trajectory it held is re-routed, re-prefilled elsewhere) and
-stopped. A background
+stopped, and if this runtime launched it, a replacement is launched on its GPUs
+under the `RelaunchPolicy` (bounded attempts, back-off on the clock). A background
 check fails engines that stop answering while idle. While no engine is live (none
 yet, or the last one failed, was removed or drained), a waiting turn is given a
 grace of `engine_wait_s` from the later of that moment and the start of its wait:
@@ -46,7 +47,8 @@ decides. Every engine call carries `request_timeout_s`.
 Weight updates: `pause("wait")` holds new calls and waits until none is in flight;
 `pause("abort")` also aborts the calls in flight (their turns resume later). After
 the engines' weights change, `resume(policy_version=v)` stamps `v` on every token
-sampled from then on. `update_weights` does all three.
+sampled from then on. `update_weights` does all three, and an engine launched
+afterwards (a replacement, an `AddEngine`) loads the same weights before it joins.
 """
 
 from __future__ import annotations
@@ -73,10 +75,10 @@ from treadle.engines.errors import EngineError, EngineStartError, NoEngineAvaila
 from treadle.runtime.contract import Runner
 from treadle.runtime.control import ControlStats, DecisionLoop
 from treadle.runtime.launcher import EngineLauncher, LaunchedEngine
-from treadle.runtime.pool import EnginePool, EngineSlot
+from treadle.runtime.pool import DEFAULT_RELAUNCH, EnginePool, EngineSlot, RelaunchPolicy
 from treadle.runtime.turns import ScheduledTurns
 
-__all__ = ["ControlStats", "EngineSlot", "Runtime"]
+__all__ = ["ControlStats", "EngineSlot", "RelaunchPolicy", "Runtime"]
 
 log = logging.getLogger(__name__)
 
@@ -85,12 +87,14 @@ class Runtime:
     """Drives one `Scheduler` over a pool of engines. See the module docstring.
 
     Durations are seconds of `clock` except `request_timeout_s` (real seconds).
+    `relaunch=None` never replaces a failed engine.
     """
 
     def __init__(self, scheduler: Scheduler, *, launcher: EngineLauncher | None = None,
                  gpus: int = 0, clock: Clock | None = None,
                  request_timeout_s: float | None = 600.0, turn_retries: int = 3,
-                 engine_wait_s: float = 60.0, health_interval_s: float = 5.0) -> None:
+                 engine_wait_s: float = 60.0, health_interval_s: float = 5.0,
+                 relaunch: RelaunchPolicy | None = DEFAULT_RELAUNCH) -> None:
         self.scheduler = scheduler
         self.launcher = launcher
         self.gpus = gpus  # GPUs the launcher may use (initial pool and AddEngine)
@@ -101,12 +105,13 @@ class Runtime:
         self.policy_version = 0  # stamped on every sampled token
         self.control = ControlStats()
         self.pool = EnginePool(self, self.clock, launcher=launcher, gpus=gpus,
-                               health_interval_s=health_interval_s)
+                               health_interval_s=health_interval_s, relaunch=relaunch)
         self._decisions = DecisionLoop(scheduler, self.clock, self.control, self._apply,
                                        wanted=lambda: bool(self._runners))
         self._runners: dict[str, Runner] = {}
         self._gate = asyncio.Event()  # set while engine calls may be sent
         self._gate.set()
+        self._weights: tuple[str, int] | None = None  # the last update's (path, version)
         self._lost_at: float | None = self.clock.now()  # when the last live engine went
         self._grace: asyncio.Task[None] | None = None  # fails waiters while none is live
         self._grace_poke = asyncio.Event()  # capacity changed: the grace looks again
@@ -182,12 +187,13 @@ class Runtime:
                                   launched=launched)
 
     def drain_engine(self, engine_id: str) -> None:
-        """Send nothing more to the engine; it is removed once idle."""
+        """Send nothing more to the engine; it is removed once idle (not replaced)."""
         self.pool.drain(engine_id)
 
     def remove_engine(self, engine_id: str, reason: str = "removed") -> None:
-        """Take the engine away now; its trajectories move elsewhere (re-prefill)."""
-        self.pool.fail(self.pool.slot(engine_id), reason)
+        """Take the engine away now; its trajectories move elsewhere (re-prefill). It
+        is not replaced."""
+        self.pool.fail(self.pool.slot(engine_id), reason, replace=False)
 
     def engines(self) -> list[EngineSlot]:
         """The engines in the pool (failed and removed ones are gone)."""
@@ -222,11 +228,13 @@ class Runtime:
         engine, resume stamping `policy_version`. ValueError (before pausing) if an
         engine cannot load weights; an engine that fails to load them is failed (its
         turns move to the others, which serve the new weights) so that no token of
-        the old weights is stamped with the new version."""
+        the old weights is stamped with the new version. Engines launched later load
+        these weights before they join."""
         slots = self.pool.slots()
         unable = [s.label for s in slots if not hasattr(s.engine, "update_weights")]
         if unable:
             raise ValueError(f"engines cannot load weights: {', '.join(unable)}")
+        self._weights = (weights_path, policy_version)
         await self.pause(mode)
         try:
             slots = self.pool.slots()  # with any that joined during the pause
@@ -235,7 +243,7 @@ class Runtime:
                   for s in slots), return_exceptions=True)
             for slot, result in zip(slots, results, strict=True):
                 if isinstance(result, BaseException):
-                    self.pool.fail(slot, f"weight update failed: {result}")
+                    self.pool.fail(slot, f"weight update failed: {result}", replace=False)
         finally:
             self.resume(policy_version)
 
@@ -301,6 +309,22 @@ class Runtime:
 
     def holds_admission(self, engine_id: str) -> bool:
         return any(r.admitted_to == engine_id for r in self._runners.values())
+
+    async def prepare(self, launched: LaunchedEngine) -> None:
+        """A launched engine loads the weights of the last update before it joins."""
+        loaded: tuple[str, int] | None = None
+        while self._weights != loaded:  # an update may start while it loads
+            loaded = self._weights
+            assert loaded is not None
+            update = getattr(launched.engine, "update_weights", None)
+            if update is None:
+                raise EngineStartError(f"{launched.label} cannot load the weights of "
+                                       f"policy version {loaded[1]}")
+            try:
+                await update(*loaded)
+            except Exception as e:
+                raise EngineStartError(f"{launched.label} did not load the weights of "
+                                       f"policy version {loaded[1]}: {e}") from e
 
     # -- internals ------------------------------------------------------------------------
 

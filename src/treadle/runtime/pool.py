@@ -6,11 +6,17 @@ happens to them as scheduler events (`EngineAdded`, `EngineDraining`, `EngineFai
 `EngineRemoved`) and as capacity changes:
 
 - engines join by `register` (started elsewhere) or `launch` (the launcher starts
-  one on GPUs of the pool's budget);
+  one on GPUs of the pool's budget; the owner may prepare it — load the current
+  weights — before it joins);
 - after a failed call, `call_failed` checks the engine's health: a dead one is
   failed, a live one is retried by its runner; an idle engine that misses two health
   checks in a row (one every `health_interval_s`) is failed too;
-- a failed engine is stopped and its GPUs freed;
+- a failed engine is stopped and its GPUs freed. If the pool launched it and has a
+  `RelaunchPolicy`, a replacement of the same TP degree is launched on those GPUs
+  once the old process is gone, after a back-off on the clock that doubles with each
+  failure in a row of that line of engines (failed starts and replacements that die
+  within `reset_after_s` both count), at most `attempts` times; each is logged. An
+  engine removed (`fail(..., replace=False)`) or drained is not replaced;
 - a draining engine admits nothing and is removed once no call is in flight on it
   and no turn admitted to it is still to be sent.
 
@@ -52,6 +58,24 @@ class EngineSlot:
     draining: bool = False  # admits nothing more; removed once idle
     failed: bool = False  # failed or removed; gone from the pool
     health_failures: int = 0  # consecutive failed background checks
+    joined_at: float = 0.0  # clock time it joined the pool
+    relaunches: int = 0  # failures in a row of its line before it (0: not a replacement)
+
+
+@dataclass(frozen=True, slots=True)
+class RelaunchPolicy:
+    """When a launched engine that failed is replaced (clock seconds)."""
+
+    attempts: int = 3  # replacements in a row of one line before giving up on it
+    backoff_s: float = 1.0  # wait before the first replacement; doubles for each next
+    reset_after_s: float = 600.0  # a replacement up this long ends its line's run
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1 or self.backoff_s < 0 or self.reset_after_s < 0:
+            raise ValueError("attempts must be >= 1, backoff_s and reset_after_s >= 0")
+
+
+DEFAULT_RELAUNCH = RelaunchPolicy()
 
 
 class PoolOwner(Protocol):
@@ -69,16 +93,24 @@ class PoolOwner(Protocol):
         """Whether a turn admitted to the engine has yet to be sent there."""
         ...
 
+    async def prepare(self, launched: LaunchedEngine) -> None:
+        """Make a launched engine fit to join (e.g. load the current weights); raises
+        `EngineStartError` if it cannot be."""
+        ...
+
 
 class EnginePool:
     """The engines of one runtime. See the module docstring."""
 
     def __init__(self, owner: PoolOwner, clock: Clock, *, launcher: EngineLauncher | None,
-                 gpus: int, health_interval_s: float) -> None:
+                 gpus: int, health_interval_s: float,
+                 relaunch: RelaunchPolicy | None) -> None:
         self.launcher = launcher
         self.gpus = gpus  # GPUs the launcher may use (0: no budget is kept)
         self.health_interval_s = health_interval_s  # clock seconds between idle checks
+        self.relaunch = relaunch  # None: failed engines are not replaced
         self.failures: deque[tuple[str, str]] = deque(maxlen=8)  # (engine, why), latest
+        self.relaunched = 0  # replacements launched so far
         self.idle = asyncio.Event()  # no call in flight on any engine
         self.idle.set()
         self._owner = owner
@@ -86,9 +118,9 @@ class EnginePool:
         self._slots: dict[str, EngineSlot] = {}
         self._next_id = 0
         self._gpus_used = 0
-        self._starting = 0  # launches in flight
+        self._starting = 0  # launches in flight plus replacements waiting to launch
         self._inflight = 0
-        self._tasks: set[asyncio.Task[Any]] = set()  # background work; cancelled on close
+        self._tasks: set[asyncio.Task[Any]] = set()  # replacements; cancelled on close
         self._stopping: set[asyncio.Task[None]] = set()  # engines being stopped; awaited
         self._watch: asyncio.Task[None] | None = None
         self._closed = False
@@ -114,7 +146,7 @@ class EnginePool:
 
     @property
     def starting(self) -> int:
-        """Engines being launched."""
+        """Engines being launched, or waiting out a back-off to be."""
         return self._starting
 
     def no_engine_error(self) -> NoEngineAvailable:
@@ -125,18 +157,20 @@ class EnginePool:
     # -- joining -------------------------------------------------------------------
 
     def register(self, engine: Engine, *, tp: int, max_batch: int, kv_capacity_tokens: int,
-                 label: str, launched: LaunchedEngine | None = None) -> str:
+                 label: str, launched: LaunchedEngine | None = None,
+                 relaunches: int = 0) -> str:
         """Add a healthy engine; its id. Its client is closed on removal (and the
         engine stopped, if `launched`)."""
         eid = f"e{self._next_id:03d}"
         self._next_id += 1
         self._slots[eid] = EngineSlot(eid, engine, tp, max_batch, kv_capacity_tokens,
-                                      label or eid, launched)
+                                      label or eid, launched, joined_at=self._clock.now(),
+                                      relaunches=relaunches)
         self._owner.engine_event(EngineAdded(eid, tp, max_batch, kv_capacity_tokens))
         self._owner.capacity_changed()
         return eid
 
-    async def launch(self, tp: int) -> str:
+    async def launch(self, tp: int, *, relaunches: int = 0) -> str:
         """Start a TP-`tp` engine with the launcher and register it; its id.
         EngineStartError when there is no room for it or it did not come up."""
         if self.launcher is None:
@@ -148,6 +182,11 @@ class EnginePool:
         self._starting += 1
         try:
             launched = await self.launcher.start(tp)
+            try:
+                await self._owner.prepare(launched)
+            except BaseException:
+                await launched.stop()
+                raise
         except BaseException:
             self._gpus_used -= tp
             self._starting -= 1
@@ -156,7 +195,7 @@ class EnginePool:
         self._starting -= 1
         return self.register(launched.engine, tp=tp, max_batch=launched.max_batch,
                              kv_capacity_tokens=launched.kv_capacity_tokens,
-                             label=launched.label, launched=launched)
+                             label=launched.label, launched=launched, relaunches=relaunches)
 
     async def launch_or_log(self, tp: int) -> None:
         try:
@@ -217,8 +256,9 @@ class EnginePool:
         self._owner.engine_event(EngineRemoved(slot.engine_id))
         self._stop_later(slot)
 
-    def fail(self, slot: EngineSlot, reason: str) -> None:
-        """Take the engine away now (its turns go elsewhere) and stop it."""
+    def fail(self, slot: EngineSlot, reason: str, *, replace: bool = True) -> None:
+        """Take the engine away now (its turns go elsewhere) and stop it; `replace`:
+        relaunch it under the `RelaunchPolicy` if the pool launched it."""
         if slot.failed or slot.engine_id not in self._slots:
             return
         slot.failed = True
@@ -228,8 +268,56 @@ class EnginePool:
         del self._slots[slot.engine_id]
         if slot.launched is not None:
             self._gpus_used -= slot.tp
-        self._stop_later(slot)
+        stopped = self._stop_later(slot)
+        if replace and slot.launched is not None:
+            self._replace(slot, stopped)
         self._owner.capacity_changed()
+
+    # -- replacing ------------------------------------------------------------------------
+
+    def _replace(self, slot: EngineSlot, stopped: asyncio.Task[None]) -> None:
+        policy = self.relaunch
+        if policy is None or self.launcher is None or self._closed:
+            return
+        young = self._clock.now() - slot.joined_at < policy.reset_after_s
+        attempt = slot.relaunches + 1 if young else 1
+        if attempt > policy.attempts:
+            log.error("engine %s failed again after %d replacements in a row; not relaunching "
+                      "its TP-%d engine", slot.label, slot.relaunches, slot.tp)
+            return
+        self._starting += 1
+        self._spawn(self._relaunch(slot.tp, attempt, stopped))
+
+    async def _relaunch(self, tp: int, attempt: int, stopped: asyncio.Task[None]) -> None:
+        """Replace a failed TP-`tp` engine: attempt `attempt`, `attempt + 1`, ... of its
+        line, each after its back-off, until one comes up or the attempts run out."""
+        policy = self.relaunch
+        assert policy is not None
+        try:
+            await asyncio.wait({stopped})  # its GPUs are free (and a cancel leaves the stop be)
+            while attempt <= policy.attempts:
+                delay = policy.backoff_s * 2 ** (attempt - 1)
+                log.warning("relaunching a TP-%d engine in %.1fs (attempt %d of %d)", tp, delay,
+                            attempt, policy.attempts)
+                await self._clock.sleep(delay)
+                if self.gpus and self._gpus_used + tp > self.gpus:
+                    log.warning("not relaunching the TP-%d engine: its GPUs were taken", tp)
+                    return
+                try:
+                    eid = await self.launch(tp, relaunches=attempt)
+                except EngineError as e:
+                    log.warning("relaunch %d of %d of a TP-%d engine failed: %s", attempt,
+                                policy.attempts, tp, e)
+                    attempt += 1
+                    continue
+                self.relaunched += 1
+                log.warning("relaunched a TP-%d engine as %s", tp, eid)
+                return
+            log.error("gave up relaunching a TP-%d engine after %d attempts", tp,
+                      policy.attempts)
+        finally:
+            self._starting -= 1
+            self._owner.capacity_changed()
 
     # -- background --------------------------------------------------------------------
 
