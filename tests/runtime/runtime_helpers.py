@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from treadle.clock import Clock
+from treadle.clock import MONOTONIC, Clock
 from treadle.core.scheduler import EngineState, Phase, TrajectoryScheduler, TrajState
 from treadle.engines.base import Engine, EngineLoad, GenerateRequest, GenerateResult
 from treadle.engines.errors import EngineStartError, EngineUnavailable
@@ -20,13 +20,14 @@ class _Call:
 
 
 class FakeEngine(Engine):
-    """Samples `max_tokens` ids (its own counter) at `tokens_per_s` of `clock`, logprob
-    -0.5 each, so a call of n tokens takes exactly n / tokens_per_s clock seconds.
+    """Samples `max_tokens` ids (its own counter) at `tokens_per_s` of `clock` (real
+    time unless given a fake one), logprob -0.5 each, so a call of n tokens takes
+    exactly n / tokens_per_s clock seconds.
     `abort` ends a call with the tokens of the time it ran; `kill()` makes every call
     and health check fail from then on (as a dead process would); `update_weights`
     records what it was told."""
 
-    def __init__(self, name: str, clock: Clock, tokens_per_s: float = 2000.0, *,
+    def __init__(self, name: str, clock: Clock = MONOTONIC, tokens_per_s: float = 2000.0, *,
                  dead: bool = False) -> None:
         self.name = name
         self.clock = clock
