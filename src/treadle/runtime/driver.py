@@ -156,14 +156,12 @@ class Runtime:
     # -- trajectories ------------------------------------------------------------------
 
     def turns(self, traj_id: str, group_id: str) -> ScheduledTurns:
-        """The runner of a new trajectory (its first `generate` announces it). Call
-        it on the event loop."""
+        """The runner of a new trajectory (its first `generate` announces it)."""
         if traj_id in self._runners:
             raise ValueError(f"trajectory {traj_id!r} is already running")
         runner = ScheduledTurns(self, traj_id, group_id)
         self._runners[traj_id] = runner
         self.control.max_live = max(self.control.max_live, len(self._runners))
-        self._hold_while_no_engine()
         return runner
 
     @property
@@ -261,6 +259,7 @@ class Runtime:
 
     def tell(self, event: Event) -> None:
         self._decisions.tell(event)
+        self._hold_while_no_engine()  # a turn about to wait, perhaps for no engine
 
     async def calls_allowed(self) -> None:
         await self._gate.wait()

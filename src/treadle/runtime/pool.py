@@ -305,9 +305,9 @@ class EnginePool:
                     return
                 try:
                     eid = await self.launch(tp, relaunches=attempt)
-                except EngineError as e:
-                    log.warning("relaunch %d of %d of a TP-%d engine failed: %s", attempt,
-                                policy.attempts, tp, e)
+                except Exception as e:  # a launcher off its contract must not end the line
+                    log.warning("relaunch %d of %d of a TP-%d engine failed: %s: %s", attempt,
+                                policy.attempts, tp, type(e).__name__, e)
                     attempt += 1
                     continue
                 self.relaunched += 1
