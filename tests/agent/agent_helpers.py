@@ -9,6 +9,7 @@ from pathlib import Path
 
 from treadle.agent.chat import HFTokenizer
 from treadle.agent.loop import Sampling, TurnOutput
+from treadle.clock import MONOTONIC, Clock
 from treadle.engines.errors import EngineError
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -38,13 +39,15 @@ class FakeScriptedRunner:
 
     tokenizer: HFTokenizer
     replies: Sequence[str]  # reply texts, each ending with <|im_end|> unless cut
-    delay_s: float = 0.0  # sleep per turn (deadline tests)
+    delay_s: float = 0.0  # seconds of `clock` each turn takes (deadline tests)
+    clock: Clock = MONOTONIC  # what `delay_s` is slept on
     fail_on_turn: int | None = None  # raise EngineError on this turn
     version: int = 3  # policy version stamped on every token
     events: list[tuple[object, ...]] = field(default_factory=list)
     prompts: list[list[int]] = field(default_factory=list)  # context sent each turn
     outputs: list[TurnOutput] = field(default_factory=list)
     samplings: list[Sampling] = field(default_factory=list)  # parameters sent each turn
+    generating: asyncio.Event = field(default_factory=asyncio.Event)  # a turn has started
 
     async def generate(self, prompt_ids: list[int], max_tokens: int, sampling: Sampling,
                        stop_ids: list[int]) -> TurnOutput:
@@ -52,8 +55,9 @@ class FakeScriptedRunner:
         self.prompts.append(list(prompt_ids))
         self.samplings.append(sampling)
         self.events.append(("generate", max_tokens))
+        self.generating.set()
         if self.delay_s:
-            await asyncio.sleep(self.delay_s)
+            await self.clock.sleep(self.delay_s)
         if self.fail_on_turn == turn:
             raise EngineError("engine e1 unreachable")
         ids = self.tokenizer.encode(self.replies[turn])

@@ -18,6 +18,7 @@ from treadle.envs.base import Episode, RewardResult, Suite, open_episode
 from treadle.envs.tools.answer import SubmitAnswerTool
 from treadle.envs.tools.base import Tool, ToolContext, ToolResult
 from treadle.errors import SandboxError
+from treadle.testing import FakeClock
 from treadle.types import FailureStage, GroupKey, Task, TrajectoryStatus
 
 FMT = HermesFormat()
@@ -82,16 +83,19 @@ def call(name: str, **arguments: Any) -> str:
 def play(tok: HFTokenizer, replies: list[str], suite: Suite | None = None,
          limits: AgentLimits | None = None, sampling: Sampling | None = None,
          group: str = "q1", **runner_kw: Any) -> tuple[Any, FakeScriptedRunner]:
+    """One trajectory of the sandbox-free suite, on a fake clock that jumps over every
+    wait (the runner's delays, the deadline): exact, and over at once."""
     suite = suite or EchoSuite()
     limits = limits or AgentLimits()
     task = suite.tasks()[0]
-    runner = FakeScriptedRunner(tok, replies, **runner_kw)
+    clock = FakeClock(autojump=True)
+    runner = FakeScriptedRunner(tok, replies, clock=clock, **runner_kw)
 
     async def go() -> Any:
         async with open_episode(suite, task) as ep:
             return await run_agent(ep, tok, runner, traj_id=f"{group}/t0",
                                    key=GroupKey(group, 0), limits=limits,
-                                   sampling=sampling or Sampling())
+                                   sampling=sampling or Sampling(), clock=clock)
 
     return asyncio.run(asyncio.wait_for(go(), 30)), runner
 
@@ -180,6 +184,18 @@ def test_the_deadline_ends_a_slow_turn_with_timeout(tok: HFTokenizer) -> None:
                         delay_s=5.0)
     assert (traj.status, traj.reason) == (TrajectoryStatus.TIMEOUT, "deadline")
     assert runner.events[-1] == ("ended", "deadline") and traj.reward == 0.0
+    assert traj.timings.finished_at == pytest.approx(0.05)  # at the deadline, not the reply
+
+
+def test_a_turn_that_ends_just_before_the_deadline_is_not_cut(tok: HFTokenizer) -> None:
+    traj, _ = play(tok, [call("echo", text="a"), "42" + IM_END],
+                   limits=AgentLimits(deadline_s=10.0), delay_s=4.99)
+    assert traj.status is TrajectoryStatus.COMPLETED and len(traj.turns) == 2
+    assert traj.timings.finished_at == pytest.approx(9.98)
+    traj, _ = play(tok, [call("echo", text="a"), "42" + IM_END],
+                   limits=AgentLimits(deadline_s=10.0), delay_s=5.01)
+    assert (traj.status, traj.reason) == (TrajectoryStatus.TIMEOUT, "deadline")
+    assert traj.timings.finished_at == pytest.approx(10.0)
 
 
 def test_an_engine_failure_is_an_error_of_the_engine_stage_with_no_reward(
@@ -205,13 +221,14 @@ def test_a_failing_reward_is_an_error_of_the_eval_stage(tok: HFTokenizer) -> Non
 
 def test_cancelling_propagates_and_tells_the_runner(tok: HFTokenizer) -> None:
     suite = EchoSuite()
-    runner = FakeScriptedRunner(tok, ["42" + IM_END], delay_s=10.0)
+    clock = FakeClock()  # never advanced: the turn stays in flight until cancelled
+    runner = FakeScriptedRunner(tok, ["42" + IM_END], delay_s=10.0, clock=clock)
 
     async def go() -> None:
         async with open_episode(suite, suite.tasks()[0]) as ep:
             task = asyncio.ensure_future(run_agent(ep, tok, runner, traj_id="t0",
-                                                   key=GroupKey("q1", 0)))
-            await asyncio.sleep(0.05)
+                                                   key=GroupKey("q1", 0), clock=clock))
+            await runner.generating.wait()
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task

@@ -1,34 +1,41 @@
-"""Test doubles for the runtime: an in-process engine with controllable failures."""
+"""Test doubles for the runtime: an in-process engine and launcher on a fake clock."""
 
 from __future__ import annotations
 
 import asyncio
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from treadle.clock import MONOTONIC, Clock
 from treadle.core.scheduler import EngineState, Phase, TrajectoryScheduler, TrajState
 from treadle.engines.base import Engine, EngineLoad, GenerateRequest, GenerateResult
-from treadle.engines.errors import EngineUnavailable
+from treadle.engines.errors import EngineStartError, EngineUnavailable
+from treadle.runtime.launcher import EngineLauncher, LaunchedEngine
 
 
 @dataclass
 class _Call:
     request: GenerateRequest
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
-    produced: int = 0
 
 
 class FakeEngine(Engine):
-    """Samples `max_tokens` ids (its own counter) at `tokens_per_s`, logprob -0.5 each.
-    `abort` ends a call with its tokens so far; `kill()` makes every call and health
-    check fail from then on (as a dead process would)."""
+    """Samples `max_tokens` ids (its own counter) at `tokens_per_s` of `clock` (real
+    time unless given a fake one), logprob -0.5 each, so a call of n tokens takes
+    exactly n / tokens_per_s clock seconds.
+    `abort` ends a call with the tokens of the time it ran; `kill()` makes every call
+    and health check fail from then on (as a dead process would); `update_weights`
+    records what it was told."""
 
-    def __init__(self, name: str, tokens_per_s: float = 2000.0) -> None:
+    def __init__(self, name: str, clock: Clock = MONOTONIC, tokens_per_s: float = 2000.0, *,
+                 dead: bool = False) -> None:
         self.name = name
+        self.clock = clock
         self.tokens_per_s = tokens_per_s
-        self.dead = False
+        self.dead = dead
         self.flaky = 0  # the next `flaky` calls raise although the engine stays healthy
         self.requests: list[GenerateRequest] = []
+        self.weights: tuple[str, int] | None = None  # the last update_weights
         self._calls: dict[str, _Call] = {}
         self._next_id = 1000
         self.closed = False
@@ -47,26 +54,27 @@ class FakeEngine(Engine):
         self.requests.append(request)
         call = _Call(request)
         self._calls[request.request_id] = call
-        started = time.monotonic()
-        ids: list[int] = []
+        started = self.clock.now()
         try:
-            step = 1.0 / self.tokens_per_s
-            while len(ids) < request.max_tokens:
-                try:
-                    await asyncio.wait_for(call.aborted.wait(), step)
-                except TimeoutError:
-                    ids.append(self._next_id % 50_000)
-                    self._next_id += 1
-                    continue
-                if self.dead:
-                    raise EngineUnavailable(f"{self.name}: connection reset")
-                return GenerateResult(request.request_id, ids, [-0.5] * len(ids), "abort",
-                                      len(request.prompt_ids), 0, 0.0,
-                                      time.monotonic() - started)
+            try:
+                async with self.clock.timeout(request.max_tokens / self.tokens_per_s):
+                    await call.aborted.wait()
+            except TimeoutError:
+                return self._result(request, request.max_tokens, "length", started)
+            if self.dead:
+                raise EngineUnavailable(f"{self.name}: connection reset")
+            ran = (self.clock.now() - started) * self.tokens_per_s
+            return self._result(request, min(request.max_tokens, int(ran + 1e-6)), "abort",
+                                started)
         finally:
             self._calls.pop(request.request_id, None)
-        return GenerateResult(request.request_id, ids, [-0.5] * len(ids), "length",
-                              len(request.prompt_ids), 0, 0.0, time.monotonic() - started)
+
+    def _result(self, request: GenerateRequest, n: int, finish: str,
+                started: float) -> GenerateResult:
+        ids = [(self._next_id + i) % 50_000 for i in range(n)]
+        self._next_id += n
+        return GenerateResult(request.request_id, ids, [-0.5] * n, finish,  # type: ignore[arg-type]
+                              len(request.prompt_ids), 0, 0.0, self.clock.now() - started)
 
     async def abort(self, request_id: str) -> None:
         call = self._calls.get(request_id)
@@ -79,9 +87,58 @@ class FakeEngine(Engine):
     async def health(self) -> bool:
         return not self.dead
 
+    async def update_weights(self, weights_path: str, policy_version: int) -> None:
+        if self.dead:
+            raise EngineUnavailable(f"{self.name}: connection refused")
+        self.weights = (weights_path, policy_version)
+
     async def aclose(self) -> None:
         self.closed = True
 
+
+class FakeLauncher(EngineLauncher):
+    """Starts a `FakeEngine` after `startup_s` of `clock`, as a process takes to come
+    up. `refuse` makes starts from the n-th on (0-based) raise EngineStartError;
+    `doomed` makes engines from the n-th on dead on arrival (they die at their first
+    call). Keeps every engine it started and the clock time of every start."""
+
+    def __init__(self, clock: Clock, *, startup_s: float = 2.0, tokens_per_s: float = 2000.0,
+                 refuse: int | None = None, doomed: int | None = None) -> None:
+        self.clock = clock
+        self.startup = startup_s
+        self.tokens_per_s = tokens_per_s
+        self.refuse = refuse
+        self.doomed = doomed
+        self.started: list[FakeEngine] = []  # engines that came up, in order
+        self.starts: list[float] = []  # clock time of every start, failed ones too
+        self.stopped: list[str] = []  # names of engines stopped
+
+    async def start(self, tp: int) -> LaunchedEngine:
+        index = len(self.starts)
+        self.starts.append(self.clock.now())
+        await self.clock.sleep(self.startup)
+        if self.refuse is not None and index >= self.refuse:
+            raise EngineStartError(f"start {index} refused")
+        name = f"launched-{index}"
+        engine = FakeEngine(name, self.clock, self.tokens_per_s,
+                            dead=self.doomed is not None and index >= self.doomed)
+        self.started.append(engine)
+
+        async def stop() -> None:
+            self.stopped.append(name)
+
+        return LaunchedEngine(engine, tp, 16, 1 << 20, f"fake://{name}", name, stop)
+
+    def startup_s(self, tp: int) -> float:
+        return self.startup
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Yield to the event loop until `condition` holds: an event, never a duration. An
+    autojumping fake clock does not move meanwhile (the loop is never idle), so the
+    condition must come about without time passing."""
+    while not condition():
+        await asyncio.sleep(0)
 
 
 class FakeManualScheduler(TrajectoryScheduler):

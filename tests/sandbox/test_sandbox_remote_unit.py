@@ -26,38 +26,30 @@ from treadle.sandbox.remote import (
     wire_error,
 )
 from treadle.sandbox.server import SandboxHost, UnknownSandbox, create_app
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
+from treadle.testing import FakeClock
 
 IDS = [f"sandbox-{i:012d}" for i in range(4)]
 
 
 def test_idle_sandboxes_are_reaped_busy_and_touched_ones_are_not(local: LocalBackend,
                                                                   work_root: str) -> None:
-    clock = FakeClock()
+    clock = FakeClock(start=1000.0)
 
     async def body() -> None:
         host = SandboxHost(local, max_live=4, idle_ttl_s=10, clock=clock)
         for sandbox_id in IDS[:3]:
             await host.create(sandbox_id, SMALL)
-        clock.now += 8
+        clock.advance(8)
         async with host.use(IDS[1]):  # a keepalive
             pass
         async with host.use(IDS[2]):  # a request in flight across the deadline
-            clock.now += 5
+            clock.advance(5)
             assert await host.reap_idle() == 1  # only the untouched one
             assert host.ids() == IDS[1:3]
-        clock.now += 9.9  # the touch was 14.9 s ago, the request ended 9.9 s ago
+        clock.advance(9.9)  # the touch was 14.9 s ago, the request ended 9.9 s ago
         assert await host.reap_idle() == 1
         assert host.ids() == [IDS[2]]
-        clock.now += 0.2
+        clock.advance(0.2)
         assert await host.reap_idle() == 1
         assert host.ids() == [] and host.live == 0
         with pytest.raises(UnknownSandbox):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 
@@ -29,6 +28,7 @@ from treadle.sandbox import (
 )
 from treadle.sandbox._cgroup import _unescape
 from treadle.sandbox.base import MIB, classify
+from treadle.testing import FakeClock
 
 
 def test_limits_validate_and_map_to_rlimits() -> None:
@@ -137,18 +137,16 @@ def test_mountinfo_unescape() -> None:
 
 def test_token_bucket_spaces_out_creations() -> None:
     async def body() -> list[float]:
-        bucket = TokenBucket(rate_per_s=20.0, burst=2)
-        loop = asyncio.get_running_loop()
-        start = loop.time()
+        clock = FakeClock(autojump=True)
+        bucket = TokenBucket(rate_per_s=20.0, burst=2, clock=clock)
         stamps = []
         for _ in range(6):
             await bucket.take()
-            stamps.append(loop.time() - start)
+            stamps.append(clock.now())
         return stamps
 
-    stamps = run(body())
-    assert stamps[1] < 0.02  # the burst is immediate
-    assert stamps[-1] >= 4 / 20.0 - 0.01  # the other four wait 50 ms each
+    # The burst is immediate; the other four wait 50 ms each.
+    assert run(body()) == pytest.approx([0.0, 0.0, 0.05, 0.1, 0.15, 0.2])
     with pytest.raises(ValueError):
         TokenBucket(0, 1)
 

@@ -26,7 +26,8 @@ TRUNCATED              ``max_tokens_per_turn``: a reply cut at the per-turn limi
                        ``max_total_tokens``: the context is full (a reply cut at the
                        remaining budget, or an observation that does not fit)
 MAX_TURNS              ``max_turns`` replies and the model still wants tools
-TIMEOUT                ``deadline``: the wall-clock deadline passed mid-turn or mid-tool
+TIMEOUT                ``deadline``: the deadline (on the loop's clock) passed mid-turn
+                       or mid-tool
 ERROR                  an infrastructure failure, with `failure_stage`: ``engine``
                        (`EngineError` from the runner), ``tool`` (a tool's
                        infrastructure raised), ``eval`` (the reward raised),
@@ -51,12 +52,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from treadle.agent.chat import IM_END, CallError, HermesFormat, Reply, Tokenizer
+from treadle.clock import MONOTONIC, Clock
 from treadle.engines.base import Engine, FinishReason, GenerateRequest, derived_seed
 from treadle.engines.errors import EngineError
 from treadle.envs.base import Episode
@@ -82,7 +83,7 @@ class AgentLimits:
     max_turns: int = 8  # LLM replies at most
     max_total_tokens: int = 4096  # the whole context: prompt, replies and observations
     max_tokens_per_turn: int = 1024  # one reply at most
-    deadline_s: float | None = None  # wall-clock seconds for the whole trajectory
+    deadline_s: float | None = None  # seconds for the whole trajectory, on the loop's clock
 
     def as_params(self) -> dict[str, Any]:
         """The limits as a job request's `limits` (the service's wire form)."""
@@ -229,14 +230,16 @@ class _State:
 async def run_agent(episode: Episode, tokenizer: Tokenizer, runner: TurnRunner, *,
                     traj_id: str, key: GroupKey, limits: AgentLimits = AgentLimits(),
                     sampling: Sampling = Sampling(), fmt: HermesFormat = HERMES,
-                    clock: Callable[[], float] = time.monotonic) -> Trajectory:
+                    clock: Clock = MONOTONIC) -> Trajectory:
     """Run the episode to its end and score it; see the module docstring.
 
     `episode` must be started (its initial observation, if any, is shown after the
-    task's prompt). Returns the trajectory; raises only `CancelledError`.
+    task's prompt). The deadline, the tool latencies and the start and finish times
+    are on `clock` (the runtime passes its own). Returns the trajectory; raises only
+    `CancelledError`.
     """
     task = episode.task
-    start = clock()
+    start = clock.now()
     traj = Trajectory(traj_id, key, task_id=task.task_id, status=TrajectoryStatus.RUNNING)
     traj.timings.started_at = start
     deadline = None if limits.deadline_s is None else start + limits.deadline_s
@@ -266,20 +269,19 @@ async def run_agent(episode: Episode, tokenizer: Tokenizer, runner: TurnRunner, 
         state.events_done = True
     if traj.status is not TrajectoryStatus.ERROR:
         await _score(episode, state)
-    traj.timings.finished_at = clock()
+    traj.timings.finished_at = clock.now()
     return traj
 
 
 async def _turns(episode: Episode, tokenizer: Tokenizer, runner: TurnRunner, state: _State,
                  limits: AgentLimits, sampling: Sampling, fmt: HermesFormat,
-                 stop_ids: list[int], deadline: float | None,
-                 clock: Callable[[], float]) -> None:
+                 stop_ids: list[int], deadline: float | None, clock: Clock) -> None:
     traj, context = state.traj, state.context
     for index in range(limits.max_turns):
         room = limits.max_total_tokens - len(context)
         budget = min(limits.max_tokens_per_turn, room)
         try:
-            async with asyncio.timeout(_left(deadline, clock)):
+            async with clock.timeout(_left(deadline, clock)):
                 out = await runner.generate(list(context), budget,
                                             sampling.for_turn(traj.task_id, traj.key.repetition,
                                                               index), stop_ids)
@@ -302,16 +304,16 @@ async def _turns(episode: Episode, tokenizer: Tokenizer, runner: TurnRunner, sta
             raise _Stop(TrajectoryStatus.COMPLETED)
         runner.turn_finished(len(out.output_ids), len(context), final=False)
         runner.tool_started()
-        started = clock()
+        started = clock.now()
         try:
-            async with asyncio.timeout(_left(deadline, clock)):
+            async with clock.timeout(_left(deadline, clock)):
                 results = await _call_tools(episode, reply, turn)
         except TimeoutError:
             raise _Stop(TrajectoryStatus.TIMEOUT, "deadline") from None
         except TreadleError as e:
             raise _Stop(TrajectoryStatus.ERROR, f"tool: {type(e).__name__}: {e}",
                         FailureStage.TOOL) from None
-        latency = clock() - started
+        latency = clock.now() - started
         traj.timings.tool_s += latency
         obs = tokenizer.encode(fmt.observation_text(results))
         if episode.done:
@@ -405,10 +407,10 @@ def _strip_stop(ids: Sequence[int], stop_ids: Sequence[int]) -> Sequence[int]:
     return ids[:-1] if ids and ids[-1] in stop_ids else ids
 
 
-def _left(deadline: float | None, clock: Callable[[], float]) -> float | None:
+def _left(deadline: float | None, clock: Clock) -> float | None:
     if deadline is None:
         return None
-    return max(0.0, deadline - clock())
+    return max(0.0, deadline - clock.now())
 
 
 def _with_observation(prompt: str | list[dict[str, object]],

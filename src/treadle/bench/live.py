@@ -39,11 +39,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from treadle.clock import ScaledClock
 from treadle.core.cost_model import CostModel
 from treadle.core.policies import PolicySpec, build_policy, parse_policy
 from treadle.core.predictor import Outcome
 from treadle.reports import log, write_report
-from treadle.runtime.clock import ScaledClock
 from treadle.runtime.driver import Runtime
 from treadle.runtime.launcher import EmulatedProcess, LocalLauncher
 from treadle.runtime.replay import ReplayResult, replay

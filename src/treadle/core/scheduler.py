@@ -14,11 +14,11 @@ per-engine queues and running sets — and leaves policies four decisions:
 - `admission_cap(e)`: how many turns an engine may run at once;
 - `rebalance(now)`: anything else — preemption, migration, pool changes.
 
-Queues are per engine, ordered by (priority, sequence number), so ties fall back to
-FCFS and every run is deterministic. A turn is admitted as soon as its engine has a
-free slot. Decisions change this state immediately (the driver is trusted to carry
-them out); the driver reports engine-side surprises back as events
-(`TurnPreempted`, `EngineFailed`).
+Queues are per engine (`core.turn_queue.TurnQueue`), ordered by (priority, sequence
+number), so ties fall back to FCFS and every run is deterministic. A turn is admitted
+as soon as its engine has a free slot. Decisions change this state immediately (the
+driver is trusted to carry them out); the driver reports engine-side surprises back
+as events (`TurnPreempted`, `EngineFailed`).
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from treadle.core.events import (
     TurnFinished,
     TurnPreempted,
 )
+from treadle.core.turn_queue import TurnQueue
 
 
 class Phase(enum.Enum):
@@ -86,8 +87,7 @@ class EngineState:
     max_batch: int  # hardware/engine limit on concurrent sequences
     kv_capacity_tokens: int  # KV cache size
     running: set[str] = field(default_factory=set)  # trajectories generating now
-    queue: list[tuple[float, int, str]] = field(default_factory=list)  # heap (prio, seq, id)
-    queued: int = 0  # live entries in `queue` (stale ones are skipped lazily)
+    queue: TurnQueue = field(default_factory=TurnQueue)  # ready turns waiting here
     kv_reserved: int = 0  # Σ context of running trajectories at their admission
     # Max-heap of running turns by (priority, seq), as (-priority, -seq, id); entries
     # of turns no longer running (or admitted again since) are dropped lazily.
@@ -95,9 +95,14 @@ class EngineState:
     draining: bool = False  # admits nothing; removed once idle
 
     @property
+    def queued(self) -> int:
+        """Turns in `queue`."""
+        return len(self.queue)
+
+    @property
     def load(self) -> int:
         """Outstanding requests: running plus queued (what a router balances)."""
-        return len(self.running) + self.queued
+        return len(self.running) + len(self.queue)
 
 
 class Scheduler(ABC):
@@ -251,10 +256,10 @@ class TrajectoryScheduler(Scheduler):
     def forget(self, traj_id: str) -> None:
         t = self.trajs.get(traj_id)
         if t is not None and t.phase is Phase.DONE:
-            del self.trajs[traj_id]  # heap entries naming it are skipped as stale
+            del self.trajs[traj_id]  # a DONE trajectory is in no queue
 
     def _live(self, tid: str, eid: str, seq: int) -> TrajState | None:
-        """The trajectory of a heap entry, if the entry is still current."""
+        """The trajectory of a `by_importance` entry, if the entry is still current."""
         t = self.trajs.get(tid)
         if t is None or t.engine_id != eid or t.seq != seq:
             return None
@@ -286,16 +291,15 @@ class TrajectoryScheduler(Scheduler):
         if self.unrouted.pop(t.traj_id, None) is not None:
             t.queue_time_s += now - t.queued_at
         t.phase, t.engine_id, t.priority, t.seq, t.queued_at = Phase.QUEUED, eid, prio, seq, now
-        heapq.heappush(e.queue, (prio, seq, t.traj_id))
-        e.queued += 1
+        e.queue.push(prio, seq, t.traj_id)
         self._dirty.add(eid)
 
     def _dequeue(self, t: TrajState) -> None:
-        """Drop a queued turn (its heap entry goes stale and is skipped later)."""
+        """Drop a queued turn, from its engine's queue or from `unrouted`."""
         if self.unrouted.pop(t.traj_id, None) is not None:
             t.phase = Phase.DONE
         elif t.phase is Phase.QUEUED and t.engine_id in self.engines:
-            self.engines[t.engine_id].queued -= 1
+            self.engines[t.engine_id].queue.discard(t.traj_id)
             t.phase = Phase.DONE  # caller sets the real phase
 
     def _requeue(self, t: TrajState, eid: str, prio: float, now: float) -> None:
@@ -315,17 +319,13 @@ class TrajectoryScheduler(Scheduler):
     def _admit_from(self, e: EngineState, now: float) -> None:
         cap = 0 if e.draining else self.admission_cap(e)
         budget = self.kv_budget(e)
-        while e.queue and len(e.running) < cap:
-            prio, seq, tid = e.queue[0]
-            t = self._live(tid, e.engine_id, seq)
-            if t is None or t.phase is not Phase.QUEUED:
-                heapq.heappop(e.queue)
-                continue  # stale entry
+        while (head := e.queue.peek()) is not None and len(e.running) < cap:
+            prio, seq, tid = head
+            t = self.trajs[tid]
             need = self.kv_need(t) if budget is not None else 0
             if budget is not None and e.running and e.kv_reserved + need > budget:
                 break  # the head waits for KV; nothing behind it jumps the queue
-            heapq.heappop(e.queue)
-            e.queued -= 1
+            e.queue.pop()
             t.queue_time_s += now - t.queued_at
             t.phase = Phase.RUNNING
             t.kv_reserved = need
@@ -360,10 +360,7 @@ class TrajectoryScheduler(Scheduler):
             return
         e.draining = True
         self._out.append(DrainEngine(eid))
-        stranded = [t for _, seq, tid in sorted(e.queue)
-                    if (t := self._live(tid, eid, seq)) is not None]  # (priority, FCFS)
-        e.queue.clear()
-        e.queued = 0
+        stranded = [self.trajs[tid] for _, _, tid in e.queue.drain()]  # (priority, FCFS)
         for t in stranded:
             if t.phase is Phase.QUEUED and t.engine_id == eid:
                 t.queue_time_s += now - t.queued_at
@@ -374,7 +371,7 @@ class TrajectoryScheduler(Scheduler):
         e = self.engines.pop(eid, None)
         if e is None:
             return
-        queued = [tid for _, seq, tid in sorted(e.queue) if self._live(tid, eid, seq)]
+        queued = [tid for _, _, tid in e.queue.drain()]
         for tid in sorted(e.running) + queued:
             t = self.trajs[tid]
             if t.engine_id == eid and t.phase in (Phase.RUNNING, Phase.QUEUED):

@@ -22,8 +22,8 @@ import random
 from dataclasses import dataclass
 
 from treadle.agent.loop import Sampling, TurnRunner
+from treadle.clock import Clock
 from treadle.engines.emulated import VOCAB
-from treadle.runtime.clock import Clock
 from treadle.types import ToolCall, Turn
 from treadle.workloads import TrajectorySpec
 

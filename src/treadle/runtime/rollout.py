@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Callable
 
 from treadle.agent.chat import HermesFormat, Tokenizer
 from treadle.agent.loop import HERMES, AgentLimits, Sampling, run_agent
+from treadle.clock import Clock
 from treadle.engines.errors import EngineError
 from treadle.envs.base import Suite, open_episode
 from treadle.errors import TreadleError
@@ -48,11 +48,13 @@ async def run_task(runtime: Runtime, suite: Suite, task: Task, *, traj_id: str, 
                    tokenizer: Tokenizer, sandboxes: SandboxBackend | SandboxPool | None,
                    limits: AgentLimits | None = None, sampling: Sampling | None = None,
                    fmt: HermesFormat = HERMES, attempt: int = 0,
-                   clock: Callable[[], float] = time.monotonic) -> Trajectory:
-    """One suite task, start to end, on the runtime's engines (see the module docstring)."""
+                   clock: Clock | None = None) -> Trajectory:
+    """One suite task, start to end, on the runtime's engines (see the module docstring).
+    Its deadline and times are on `clock`, by default the runtime's."""
+    clock = clock or runtime.clock
     turns = runtime.turns(traj_id, key.group_id)
     try:
-        started = clock()
+        started = clock.now()
         async with contextlib.AsyncExitStack() as stack:
             stack.push(_log_teardown_failure(traj_id))  # outermost: sees the teardown's errors
             try:
@@ -62,7 +64,7 @@ async def run_task(runtime: Runtime, suite: Suite, task: Task, *, traj_id: str, 
                 traj = Trajectory(traj_id, key, task_id=task.task_id,
                                   status=TrajectoryStatus.ERROR, failure_stage=FailureStage.INIT,
                                   reason=f"init: {type(e).__name__}: {e}", attempt=attempt)
-                traj.timings.started_at, traj.timings.finished_at = started, clock()
+                traj.timings.started_at, traj.timings.finished_at = started, clock.now()
                 return traj
             traj = await run_agent(episode, tokenizer, turns, traj_id=traj_id, key=key,
                                    limits=limits or AgentLimits(), sampling=sampling or Sampling(),

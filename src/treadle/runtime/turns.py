@@ -16,18 +16,22 @@ admitted priority. What can happen to the call, and what the runner does:
   re-prefill elsewhere); a live one gets the turn again (`TurnPreempted`), at most
   `Runtime.turn_retries` times, after which the turn raises `EngineUnavailable`;
 - the engine rejects it (`EngineRequestError`, a 4xx): raised at once;
-- no engine is left and none is starting: `NoEngineAvailable` is raised after at
-  most `Runtime.engine_wait_s`.
+- no engine is live: the runtime fails the waiting turn with `NoEngineAvailable`
+  once its grace is over (`Runtime.engine_wait_s`; an engine that joins within it
+  picks the turn up).
 
 The returned `TurnOutput` concatenates the tokens of every call of the turn; each
 token carries the policy version current when it was sampled. Cancelling
 `generate` aborts the call on its engine.
+
+The runner talks to the runtime only through `runtime.contract`: it asks what a
+`RunnerHost` offers, and is told what a `Runner` hears (the block "what the runtime
+tells it" below).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
 from treadle.agent.loop import Sampling, TurnOutput
 from treadle.core.events import (
@@ -45,23 +49,22 @@ from treadle.engines.errors import (
     EngineRequestError,
     EngineUnavailable,
 )
-
-if TYPE_CHECKING:
-    from treadle.runtime.driver import EngineSlot, Runtime
+from treadle.runtime.contract import EngineSlot, RunnerHost
 
 _PRIORITY_BOUND = 2**31 - 1
 
 
 class ScheduledTurns:
-    """The turns of one trajectory on the runtime's engines. Made by `Runtime.turns`."""
+    """The turns of one trajectory on the runtime's engines. Made by `Runtime.turns`;
+    a `TurnRunner` for the agent loop and a `contract.Runner` for the runtime."""
 
-    def __init__(self, runtime: Runtime, traj_id: str, group_id: str) -> None:
+    def __init__(self, host: RunnerHost, traj_id: str, group_id: str) -> None:
         self.traj_id = traj_id
         self.group_id = group_id
         self.engine_id: str | None = None  # engine of the last call
         self.preemptions = 0  # calls cut short by the scheduler or a pause
         self.retries = 0  # calls repeated after an engine failure
-        self._rt = runtime
+        self._rt = host
         self._admission: tuple[str, float] | None = None  # (engine, priority) to run on
         self._admitted = asyncio.Event()  # set when `_admission` or `_failure` is set
         self._failure: EngineError | None = None  # no engine will ever admit it
@@ -71,6 +74,7 @@ class ScheduledTurns:
         self._turn = 0
         self._calls = 0
         self._tool_started = 0.0
+        self._waiting_since: float | None = None  # clock time the turn began to wait
         self.done = False  # no more events will be sent
 
     # -- TurnRunner ------------------------------------------------------------------
@@ -83,7 +87,7 @@ class ScheduledTurns:
         if not self._arrived:
             self._arrived = True
             self._expect()
-            self._rt._emit(TrajectoryArrived(self.traj_id, self.group_id, len(prompt_ids)))
+            self._rt.tell(TrajectoryArrived(self.traj_id, self.group_id, len(prompt_ids)))
         ids: list[int] = []
         logprobs: list[float] = []
         versions: list[int] = []
@@ -93,14 +97,14 @@ class ScheduledTurns:
         while len(ids) < max_tokens:
             waited = clock.now()
             await self._wait_admission()
-            await self._rt._gate.wait()  # a weight update in progress holds new calls
+            await self._rt.calls_allowed()  # a weight update in progress holds new calls
             queued += clock.now() - waited
             admission = self._admission
             if admission is None:
                 continue  # preempted, or its engine lost, while it waited at the gate
             eid, priority = admission
             self._expect()  # consumed: a later call of this turn waits for a new one
-            slot = self._rt._slots.get(eid)
+            slot = self._rt.admitted_engine(eid)
             if slot is None:
                 continue  # the engine went away since; the scheduler re-routes the turn
             self._calls += 1
@@ -122,7 +126,7 @@ class ScheduledTurns:
                 continue  # the runtime dropped the call: its engine is gone
             if isinstance(result, EngineError):
                 failures += 1
-                if await self._rt._engine_trouble(slot, result) == "failed":
+                if await self._rt.call_failed(slot, result) == "failed":
                     continue  # re-routed by EngineFailed
                 if failures > self._rt.turn_retries:
                     raise EngineUnavailable(f"turn {self._turn} of {self.traj_id} failed "
@@ -149,47 +153,45 @@ class ScheduledTurns:
         return TurnOutput(ids, logprobs, versions, finish, self.engine_id, queued, generating)
 
     def turn_finished(self, output_tokens: int, context_tokens: int, final: bool) -> None:
-        self._rt._emit(TurnFinished(self.traj_id, self.engine_id or "", output_tokens,
+        self._rt.tell(TurnFinished(self.traj_id, self.engine_id or "", output_tokens,
                                     context_tokens, final))
         if final:
             self._end()
 
     def tool_started(self) -> None:
         self._tool_started = self._rt.clock.now()
-        self._rt._emit(ToolCallStarted(self.traj_id))
+        self._rt.tell(ToolCallStarted(self.traj_id))
 
     def tool_finished(self, latency_s: float, output_tokens: int, final: bool) -> None:
         # The scheduler is told the latency on its own clock, whatever the caller measured.
         latency = max(0.0, self._rt.clock.now() - self._tool_started)
         if not final:
             self._expect()
-        self._rt._emit(ToolCallFinished(self.traj_id, latency, output_tokens, final))
+        self._rt.tell(ToolCallFinished(self.traj_id, latency, output_tokens, final))
         if final:
             self._end()
 
     def ended(self, reason: str) -> None:
         if not self.done:
             if self._arrived:  # the scheduler never heard of one that never asked for a turn
-                self._rt._emit(TrajectoryEnded(self.traj_id, reason))
+                self._rt.tell(TrajectoryEnded(self.traj_id, reason))
             self._end()
 
-    # -- what the runtime tells it ------------------------------------------------------
+    # -- what the runtime tells it (contract.Runner) -------------------------------------
 
-    def _admit(self, engine_id: str, priority: float) -> None:
+    def admit(self, engine_id: str, priority: float) -> None:
         self._admission = (engine_id, priority)
         self._failure = None  # an engine came after all
         self._admitted.set()
 
-    def _preempt(self, engine_id: str) -> None:
-        """The scheduler paused the turn and queued it again."""
+    def preempt(self, engine_id: str) -> None:
         call = self._call
         self._expect()
         if call is not None and call[0].engine_id == engine_id:
             self._preempted = True
-            self._rt._spawn(call[0].engine.abort(call[1]))
+            self._rt.spawn(call[0].engine.abort(call[1]))
 
-    def _engine_lost(self, engine_id: str) -> None:
-        """The engine failed; the scheduler re-routes the turn if it was there."""
+    def engine_lost(self, engine_id: str) -> None:
         call = self._call
         if call is not None and call[0].engine_id == engine_id:
             self._expect()
@@ -197,20 +199,23 @@ class ScheduledTurns:
         elif self._admission is not None and self._admission[0] == engine_id:
             self._expect()
 
-    def _abort_for_pause(self) -> None:
+    def abort_for_pause(self) -> None:
         if self._call is not None:
-            self._rt._spawn(self._call[0].engine.abort(self._call[1]))
+            self._rt.spawn(self._call[0].engine.abort(self._call[1]))
 
-    def _fail(self, error: EngineError) -> None:
-        """No engine will run this trajectory: a waiting `generate` raises `error`."""
+    def fail(self, error: EngineError) -> None:
         self._failure = error
         self._admitted.set()
 
     @property
-    def waiting(self) -> bool:
-        """True while a turn waits for admission (not running, not in a tool)."""
-        return self._arrived and not self.done and self._call is None and \
-            self._admission is None and not self._admitted.is_set()
+    def waiting_since(self) -> float | None:
+        if self._admission is not None or self._failure is not None or self.done:
+            return None
+        return self._waiting_since
+
+    @property
+    def admitted_to(self) -> str | None:
+        return None if self._admission is None else self._admission[0]
 
     # -- internals --------------------------------------------------------------------
 
@@ -221,19 +226,19 @@ class ScheduledTurns:
 
     def _requeue(self, engine_id: str, tokens_so_far: int) -> None:
         self._expect()
-        self._rt._emit(TurnPreempted(self.traj_id, engine_id, tokens_so_far))
+        self._rt.tell(TurnPreempted(self.traj_id, engine_id, tokens_so_far))
 
     async def _wait_admission(self) -> None:
-        """Until the scheduler admits the turn; raises when no engine ever will."""
-        rt = self._rt
-        while self._admission is None:
-            if self._failure is not None:
-                raise self._failure
-            try:
-                await asyncio.wait_for(self._admitted.wait(), rt.engine_wait_s)
-            except TimeoutError:
-                if not rt.has_engines():
-                    raise rt.no_engine_error() from None
+        """Until the scheduler admits the turn; raises what the runtime `fail`s it with
+        (it does so once no engine is live and the turn's grace is over)."""
+        self._waiting_since = self._rt.clock.now()
+        try:
+            while self._admission is None:
+                if self._failure is not None:
+                    raise self._failure
+                await self._admitted.wait()
+        finally:
+            self._waiting_since = None
 
     async def _send(self, slot: EngineSlot,
                     request: GenerateRequest) -> GenerateResult | EngineError | None:
@@ -241,7 +246,7 @@ class ScheduledTurns:
         call = asyncio.ensure_future(slot.engine.generate(request))
         self._call = (slot, request.request_id, call)
         self._preempted = False
-        self._rt._calls_started(slot)
+        self._rt.call_started(slot)
         try:
             await asyncio.wait({call})
         except asyncio.CancelledError:
@@ -250,7 +255,7 @@ class ScheduledTurns:
             raise
         finally:
             self._call = None
-            self._rt._calls_ended(slot)
+            self._rt.call_ended(slot)
         if call.cancelled():
             return None
         error = call.exception()
@@ -262,7 +267,7 @@ class ScheduledTurns:
 
     def _end(self) -> None:
         self.done = True
-        self._rt._trajectory_done(self)
+        self._rt.trajectory_done(self)
 
 
 def _int_priority(priority: float) -> int:

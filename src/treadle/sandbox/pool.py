@@ -32,11 +32,11 @@ import asyncio
 import collections
 import contextlib
 import logging
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from types import TracebackType
 
+from treadle.clock import MONOTONIC, Clock
 from treadle.errors import SandboxClosed
 from treadle.sandbox.base import Limits, Sandbox, SandboxBackend
 
@@ -46,21 +46,21 @@ _WARM_RETRY_S = 1.0  # back-off after a failed warm creation
 
 
 class TokenBucket:
-    """`rate_per_s` tokens a second, at most `burst` saved up; waiters queue on a lock."""
+    """`rate_per_s` tokens a second of `clock`, at most `burst` saved up; waiters queue
+    on a lock."""
 
-    def __init__(self, rate_per_s: float, burst: int,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, rate_per_s: float, burst: int, clock: Clock = MONOTONIC) -> None:
         if rate_per_s <= 0 or burst < 1:
             raise ValueError("rate_per_s must be > 0 and burst >= 1")
         self.rate_per_s = rate_per_s
         self.burst = burst
         self._clock = clock
         self._tokens = float(burst)
-        self._stamp = clock()
+        self._stamp = clock.now()
         self._lock = asyncio.Lock()  # one waiter sleeps at a time: no thundering herd
 
     def _refill(self) -> None:
-        now = self._clock()
+        now = self._clock.now()
         self._tokens = min(float(self.burst), self._tokens + (now - self._stamp) * self.rate_per_s)
         self._stamp = now
 
@@ -69,7 +69,7 @@ class TokenBucket:
         async with self._lock:
             self._refill()
             while self._tokens < 1.0:
-                await asyncio.sleep((1.0 - self._tokens) / self.rate_per_s)
+                await self._clock.sleep((1.0 - self._tokens) / self.rate_per_s)
                 self._refill()
             self._tokens -= 1.0
 
@@ -98,6 +98,7 @@ class SandboxPool:
         create_rate_per_s: float = 8.0,
         create_burst: int = 4,
         grace_s: float = 10.0,
+        clock: Clock = MONOTONIC,
     ) -> None:
         if max_live < 1 or warm < 0:
             raise ValueError("max_live must be >= 1 and warm >= 0")
@@ -105,8 +106,9 @@ class SandboxPool:
         self.limits = limits
         self.warm = min(warm, max_live)
         self.max_live = max_live
-        self.grace_s = grace_s
-        self._bucket = TokenBucket(create_rate_per_s, create_burst)
+        self.grace_s = grace_s  # seconds of `clock` that close() waits for borrowed sandboxes
+        self.clock = clock  # the rate limit's, the close grace's and the warm retry's
+        self._bucket = TokenBucket(create_rate_per_s, create_burst, clock)
         self._cond = asyncio.Condition()
         self._idle: collections.deque[Sandbox] = collections.deque()
         self._in_use: set[Sandbox] = set()
@@ -192,9 +194,8 @@ class SandboxPool:
             self._cond.notify_all()
         await asyncio.gather(*(asyncio.shield(sb.close()) for sb in idle), return_exceptions=True)
         try:
-            async with asyncio.timeout(self.grace_s):
-                async with self._cond:
-                    await self._cond.wait_for(lambda: not self._in_use)
+            async with self.clock.timeout(self.grace_s), self._cond:
+                await self._cond.wait_for(lambda: not self._in_use)
         except TimeoutError:
             log.warning("closing %d sandbox(es) still borrowed after %.0fs", len(self._in_use),
                         self.grace_s)
@@ -270,7 +271,7 @@ class SandboxPool:
                 log.warning("warm sandbox creation failed (retrying in %.0fs): %s",
                             _WARM_RETRY_S, e)
                 await self._unreserve()
-                await asyncio.sleep(_WARM_RETRY_S)
+                await self.clock.sleep(_WARM_RETRY_S)
                 continue
             finally:
                 self._creating_warm -= 1

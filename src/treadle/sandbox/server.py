@@ -28,8 +28,7 @@ import contextlib
 import hmac
 import logging
 import socket
-import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Annotated, Any, TypeVar
 
@@ -39,6 +38,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from treadle.clock import MONOTONIC, Clock
 from treadle.errors import SandboxClosed, SandboxError, SandboxStartError
 from treadle.sandbox import remote as wire
 from treadle.sandbox.base import DEFAULT_MAX_GET_BYTES, ExecResult, Limits, Sandbox, SandboxBackend
@@ -71,12 +71,12 @@ class SandboxHost:
 
     `max_live` caps sandboxes that exist or are being created; `idle_ttl_s` is how
     long one may go without a request before the reaper (`reap_forever`) closes
-    it (0 = never). `close` closes them all and refuses new ones.
+    it (0 = never), in seconds of `clock`. `close` closes them all and refuses new
+    ones.
     """
 
     def __init__(self, backend: SandboxBackend, *, max_live: int = 64,
-                 idle_ttl_s: float = DEFAULT_IDLE_TTL_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 idle_ttl_s: float = DEFAULT_IDLE_TTL_S, clock: Clock = MONOTONIC) -> None:
         if max_live < 1 or idle_ttl_s < 0:
             raise ValueError("max_live must be >= 1 and idle_ttl_s >= 0")
         self.backend = backend
@@ -113,7 +113,7 @@ class SandboxHost:
             self._doomed.discard(sandbox_id)
             await self._close_shielded(sandbox)
             raise SandboxClosed("the sandbox was deleted (or the server closed) while starting")
-        self._sandboxes[sandbox_id] = _Hosted(sandbox, self._clock())
+        self._sandboxes[sandbox_id] = _Hosted(sandbox, self._clock.now())
         return sandbox
 
     def _lookup(self, sandbox_id: str) -> _Hosted:
@@ -128,12 +128,12 @@ class SandboxHost:
         """The sandbox, marked busy (not reapable) for the block; its use postpones reaping."""
         hosted = self._lookup(sandbox_id)
         hosted.busy += 1
-        hosted.last_used = self._clock()
+        hosted.last_used = self._clock.now()
         try:
             yield hosted.sandbox
         finally:
             hosted.busy -= 1
-            hosted.last_used = self._clock()
+            hosted.last_used = self._clock.now()
 
     async def exec(self, sandbox_id: str, exec_id: str, argv: list[str], *, timeout_s: float,
                    stdin: bytes | None, env: dict[str, str]) -> ExecResult:
@@ -181,7 +181,7 @@ class SandboxHost:
         """Close every sandbox idle for longer than the TTL; how many were closed."""
         if not self.idle_ttl_s:
             return 0
-        now = self._clock()
+        now = self._clock.now()
         idle = [sid for sid, h in self._sandboxes.items()
                 if h.busy == 0 and now - h.last_used > self.idle_ttl_s]
         for sandbox_id in idle:
@@ -193,7 +193,7 @@ class SandboxHost:
         """Reap idle sandboxes until cancelled (returns at once without a TTL)."""
         interval = min(max(self.idle_ttl_s / 4, 0.05), 5.0)
         while self.idle_ttl_s:
-            await asyncio.sleep(interval)
+            await self._clock.sleep(interval)
             try:
                 await self.reap_idle()
             except Exception:  # a failing close must not end the reaping

@@ -23,8 +23,6 @@
 
 from __future__ import annotations
 
-import heapq
-
 from treadle.core.cost_model import CostModel
 from treadle.core.events import (
     Decision,
@@ -234,10 +232,5 @@ class Progressive(TrajectoryScheduler):
                 self._preempt(victim, now)
 
     def _queue_head(self, e: EngineState) -> TrajState | None:
-        while e.queue:
-            _, seq, tid = e.queue[0]
-            t = self._live(tid, e.engine_id, seq)
-            if t is not None and t.phase is Phase.QUEUED:
-                return t
-            heapq.heappop(e.queue)  # stale
-        return None
+        head = e.queue.peek()
+        return None if head is None else self.trajs[head[2]]
