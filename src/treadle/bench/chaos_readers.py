@@ -112,14 +112,14 @@ class HangUps:
         while not stop.is_set():
             job = self.rng.choice(self.job_ids)
             hold_s = self.rng.uniform(0.05, 1.0)
-            with contextlib.suppress(httpx.HTTPError):
-                with httpx.stream("GET", f"{self.url}/v1/jobs/{job}/trajectories",
-                                  params={"follow": "true"}, headers=headers,
-                                  timeout=httpx.Timeout(5.0, read=hold_s)) as r:
-                    deadline = time.monotonic() + hold_s
-                    for _ in r.iter_bytes():
-                        if time.monotonic() > deadline:
-                            break
+            with contextlib.suppress(httpx.HTTPError), \
+                    httpx.stream("GET", f"{self.url}/v1/jobs/{job}/trajectories",
+                                 params={"follow": "true"}, headers=headers,
+                                 timeout=httpx.Timeout(5.0, read=hold_s)) as r:
+                deadline = time.monotonic() + hold_s
+                for _ in r.iter_bytes():
+                    if time.monotonic() > deadline:
+                        break
             self.count += 1
 
 
