@@ -25,9 +25,9 @@
 Each NDJSON line is ``{"seq": n, "trajectory": <record>}`` (the record:
 `treadle.store.record`); a followed stream with nothing new writes a blank line
 every `stream_heartbeat_s` (readers skip blank lines). Every route but `/healthz`
-and the schema (`/openapi.json`, `/docs`) needs ``Authorization: Bearer <token>`` when the service has a token (401
-otherwise, decided from the headers before any body is read; the schema declares
-it as an HTTP bearer scheme). A body over `max_body_bytes` is a 413, whether it
+and the schema (`/openapi.json`, `/docs`) needs ``Authorization: Bearer <token>``
+when the service has a token (401 otherwise, decided from the headers before any
+body is read; the schema declares it as an HTTP bearer scheme). A body over `max_body_bytes` is a 413, whether it
 declares its length or is sent chunked, and one that takes longer than
 `body_timeout_s` to arrive a 408 (`limits.RequestGate`); more than `max_requests`
 requests at once (streams counted apart, up to `max_streams`), or a job that would
