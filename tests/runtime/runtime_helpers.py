@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from treadle.clock import MONOTONIC, Clock
 from treadle.core.scheduler import EngineState, Phase, TrajectoryScheduler, TrajState
 from treadle.engines.base import Engine, EngineLoad, GenerateRequest, GenerateResult
-from treadle.engines.errors import EngineStartError, EngineUnavailable
+from treadle.engines.errors import EngineModelMissing, EngineStartError, EngineUnavailable
 from treadle.runtime.launcher import EngineLauncher, LaunchedEngine
 
 
@@ -24,8 +24,10 @@ class FakeEngine(Engine):
     time unless given a fake one), logprob -0.5 each, so a call of n tokens takes
     exactly n / tokens_per_s clock seconds.
     `abort` ends a call with the tokens of the time it ran; `kill()` makes every call
-    and health check fail from then on (as a dead process would); `update_weights`
-    records what it was told."""
+    and health check fail from then on (as a dead process would); `stop()` makes it
+    answer nothing, health checks included, and its calls in flight never end (as a
+    SIGSTOPped process); `model_missing` makes every call a 404 for its model;
+    `update_weights` records what it was told."""
 
     def __init__(self, name: str, clock: Clock = MONOTONIC, tokens_per_s: float = 2000.0, *,
                  dead: bool = False) -> None:
@@ -33,6 +35,8 @@ class FakeEngine(Engine):
         self.clock = clock
         self.tokens_per_s = tokens_per_s
         self.dead = dead
+        self.stopped = False  # answers nothing, ends no call (see `stop`)
+        self.model_missing = False  # every call: "the model does not exist"
         self.flaky = 0  # the next `flaky` calls raise although the engine stays healthy
         self.requests: list[GenerateRequest] = []
         self.weights: tuple[str, int] | None = None  # the last update_weights
@@ -45,9 +49,14 @@ class FakeEngine(Engine):
         for call in self._calls.values():
             call.aborted.set()
 
+    def stop(self) -> None:
+        self.stopped = True
+
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         if self.dead:
             raise EngineUnavailable(f"{self.name}: connection refused")
+        if self.model_missing:
+            raise EngineModelMissing(f"{self.name}: the model `m` does not exist")
         if self.flaky:
             self.flaky -= 1
             raise EngineUnavailable(f"{self.name}: 503")
@@ -60,6 +69,8 @@ class FakeEngine(Engine):
                 async with self.clock.timeout(request.max_tokens / self.tokens_per_s):
                     await call.aborted.wait()
             except TimeoutError:
+                if self.stopped:  # a stopped process answers only when cancelled
+                    await asyncio.Event().wait()
                 return self._result(request, request.max_tokens, "length", started)
             if self.dead:
                 raise EngineUnavailable(f"{self.name}: connection reset")
@@ -85,7 +96,7 @@ class FakeEngine(Engine):
         return EngineLoad(len(self._calls), 0, 0.0)
 
     async def health(self) -> bool:
-        return not self.dead
+        return not self.dead and not self.stopped
 
     async def update_weights(self, weights_path: str, policy_version: int) -> None:
         if self.dead:

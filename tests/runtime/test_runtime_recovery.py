@@ -260,3 +260,51 @@ def test_the_default_policy_loses_no_trajectory_when_its_only_engine_is_killed()
     assert [getattr(r, "output_tokens", r) for r in out] == \
         [t.output_tokens for t in workload.trajectories]
     assert len(launcher.started) == 2
+
+
+def test_a_stopped_busy_engine_fails_its_health_checks_and_its_turns_move() -> None:
+    """A SIGSTOPped engine holds its calls until their timeout (600 s here); its
+    health checks, busy or not, take it out within two intervals instead."""
+    clock = FakeClock(autojump=True)
+    stuck, good = FakeEngine("stuck", clock), FakeEngine("good", clock)
+    specs = [spec(f"t{i}", 400, 300) for i in range(16)]
+
+    async def main() -> list[Any]:
+        rt = Runtime(Slime(1, 1), clock=clock, request_timeout_s=600.0,
+                     health_interval_s=5.0)
+        rt.register_engine(stuck, label="stuck")
+        rt.register_engine(good, label="good")
+        await rt.start()
+        jobs = [asyncio.ensure_future(replay_timed(s, rt)) for s in specs]
+        await clock.sleep(0.05)
+        assert stuck.requests, "the stuck engine got no call before it stopped"
+        stuck.stop()
+        out = await asyncio.gather(*jobs)
+        assert [s.label for s in rt.engines()] == ["good"]
+        assert clock.now() < 30.0  # two 5 s checks, then the rest on the good engine
+        await rt.close()
+        return out
+
+    out = run(main)
+    assert [getattr(r, "output_tokens", r) for r in out] == [700] * 16
+
+
+def test_an_engine_not_serving_the_model_leaves_the_pool_at_its_first_404() -> None:
+    clock = FakeClock(autojump=True)
+    wrong, good = FakeEngine("wrong", clock), FakeEngine("good", clock)
+    wrong.model_missing = True
+
+    async def main() -> list[Any]:
+        rt = Runtime(Slime(1, 1), clock=clock)
+        rt.register_engine(wrong, label="wrong")
+        rt.register_engine(good, label="good")
+        await rt.start()
+        out = await asyncio.gather(*(replay_timed(spec(f"t{i}", 40, 30), rt)
+                                     for i in range(8)))
+        assert [s.label for s in rt.engines()] == ["good"]
+        assert any("does not exist" in why for _, why in rt.failures)
+        await rt.close()
+        return out
+
+    out = run(main)
+    assert [getattr(r, "output_tokens", r) for r in out] == [70] * 8

@@ -36,7 +36,9 @@ Failures: an engine whose call fails is health-checked; a dead one is failed
 (`EngineFailed`: every trajectory it held is re-routed, re-prefilled elsewhere) and
 stopped, and if this runtime launched it, a replacement is launched on its GPUs
 under the `RelaunchPolicy` (bounded attempts, back-off on the clock). A background
-check fails engines that stop answering while idle. While no engine is live (none
+check fails engines that stop answering, busy ones too (a stopped process would
+hold its calls until their timeout); one that says it does not serve the model is
+failed at once. While no engine is live (none
 yet, or the last one failed, was removed or drained), a waiting turn is given a
 grace of `engine_wait_s` from the later of that moment and the start of its wait:
 an engine registered or launched within it picks the turn up; after it the turn

@@ -9,8 +9,11 @@ happens to them as scheduler events (`EngineAdded`, `EngineDraining`, `EngineFai
   one on GPUs of the pool's budget; the owner may prepare it — load the current
   weights — before it joins);
 - after a failed call, `call_failed` checks the engine's health: a dead one is
-  failed, a live one is retried by its runner; an idle engine that misses two health
-  checks in a row (one every `health_interval_s`) is failed too;
+  failed, a live one is retried by its runner, and one that says it does not serve
+  the model (`EngineModelMissing`) is failed without a check, since no turn can run
+  there; an engine that misses two health checks in a row (one every
+  `health_interval_s`, busy engines too: a stopped process holds its calls until
+  their timeout, which may be minutes) is failed too;
 - a failed engine is stopped and its GPUs freed. If the pool launched it and has a
   `RelaunchPolicy`, a replacement of the same TP degree is launched on those GPUs
   once the old process is gone, after a back-off on the clock that doubles with each
@@ -37,7 +40,12 @@ from typing import Any, Literal, Protocol
 from treadle.clock import Clock
 from treadle.core.events import EngineAdded, EngineDraining, EngineFailed, EngineRemoved, Event
 from treadle.engines.base import Engine
-from treadle.engines.errors import EngineError, EngineStartError, NoEngineAvailable
+from treadle.engines.errors import (
+    EngineError,
+    EngineModelMissing,
+    EngineStartError,
+    NoEngineAvailable,
+)
 from treadle.runtime.launcher import EngineLauncher, LaunchedEngine
 
 log = logging.getLogger(__name__)
@@ -222,6 +230,9 @@ class EnginePool:
         """After a failed call: "failed" if the engine is dead (now failed), else "retry"."""
         if slot.failed:
             return "failed"
+        if isinstance(error, EngineModelMissing):
+            self.fail(slot, str(error))
+            return "failed"
         if not await slot.engine.health():
             self.fail(slot, f"{type(error).__name__}: {error}")
             return "failed"
@@ -322,22 +333,23 @@ class EnginePool:
     # -- background --------------------------------------------------------------------
 
     def watch_health(self) -> None:
-        """Start the idle health checks (once)."""
+        """Start the background health checks (once)."""
         if self._watch is None and not self._closed:
-            self._watch = asyncio.get_running_loop().create_task(self._check_idle_engines())
+            self._watch = asyncio.get_running_loop().create_task(self._check_engines())
 
-    async def _check_idle_engines(self) -> None:
+    async def _check_engines(self) -> None:
         while True:
             await self._clock.sleep(self.health_interval_s)
-            for slot in list(self._slots.values()):
-                if slot.calls or slot.failed:
-                    continue  # calls in flight report failures themselves
-                if await slot.engine.health():
+            slots = [s for s in self._slots.values() if not s.failed]
+            # At once: a stopped engine's check takes its whole timeout.
+            answers = await asyncio.gather(*(s.engine.health() for s in slots))
+            for slot, healthy in zip(slots, answers, strict=True):
+                if healthy:
                     slot.health_failures = 0
-                else:
-                    slot.health_failures += 1
-                    if slot.health_failures >= 2:
-                        self.fail(slot, "stopped answering its health check")
+                    continue
+                slot.health_failures += 1
+                if slot.health_failures >= 2:
+                    self.fail(slot, "stopped answering its health check")
 
     async def close(self) -> None:
         """Cancel the background work, stop what was launched, close every client.
