@@ -24,6 +24,11 @@ def _build_checkpoint(log: Callable[[str], None] | None = None) -> Path:
     return sft(SFTConfig(steps=DEMO_SFT_STEPS), DEFAULT_CACHE, log=say)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--chaos-long", action="store_true", default=False,
+                     help="also run the long chaos runs (tests/chaos; many minutes)")
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Build the small model before any test runs when a selected test needs it: on a
     fresh machine that takes minutes (2 cores), which must not count against the

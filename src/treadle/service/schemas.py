@@ -230,6 +230,7 @@ class EngineRequest(_Strict):
 class EngineView(BaseModel):
     engine_id: str
     label: str
+    url: str | None  # the engine's base URL (None for an engine without one)
     tp: int
     max_batch: int
     kv_capacity_tokens: int

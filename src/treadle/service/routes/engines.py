@@ -49,7 +49,9 @@ async def remove(engine_id: str, service: ServiceDep) -> Response:
 
 
 def engine_view(slot: EngineSlot) -> EngineView:
-    return EngineView(engine_id=slot.engine_id, label=slot.label, tp=slot.tp,
+    url = getattr(slot.engine, "base_url", None)
+    return EngineView(engine_id=slot.engine_id, label=slot.label,
+                      url=str(url) if url is not None else None, tp=slot.tp,
                       max_batch=slot.max_batch, kv_capacity_tokens=slot.kv_capacity_tokens,
                       calls_in_flight=slot.calls, draining=slot.draining)
 
