@@ -55,8 +55,9 @@ async def run_task(runtime: Runtime, suite: Suite, task: Task, *, traj_id: str, 
     turns = runtime.turns(traj_id, key.group_id)
     try:
         started = clock.now()
+        ran: list[Trajectory] = []  # the trajectory, once the agent loop has returned it
         async with contextlib.AsyncExitStack() as stack:
-            stack.push(_log_teardown_failure(traj_id))  # outermost: sees the teardown's errors
+            stack.push(_log_teardown_failure(traj_id, ran))  # outermost: sees the teardown's
             try:
                 episode = await stack.enter_async_context(open_episode(suite, task, sandboxes))
             except TreadleError as e:
@@ -69,6 +70,7 @@ async def run_task(runtime: Runtime, suite: Suite, task: Task, *, traj_id: str, 
             traj = await run_agent(episode, tokenizer, turns, traj_id=traj_id, key=key,
                                    limits=limits or AgentLimits(), sampling=sampling or Sampling(),
                                    fmt=fmt, clock=clock)
+            ran.append(traj)
         traj.attempt = attempt
         return traj
     finally:
@@ -77,12 +79,16 @@ async def run_task(runtime: Runtime, suite: Suite, task: Task, *, traj_id: str, 
         turns.ended("abandoned")
 
 
-def _log_teardown_failure(traj_id: str) -> Callable[..., bool]:
+def _log_teardown_failure(traj_id: str, ran: list[Trajectory]) -> Callable[..., bool]:
+    """Swallow (and log) whatever the teardown raises once the trajectory is complete:
+    a cleanup that fails must not turn a finished, scored trajectory into an excluded
+    one, or a policy could learn to escape a low reward by breaking its cleanup."""
     def exit_(exc_type: type[BaseException] | None, exc: BaseException | None,
               _tb: object) -> bool:
-        if isinstance(exc, TreadleError):
-            log.warning("trajectory %s: teardown failed: %s", traj_id, exc)
-            return True  # the trajectory is complete; a failed cleanup does not undo it
+        if isinstance(exc, Exception) and (ran or isinstance(exc, TreadleError)):
+            log.warning("trajectory %s: teardown failed: %s: %s", traj_id,
+                        type(exc).__name__, exc)
+            return True
         return False
     return exit_
 
