@@ -70,9 +70,9 @@ escaping treadle is a bug. Each package owns a branch::
         └── ServiceProtocolError        breaking the API's contract (not JSON, a bad
                                         record, a gap in sequence numbers)
 
-Foreign errors are translated where they enter: httpx's in one place per client
-(`treadle.engines._http`, `treadle.client.stream`, `treadle.sandbox.remote`),
-never left to escape.
+Foreign errors are translated where they enter: httpx's by one module per HTTP
+client (`treadle.engines._http`; `treadle.client.stream`, shared by the sync and
+the async client; `treadle.sandbox.remote`), never left to escape.
 
 What a sandboxed command does is never an exception: a crash, a timeout, a
 memory or CPU kill or a truncated output comes back as an `ExecResult`. The tree is
