@@ -5,7 +5,8 @@
         result = await sb.exec(["python3", "-c", "print(1)"], timeout_s=10)
 
 A server (`treadle sandbox-server`, `.server`) hosts sandboxes of a local backend
-(bwrap in production); this is the client and the wire models. Needs the `server` extra.
+(bwrap in production); this is the client (the wire models are `.wire`). Needs the
+`server` extra.
 
 Placement: a start goes to the server where this backend has the fewest sandboxes
 open (ties rotate); an unreachable one is skipped for a back-off period and must
@@ -13,7 +14,7 @@ pass `/healthz` before reuse; one that refuses a create (full, backend failed) i
 skipped for that start only. A sandbox stays on its server.
 
 The wire format (JSON over HTTP, bearer token on all but `/healthz`; endpoints in
-docs/sandbox.md) is the models below. An `ErrorReply` is raised as the exception it
+docs/sandbox.md) is `treadle.sandbox.wire`'s models. An `ErrorReply` is raised as the exception it
 names if in `WIRE_ERRORS`, else as `RemoteSandboxError`. Contracts beyond `base`:
 
 - Transport failures, server errors and malformed answers raise `RemoteSandboxError`
@@ -44,24 +45,30 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from treadle.errors import (
     SandboxClosed,
     SandboxError,
-    SandboxFileError,
     SandboxFileTooLarge,
-    SandboxPathError,
     SandboxStartError,
-    SandboxSupervisorError,
     SandboxUnavailable,
 )
 from treadle.sandbox._host import check_argv, check_env
 from treadle.sandbox.base import DEFAULT_MAX_GET_BYTES, ExecResult, Limits, Sandbox, SandboxBackend
+from treadle.sandbox.wire import (
+    WIRE_ERRORS,
+    Created,
+    CreateRequest,
+    ErrorReply,
+    ExecReply,
+    ExecRequest,
+    Health,
+    LimitsModel,
+)
 
 log = logging.getLogger(__name__)
 
-ID_PATTERN = r"^[A-Za-z0-9_-]{16,64}$"  # sandbox and exec ids: url-safe, unguessable
 _EXEC_SLACK_S = 20.0  # beyond the exec's own timeout: server-side kill waits, drain, transfer
 _INTERRUPT_TIMEOUT_S = 15.0  # a cancelled exec waits this long for the server's kill
 _CLOSE_TIMEOUT_S = 15.0
@@ -74,109 +81,7 @@ class RemoteSandboxError(SandboxError):
     """The sandbox server could not be reached, failed, or answered something unexpected."""
 
 
-class _Request(BaseModel):  # what a server reads: strict, nothing unknown accepted
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-
-class _Reply(BaseModel):  # what a client reads: strict, unknown fields (newer servers) ignored
-    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
-
-
-class LimitsModel(_Request):
-    """`Limits` on the wire; `to_limits` applies its checks (ValueError)."""
-
-    cpu_s: int
-    memory_mb: int
-    address_space_mb: int | None
-    max_processes: int
-    max_file_mb: int
-    workdir_mb: int = Limits().workdir_mb  # defaults: clients from before these fields
-    workdir_files: int = Limits().workdir_files
-    max_open_files: int
-    max_output_bytes: int
-    wall_timeout_s: float
-
-    @classmethod
-    def from_limits(cls, limits: Limits) -> LimitsModel:
-        return cls(**{name: getattr(limits, name) for name in Limits.__slots__})
-
-    def to_limits(self) -> Limits:
-        return Limits(**self.model_dump())
-
-
-class CreateRequest(_Request):
-    id: str = Field(pattern=ID_PATTERN)  # chosen by the client, so that it can undo a start
-    limits: LimitsModel
-
-
-class Created(_Reply):
-    id: str
-    workdir: str
-    idle_ttl_s: float  # the server reaps the sandbox after this long without a request
-    max_body_bytes: int  # the server's request size limit
-
-
-class ExecRequest(_Request):
-    exec_id: str = Field(pattern=ID_PATTERN)  # names the exec for an interrupt
-    argv: list[str] = Field(min_length=1, max_length=4096)  # ARG_MAX bounds the rest
-    timeout_s: float = Field(gt=0)
-    stdin_b64: str | None = None
-    env: dict[str, str] = Field(default_factory=dict)
-
-
-class ExecReply(_Reply):
-    """`ExecResult` on the wire."""
-
-    exit_code: int | None
-    stdout: str
-    stderr: str
-    timed_out: bool
-    killed: str | None
-    duration_s: float
-    truncated: bool
-
-    @classmethod
-    def from_result(cls, result: ExecResult) -> ExecReply:
-        return cls(**{name: getattr(result, name) for name in ExecResult.__slots__})
-
-    def to_result(self) -> ExecResult:
-        return ExecResult(**self.model_dump())
-
-
-class Health(_Reply):
-    status: str  # "ok" while the server accepts sandboxes
-    backend: str
-    live: int
-    max_live: int
-
-
-class SandboxList(_Reply):
-    ids: list[str]
-
-
-class ErrorBody(_Reply):
-    type: str  # an exception name; see WIRE_ERRORS
-    message: str
-
-
-class ErrorReply(_Reply):
-    error: ErrorBody
-
-
-# Exceptions a server may name, with their HTTP status, and a client re-raises;
-# most specific first (SandboxPathError is also a ValueError).
-WIRE_ERRORS: tuple[tuple[type[Exception], int], ...] = (
-    (SandboxUnavailable, 503), (SandboxStartError, 503), (SandboxClosed, 409),
-    (SandboxPathError, 400), (SandboxFileTooLarge, 413), (SandboxFileError, 422),
-    (SandboxSupervisorError, 502), (SandboxError, 500), (ValueError, 400),
-)
 _BY_NAME = {cls.__name__: cls for cls, _ in WIRE_ERRORS}
-
-
-def wire_error(exc: BaseException) -> tuple[str, int]:
-    """The name and HTTP status a server sends for `exc` (its nearest WIRE_ERRORS class)."""
-    return next(((cls.__name__, status) for cls, status in WIRE_ERRORS if isinstance(exc, cls)),
-                ("InternalError", 500))
 
 
 _M = TypeVar("_M", bound=BaseModel)

@@ -40,7 +40,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from treadle.clock import MONOTONIC, Clock
 from treadle.errors import SandboxClosed, SandboxError, SandboxStartError
-from treadle.sandbox import remote as wire
+from treadle.sandbox import wire
 from treadle.sandbox.base import DEFAULT_MAX_GET_BYTES, ExecResult, Limits, Sandbox, SandboxBackend
 from treadle.served import declared_too_large, limit_body, loopback_socket, serving_in_thread
 
