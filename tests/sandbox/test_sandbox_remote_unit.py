@@ -19,8 +19,8 @@ from treadle.errors import (
 from treadle.sandbox import ExecResult, Limits, LocalBackend, get_backend
 from treadle.sandbox.registry import backend_names
 from treadle.sandbox.remote import RemoteBackend
-from treadle.sandbox.wire import ExecReply, ExecRequest, LimitsModel, wire_error
 from treadle.sandbox.server import SandboxHost, UnknownSandbox, create_app
+from treadle.sandbox.wire import ExecReply, ExecRequest, LimitsModel, wire_error
 from treadle.testing import FakeClock
 
 IDS = [f"sandbox-{i:012d}" for i in range(4)]
