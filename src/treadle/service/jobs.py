@@ -1,7 +1,8 @@
 """Jobs: a trainer's batch of tasks, run as trajectories on the runtime, kept in the store.
 
-`Rollouts` is what the HTTP app calls. A job is planned when it is submitted (every
-trajectory gets its id, GRPO group and repetition) and stored with its request in
+`Rollouts` is what the HTTP app calls. A job is planned when it is submitted
+(`planning.Planner`: every trajectory gets its id, GRPO group and repetition, and
+what to run) and stored with its request in
 one transaction; then its trajectories wait in one queue for the process's slots
 (`max_live`), highest job priority first, then oldest job, then plan order. A
 started trajectory is marked in the store (its attempt counted), runs
@@ -37,7 +38,6 @@ import asyncio
 import collections
 import heapq
 import itertools
-import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -45,45 +45,27 @@ from dataclasses import dataclass
 from typing import Any
 
 from treadle.agent.chat import Tokenizer
-from treadle.agent.loop import AgentLimits, Sampling
 from treadle.envs.base import Suite
-from treadle.envs.registry import file_options, get_suite
 from treadle.errors import ServiceBusy, TreadleError
 from treadle.runtime.driver import Runtime
 from treadle.runtime.rollout import replay_task, run_task
 from treadle.sandbox.base import SandboxBackend
 from treadle.sandbox.pool import SandboxPool
-from treadle.service.errors import RequestRefused
-from treadle.service.files import allowed_file
 from treadle.service.metrics import Metrics
+from treadle.service.planning import Planner, Work
 from treadle.service.schemas import (
-    MAX_TRAJECTORIES_PER_JOB,
     JobRequest,
-    ReplayTasks,
     RolloutRequest,
     SuiteTasks,
 )
 from treadle.service.wakeups import JobWakeups
 from treadle.store.aio import AsyncStore
 from treadle.store.errors import NotFound
-from treadle.store.jobs import Delivery, JobInfo, PlannedTrajectory
-from treadle.types import FailureStage, GroupKey, Task, Trajectory, TrajectoryStatus
-from treadle.workloads import TrajectorySpec, generate
-from treadle.workloads.trace import TraceError, spec_from_record
+from treadle.store.jobs import Delivery, JobInfo
+from treadle.types import FailureStage, GroupKey, Trajectory, TrajectoryStatus
+from treadle.workloads import TrajectorySpec
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class _Work:
-    """One planned trajectory and what to run for it."""
-
-    job_id: str
-    planned: PlannedTrajectory
-    task: Task | TrajectorySpec  # a suite task, or a workload script to replay
-    suite: Suite | None  # None for a replay
-    sampling: Sampling
-    limits: AgentLimits
 
 
 @dataclass(slots=True)
@@ -93,7 +75,7 @@ class _Job:
     priority: int
     order: int  # submission order (ties of priority: oldest first)
     min_version: int  # its trajectories start once this policy version is live
-    queue: collections.deque[_Work]  # its trajectories not started yet, in plan order
+    queue: collections.deque[Work]  # its trajectories not started yet, in plan order
     running: dict[str, asyncio.Task[None]]  # trajectory id -> its task
 
     @property
@@ -115,14 +97,14 @@ class Rollouts:
         self.store = store
         self.tokenizer = tokenizer
         self.sandbox_backend = sandbox_backend
+        self.planner = Planner(tokenizer=tokenizer, sandbox_backend=sandbox_backend,
+                               max_context=max_context, data_roots=data_roots,
+                               max_data_file_bytes=max_data_file_bytes)
         self.max_live = max_live  # trajectories running at once in this process
         self.max_queued = max_queued  # trajectories waiting for a slot, all jobs together
-        self.max_context = max_context  # tokens a replayed trajectory may reach
         self.sandbox_warm = sandbox_warm
         self.sandbox_max_live = sandbox_max_live  # per suite's pool
         self.sandbox_rate_per_s = sandbox_rate_per_s  # sandbox starts a second, per pool
-        self.data_roots = tuple(data_roots)  # where files named by suite options may be
-        self.max_data_file_bytes = max_data_file_bytes  # the largest such file
         self.metrics = metrics or Metrics()
         self._jobs: dict[str, _Job] = {}
         # Jobs with work to start, highest priority then oldest first. An entry goes
@@ -131,7 +113,6 @@ class Rollouts:
         self._waiting: dict[str, _Job] = {}  # jobs whose policy version is not live yet
         self._order = itertools.count()
         self._live = 0
-        self._suites: dict[str, Suite] = {}
         self._pools: dict[str, SandboxPool] = {}
         self._wakeups = JobWakeups()  # followers of a job, woken by its results
         self._closed = False
@@ -148,7 +129,7 @@ class Rollouts:
                 request = JobRequest.model_validate(spec["request"])
                 # Planning can be long (a suite's tasks, a big trace): off the loop,
                 # where the jobs recovered before this one are already running.
-                work = await asyncio.to_thread(self._resolve, info.job_id, request)
+                work = await asyncio.to_thread(self.planner.resolve, info.job_id, request)
             except (TreadleError, ValueError, KeyError) as e:
                 await self.store.fail(info.job_id,
                                       f"cannot resume after a restart: {e}")
@@ -177,7 +158,7 @@ class Rollouts:
         ServiceBusy if the queue is full, StoreConflict if `job_id` is taken."""
         job_id = request.job_id or uuid.uuid4().hex[:16]
         work, stored = await asyncio.to_thread(
-            lambda: (self._resolve(job_id, request), request.model_dump(mode="json")))
+            lambda: (self.planner.resolve(job_id, request), request.model_dump(mode="json")))
         if self.queued + len(work) > self.max_queued:
             raise ServiceBusy(f"{self.queued} trajectories are queued here and the job adds "
                               f"{len(work)}, over the limit of {self.max_queued}; retry later")
@@ -261,73 +242,7 @@ class Rollouts:
                 heapq.heappush(self._ready, (-job.priority, job.order, job_id))
         self._dispatch()
 
-    # -- planning -------------------------------------------------------------------------
-
-    def _resolve(self, job_id: str, request: JobRequest) -> list[_Work]:
-        sampling = Sampling(request.sampling.temperature, request.sampling.top_p,
-                            request.sampling.seed)
-        lim = request.limits
-        limits = AgentLimits(lim.max_turns, lim.max_total_tokens, lim.max_tokens_per_turn,
-                             lim.deadline_s)
-        tasks = request.tasks
-        out: list[_Work] = []
-        if isinstance(tasks, ReplayTasks):
-            members: dict[str, int] = {}
-            for spec in _replay_specs(tasks, self.max_context):
-                repetition = members.get(spec.group_id, 0)  # order within its group
-                members[spec.group_id] = repetition + 1
-                planned = PlannedTrajectory(f"{job_id}/{spec.traj_id}",
-                                            f"{job_id}/{spec.group_id}", spec.group_id,
-                                            repetition)
-                out.append(_Work(job_id, planned, spec, None, sampling, limits))
-            return out
-        n_tasks = tasks.count if tasks.count is not None else len(tasks.tasks or [])
-        if n_tasks * request.samples_per_task > MAX_TRAJECTORIES_PER_JOB:
-            raise RequestRefused(f"samples_per_task: {n_tasks} tasks x "
-                                 f"{request.samples_per_task} samples is over the "
-                                 f"{MAX_TRAJECTORIES_PER_JOB} trajectories a job may plan")
-        if self.tokenizer is None:
-            raise RequestRefused("tasks.suite: this service has no tokenizer for its model "
-                                 "(start it with --tokenizer), so it can run replay tasks only")
-        suite = self._suite(tasks)
-        try:
-            sample = suite.tasks(1, seed=0)
-        except (TreadleError, ValueError) as e:  # e.g. nemo_gym without rows
-            raise RequestRefused(f"tasks.options: suite {tasks.suite!r}: {e}") from None
-        if self.sandbox_backend is None and any(suite.needs_sandbox(t) for t in sample):
-            raise RequestRefused(f"tasks.suite: suite {tasks.suite!r} needs a sandbox and this "
-                                 "service has none")
-        for task in _suite_tasks(suite, tasks):
-            for r in range(request.samples_per_task):
-                planned = PlannedTrajectory(f"{job_id}/{task.task_id}/{r}",
-                                            f"{job_id}/{task.task_id}", task.task_id, r)
-                out.append(_Work(job_id, planned, task, suite, sampling, limits))
-        return out
-
-    def _suite(self, tasks: SuiteTasks) -> Suite:
-        key = _suite_key(tasks)
-        suite = self._suites.get(key)
-        if suite is None:
-            try:
-                named_files = file_options(tasks.suite)
-            except TreadleError as e:
-                raise RequestRefused(f"tasks.suite: {e}") from None
-            options = dict(tasks.options)
-            for name in named_files:
-                if name in options:
-                    options[name] = allowed_file(options[name], self.data_roots,
-                                                 self.max_data_file_bytes,
-                                                 f"tasks.options.{name}")
-            try:
-                suite = get_suite(tasks.suite, **options)
-            # A suite's constructor is the suite's code: whatever it says of its options
-            # is the request's fault, never a 500.
-            except (TreadleError, ValueError, TypeError, OSError) as e:
-                raise RequestRefused(f"tasks.options: suite {tasks.suite!r}: {e}") from None
-            self._suites[key] = suite
-        return suite
-
-    def _admit_job(self, job_id: str, request: JobRequest, work: list[_Work]) -> None:
+    def _admit_job(self, job_id: str, request: JobRequest, work: list[Work]) -> None:
         job = _Job(request.priority, next(self._order), request.min_policy_version,
                    collections.deque(work), {})
         self._jobs[job_id] = job
@@ -353,7 +268,7 @@ class Rollouts:
             task = asyncio.get_running_loop().create_task(self._run(work))
             job.running[work.planned.trajectory_id] = task
 
-    async def _run(self, work: _Work) -> None:
+    async def _run(self, work: Work) -> None:
         tid = work.planned.trajectory_id
         try:
             attempt = await self.store.start(work.job_id, tid)
@@ -375,7 +290,7 @@ class Rollouts:
                     del self._jobs[work.job_id]
             self._dispatch()
 
-    async def _trajectory(self, work: _Work, attempt: int) -> Trajectory:
+    async def _trajectory(self, work: Work, attempt: int) -> Trajectory:
         p = work.planned
         key = GroupKey(p.group_id, p.repetition)
         try:
@@ -419,58 +334,6 @@ class Rollouts:
             if turn.tool_call is not None:
                 m.tool_latency.observe(turn.tool_call.latency_s)
         self._wakeups.wake(job_id)
-
-
-def _suite_key(tasks: SuiteTasks) -> str:
-    return f"{tasks.suite}:{json.dumps(tasks.options, sort_keys=True, default=str)}"
-
-
-def _suite_tasks(suite: Suite, tasks: SuiteTasks) -> list[Task]:
-    if tasks.count is not None:
-        try:
-            return suite.tasks(tasks.count, seed=tasks.seed)
-        except (TreadleError, ValueError) as e:  # more than a bundled suite holds
-            raise RequestRefused(f"tasks.count: {e}") from None
-    out: list[Task] = []
-    seen: set[str] = set()
-    for i, record in enumerate(tasks.tasks or []):
-        try:
-            task = suite.task_from_record(record)
-        except (TreadleError, ValueError) as e:
-            raise RequestRefused(f"tasks.tasks.{i}: {e}") from None
-        if task.task_id in seen:
-            raise RequestRefused(f"tasks.tasks.{i}: duplicate id {task.task_id!r}")
-        seen.add(task.task_id)
-        out.append(task)
-    return out
-
-
-def _replay_specs(tasks: ReplayTasks, max_context: int) -> list[TrajectorySpec]:
-    if tasks.workload is not None:
-        assert tasks.trajectories is not None
-        try:
-            return list(generate(tasks.workload, tasks.trajectories, seed=tasks.seed,
-                                 group_size=tasks.group_size,
-                                 max_context=max_context).trajectories)
-        except ValueError as e:
-            raise RequestRefused(f"tasks.trajectories: {e}") from None
-    specs = []
-    seen: set[str] = set()
-    for i, line in enumerate(tasks.trace or []):
-        try:
-            spec = spec_from_record(line.model_dump(), source="tasks.trace", line=i)
-        except TraceError as e:
-            raise RequestRefused(f"tasks.trace.{i}{'.' if e.field else ''}{e.field}: "
-                                 f"{e.problem}") from None
-        if spec.traj_id in seen:
-            raise RequestRefused(f"tasks.trace.{i}: duplicate id {spec.traj_id!r}")
-        context = spec.context_tokens
-        if context > max_context:
-            raise RequestRefused(f"tasks.trace.{i}: the trajectory needs {context} tokens of "
-                                 f"context, over the served model's {max_context}")
-        seen.add(spec.traj_id)
-        specs.append(spec)
-    return specs
 
 
 __all__ = ["Rollouts"]

@@ -1,0 +1,180 @@
+"""Planning a job: its trajectories, each with what to run for it.
+
+`Planner.resolve` turns a `JobRequest` into `Work`: every trajectory's id, GRPO
+group and repetition (`PlannedTrajectory`), and its task — a suite task with the
+suite that runs it, or a workload script to replay — with the job's sampling and
+limits. What cannot run here is refused with `RequestRefused` naming the field:
+an unknown suite or options its constructor refuses, a file outside the data roots,
+suite tasks without a tokenizer or a sandbox, more trajectories than a job may
+plan, a trace line past the served model's window. Suites are built once per
+(name, options) and kept.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from treadle.agent.chat import Tokenizer
+from treadle.agent.loop import AgentLimits, Sampling
+from treadle.envs.base import Suite
+from treadle.envs.registry import file_options, get_suite
+from treadle.errors import TreadleError
+from treadle.sandbox.base import SandboxBackend
+from treadle.service.errors import RequestRefused
+from treadle.service.files import allowed_file
+from treadle.service.schemas import MAX_TRAJECTORIES_PER_JOB, JobRequest, ReplayTasks, SuiteTasks
+from treadle.store.jobs import PlannedTrajectory
+from treadle.types import Task
+from treadle.workloads import TrajectorySpec, generate
+from treadle.workloads.trace import TraceError, spec_from_record
+
+
+@dataclass(slots=True)
+class Work:
+    """One planned trajectory and what to run for it."""
+
+    job_id: str
+    planned: PlannedTrajectory
+    task: Task | TrajectorySpec  # a suite task, or a workload script to replay
+    suite: Suite | None  # None for a replay
+    sampling: Sampling
+    limits: AgentLimits
+
+
+class Planner:
+    """Resolves jobs for one service; see the module docstring."""
+
+    def __init__(self, *, tokenizer: Tokenizer | None, sandbox_backend: SandboxBackend | None,
+                 max_context: int, data_roots: Sequence[str] = (),
+                 max_data_file_bytes: int = 256 << 20) -> None:
+        self.tokenizer = tokenizer  # None: replay tasks only
+        self.sandbox_backend = sandbox_backend  # None: no suite that needs a sandbox
+        self.max_context = max_context  # tokens a replayed trajectory may reach
+        self.data_roots = tuple(data_roots)  # where files named by suite options may be
+        self.max_data_file_bytes = max_data_file_bytes  # the largest such file
+        self._suites: dict[str, Suite] = {}  # by name and options
+
+    def resolve(self, job_id: str, request: JobRequest) -> list[Work]:
+        """The job's trajectories, each with what to run for it; RequestRefused
+        naming the field for what cannot run here. Blocking (a suite's tasks, a
+        big trace): call it off the event loop."""
+        sampling = Sampling(request.sampling.temperature, request.sampling.top_p,
+                            request.sampling.seed)
+        lim = request.limits
+        limits = AgentLimits(lim.max_turns, lim.max_total_tokens, lim.max_tokens_per_turn,
+                             lim.deadline_s)
+        tasks = request.tasks
+        out: list[Work] = []
+        if isinstance(tasks, ReplayTasks):
+            members: dict[str, int] = {}
+            for spec in _replay_specs(tasks, self.max_context):
+                repetition = members.get(spec.group_id, 0)  # order within its group
+                members[spec.group_id] = repetition + 1
+                planned = PlannedTrajectory(f"{job_id}/{spec.traj_id}",
+                                            f"{job_id}/{spec.group_id}", spec.group_id,
+                                            repetition)
+                out.append(Work(job_id, planned, spec, None, sampling, limits))
+            return out
+        n_tasks = tasks.count if tasks.count is not None else len(tasks.tasks or [])
+        if n_tasks * request.samples_per_task > MAX_TRAJECTORIES_PER_JOB:
+            raise RequestRefused(f"samples_per_task: {n_tasks} tasks x "
+                                 f"{request.samples_per_task} samples is over the "
+                                 f"{MAX_TRAJECTORIES_PER_JOB} trajectories a job may plan")
+        if self.tokenizer is None:
+            raise RequestRefused("tasks.suite: this service has no tokenizer for its model "
+                                 "(start it with --tokenizer), so it can run replay tasks only")
+        suite = self._suite(tasks)
+        try:
+            sample = suite.tasks(1, seed=0)
+        except (TreadleError, ValueError) as e:  # e.g. nemo_gym without rows
+            raise RequestRefused(f"tasks.options: suite {tasks.suite!r}: {e}") from None
+        if self.sandbox_backend is None and any(suite.needs_sandbox(t) for t in sample):
+            raise RequestRefused(f"tasks.suite: suite {tasks.suite!r} needs a sandbox and this "
+                                 "service has none")
+        for task in _suite_tasks(suite, tasks):
+            for r in range(request.samples_per_task):
+                planned = PlannedTrajectory(f"{job_id}/{task.task_id}/{r}",
+                                            f"{job_id}/{task.task_id}", task.task_id, r)
+                out.append(Work(job_id, planned, task, suite, sampling, limits))
+        return out
+
+    def _suite(self, tasks: SuiteTasks) -> Suite:
+        key = _suite_key(tasks)
+        suite = self._suites.get(key)
+        if suite is None:
+            try:
+                named_files = file_options(tasks.suite)
+            except TreadleError as e:
+                raise RequestRefused(f"tasks.suite: {e}") from None
+            options = dict(tasks.options)
+            for name in named_files:
+                if name in options:
+                    options[name] = allowed_file(options[name], self.data_roots,
+                                                 self.max_data_file_bytes,
+                                                 f"tasks.options.{name}")
+            try:
+                suite = get_suite(tasks.suite, **options)
+            # A suite's constructor is the suite's code: whatever it says of its options
+            # is the request's fault, never a 500.
+            except (TreadleError, ValueError, TypeError, OSError) as e:
+                raise RequestRefused(f"tasks.options: suite {tasks.suite!r}: {e}") from None
+            self._suites[key] = suite
+        return suite
+
+
+
+def _suite_key(tasks: SuiteTasks) -> str:
+    return f"{tasks.suite}:{json.dumps(tasks.options, sort_keys=True, default=str)}"
+
+
+def _suite_tasks(suite: Suite, tasks: SuiteTasks) -> list[Task]:
+    if tasks.count is not None:
+        try:
+            return suite.tasks(tasks.count, seed=tasks.seed)
+        except (TreadleError, ValueError) as e:  # more than a bundled suite holds
+            raise RequestRefused(f"tasks.count: {e}") from None
+    out: list[Task] = []
+    seen: set[str] = set()
+    for i, record in enumerate(tasks.tasks or []):
+        try:
+            task = suite.task_from_record(record)
+        except (TreadleError, ValueError) as e:
+            raise RequestRefused(f"tasks.tasks.{i}: {e}") from None
+        if task.task_id in seen:
+            raise RequestRefused(f"tasks.tasks.{i}: duplicate id {task.task_id!r}")
+        seen.add(task.task_id)
+        out.append(task)
+    return out
+
+
+def _replay_specs(tasks: ReplayTasks, max_context: int) -> list[TrajectorySpec]:
+    if tasks.workload is not None:
+        assert tasks.trajectories is not None
+        try:
+            return list(generate(tasks.workload, tasks.trajectories, seed=tasks.seed,
+                                 group_size=tasks.group_size,
+                                 max_context=max_context).trajectories)
+        except ValueError as e:
+            raise RequestRefused(f"tasks.trajectories: {e}") from None
+    specs = []
+    seen: set[str] = set()
+    for i, line in enumerate(tasks.trace or []):
+        try:
+            spec = spec_from_record(line.model_dump(), source="tasks.trace", line=i)
+        except TraceError as e:
+            raise RequestRefused(f"tasks.trace.{i}{'.' if e.field else ''}{e.field}: "
+                                 f"{e.problem}") from None
+        if spec.traj_id in seen:
+            raise RequestRefused(f"tasks.trace.{i}: duplicate id {spec.traj_id!r}")
+        context = spec.context_tokens
+        if context > max_context:
+            raise RequestRefused(f"tasks.trace.{i}: the trajectory needs {context} tokens of "
+                                 f"context, over the served model's {max_context}")
+        seen.add(spec.traj_id)
+        specs.append(spec)
+    return specs
+
+
+__all__ = ["Planner", "Work"]
