@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from service_helpers import CuttingProxy, running_service
+from service_helpers import running_service
 
 from agent.agent_helpers import build_tokenizer
 from engines.engines_fakes import FakeVLLMServer
+from treadle.bench.faults import FaultyProxy
 from treadle.client import (
     AsyncRolloutClient,
     Delivered,
@@ -271,13 +273,15 @@ def test_streams_resume_through_connections_cut_mid_line(
         job = direct.submit(tasks=replay_tasks("math", trajectories=48))
         list(direct.trajectories(job.job_id))  # finished: the proxy replays a long stream
     caplog.set_level(logging.WARNING, logger="treadle.client")
-    with CuttingProxy(("127.0.0.1", port), cut_after=2500) as proxy:
+    # Every connection cut (FIN) or reset (RST) after 2,500 bytes of its answer.
+    with FaultyProxy(port, random.Random(0), fault_share=1.0, kinds=("cut", "reset"),
+                     fault_after=2500) as proxy:
         if asynchronous:
             got = asyncio.run(_read_async(proxy.url, job.job_id))
         else:
             with RolloutClient(proxy.url, token=TOKEN, retry=FAST) as c:
                 got = list(c.trajectories(job.job_id))
-    assert proxy.cuts >= 5
+    assert sum(proxy.faults.values()) >= 5
     assert [d.seq for d in got] == list(range(1, 49))
     assert len({d.trajectory.trajectory_id for d in got}) == 48
     assert sum("retrying" in r.getMessage() for r in caplog.records) >= 5

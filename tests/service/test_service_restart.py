@@ -8,8 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import signal
 import threading
 import time
 from pathlib import Path
@@ -17,14 +15,19 @@ from typing import Any
 
 import httpx
 import pytest
-from service_helpers import serve_process
 
+from treadle.bench.faults import ServiceProcess
 from treadle.client import AsyncRolloutClient, Delivered, RetryPolicy, RolloutClient, replay_tasks
-from treadle.runtime.launcher import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TOKEN = "restart-token"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
+
+
+def _service(tmp_path: Path) -> ServiceProcess:
+    """`treadle serve` on two emulated engines (policy verl), in its own session."""
+    return ServiceProcess(tmp_path / "svc.db", tmp_path / "svc.log", TOKEN,
+                          ["--emulate", "2", "--time-scale", "0.05", "--policy", "verl"])
 
 
 def _read(url: str, job: str, after: int, until: int | None) -> list[dict[str, Any]]:
@@ -42,9 +45,9 @@ def _read(url: str, job: str, after: int, until: int | None) -> list[dict[str, A
 
 
 def test_kill_9_mid_job_then_restart_delivers_every_trajectory_once(tmp_path: Path) -> None:
-    db, log, port = tmp_path / "svc.db", tmp_path / "svc.log", free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = serve_process(db, port, log, token=TOKEN)
+    service = _service(tmp_path)
+    url = service.url
+    service.start()
     try:
         r = httpx.post(f"{url}/v1/jobs", headers=AUTH, timeout=30, json={
             "tasks": {"workload": "coding", "trajectories": 64}, "job_id": "r1"})
@@ -52,16 +55,14 @@ def test_kill_9_mid_job_then_restart_delivers_every_trajectory_once(tmp_path: Pa
         before = _read(url, "r1", 0, until=16)
         assert httpx.get(f"{url}/v1/jobs/r1", headers=AUTH).json()["status"] == "running"
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        service.kill()
     cursor = before[-1]["seq"]
-    proc = serve_process(db, port, log, token=TOKEN)
+    service.start()
     try:
         after = _read(url, "r1", cursor, until=None)
         view = httpx.get(f"{url}/v1/jobs/r1", headers=AUTH).json()
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
+        service.stop()
     seqs = [x["seq"] for x in before + after]
     ids = [x["trajectory"]["trajectory_id"] for x in before + after]
     assert seqs == list(range(1, 65)) and len(set(ids)) == 64
@@ -76,10 +77,10 @@ PATIENT = RetryPolicy(attempts=80, backoff_s=0.1, max_backoff_s=1.0)  # ~75 s of
 
 def test_clients_iterating_across_a_kill_9_and_restart_get_every_trajectory_once(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    db, log, port = tmp_path / "svc.db", tmp_path / "svc.log", free_port()
-    url = f"http://127.0.0.1:{port}"
+    service = _service(tmp_path)
+    url = service.url
     caplog.set_level(logging.WARNING, logger="treadle.client")
-    procs = [serve_process(db, port, log, token=TOKEN)]
+    service.start()
     from_async: list[list[Delivered]] = []
 
     async def read_async() -> list[Delivered]:
@@ -92,7 +93,7 @@ def test_clients_iterating_across_a_kill_9_and_restart_get_every_trajectory_once
         while sum("retrying" in r.getMessage() for r in list(caplog.records)) < 2:
             assert time.monotonic() < deadline, "no client retried"
             time.sleep(0.02)
-        procs.append(serve_process(db, port, log, token=TOKEN))
+        service.start()
 
     try:
         with RolloutClient(url, token=TOKEN, retry=PATIENT) as client:
@@ -104,18 +105,14 @@ def test_clients_iterating_across_a_kill_9_and_restart_get_every_trajectory_once
             for delivered in client.trajectories("r2"):
                 got.append(delivered)
                 if len(got) == 16:
-                    os.killpg(procs[0].pid, signal.SIGKILL)
-                    procs[0].wait()
+                    service.kill()
                     restarter.start()
             reader.join(120)
             restarter.join(60)
             view = client.job("r2")
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(timeout=30)
-    assert len(procs) == 2, "the service was not restarted"
+        service.stop()
+    assert service.starts == 2, "the service was not restarted"
     assert [d.seq for d in got] == list(range(1, 65))
     assert len({d.trajectory.trajectory_id for d in got}) == 64
     assert view.status == "completed" and view.delivered == 64

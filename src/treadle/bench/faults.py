@@ -40,15 +40,22 @@ _START_TIMEOUT_S = 120.0
 class FaultyProxy:
     """A TCP relay to `127.0.0.1:upstream_port`; see the module docstring.
 
-    A share `fault_share` of new connections gets one fault, chosen with `rng`
-    (seeded by the caller); `faults` counts them by kind, `connections` all. A
-    stall lasts up to `max_stall_s`. `close` ends every relay, half-open ones too.
+    A share `fault_share` of new connections gets one fault of `kinds`, chosen with
+    `rng` (seeded by the caller), after a random number of answer bytes, or after
+    `fault_after` bytes when that is given; `faults` counts them by kind,
+    `connections` all. A stall lasts up to `max_stall_s`. `close` ends every relay,
+    half-open ones too.
     """
 
     def __init__(self, upstream_port: int, rng: random.Random, *, fault_share: float = 0.3,
+                 kinds: tuple[str, ...] = PROXY_FAULTS, fault_after: int | None = None,
                  max_stall_s: float = 2.0) -> None:
+        if not kinds or set(kinds) - set(PROXY_FAULTS):
+            raise ValueError(f"kinds must be some of {PROXY_FAULTS}, got {kinds}")
         self.upstream_port = upstream_port
         self.fault_share = fault_share
+        self.kinds = kinds
+        self.fault_after = fault_after
         self.max_stall_s = max_stall_s
         self.faults: collections.Counter[str] = collections.Counter()
         self.connections = 0
@@ -80,9 +87,10 @@ class FaultyProxy:
             self.connections += 1
             if self._rng.random() >= self.fault_share:
                 return None, 0, 0.0
-            kind = self._rng.choice(PROXY_FAULTS)
+            kind = self._rng.choice(self.kinds)
             self.faults[kind] += 1
-            return kind, self._rng.randrange(1, 4096), self._rng.uniform(0.1, self.max_stall_s)
+            after = self.fault_after or self._rng.randrange(1, 4096)
+            return kind, after, self._rng.uniform(0.1, self.max_stall_s)
 
     def _accept(self) -> None:
         while not self._closed.is_set():
