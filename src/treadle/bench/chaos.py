@@ -62,6 +62,7 @@ Log = Callable[[str], None]
 PROCESS_FAULTS = ("service_kill", "service_pause", "engine_kill", "engine_pause",
                   "kill_after_submit", "kill_after_cancel", "kill_during_update")
 _TOKEN = "chaos-token"
+_EXTRA_TRAJECTORIES = 16  # of each job a fault submits
 _UNEXPECTED = re.compile(r"Traceback|\bERROR\b")
 
 
@@ -170,14 +171,15 @@ def _client(url: str) -> RolloutClient:
     return RolloutClient(url, token=_TOKEN, retry=PATIENT)
 
 
-def _submit(url: str, job: str, config: ChaosConfig, seed: int) -> None:
+def _submit(url: str, job: str, config: ChaosConfig, seed: int,
+            trajectories: int | None = None) -> None:
     """Submit until stored: a submit lost with the service is sent again (a 409 then
     says the first one was stored)."""
     with _client(url) as client:
         for _ in range(20):
             try:
                 client.submit(tasks=replay_tasks(config.workload,
-                                                 trajectories=config.trajectories,
+                                                 trajectories=trajectories or config.trajectories,
                                                  seed=seed), job_id=job)
                 return
             except ServiceError as e:
@@ -215,7 +217,9 @@ def _inject(kind: str, service: ServiceProcess, tokens: _TokenMeter, rng: random
                 service.pause_engine(pid, rng.uniform(0.5, 3.0))
     else:
         if kind == "kill_after_submit":
-            _submit(service.url, new_job, config, seed=rng.randrange(1 << 30))
+            # A small job: its last trajectories must not be what the run waits for.
+            _submit(service.url, new_job, config, seed=rng.randrange(1 << 30),
+                    trajectories=_EXTRA_TRAJECTORIES)
             submitted = new_job
         elif kind == "kill_after_cancel":
             _cancel(service.url, cancelled)
@@ -284,7 +288,6 @@ class _TokenMeter:
 def _check(config: ChaosConfig, service: ServiceProcess, jobs: list[str],
            cancelled: set[str], readers: list[Follower | RawReader],
            hung_readers: int) -> dict[str, Any]:
-    planned = config.trajectories
     lost = duplicated = unstable = misclassified = 0
     errors: collections.Counter[str] = collections.Counter()
     not_ended = 0
@@ -293,6 +296,7 @@ def _check(config: ChaosConfig, service: ServiceProcess, jobs: list[str],
     headers = {"authorization": f"Bearer {_TOKEN}"}
     with httpx.Client(base_url=service.url, headers=headers, timeout=60) as http:
         final: dict[str, dict[int, bytes]] = {}
+        planned: dict[str, int] = {}
         views = {}
         for job in jobs:
             view = http.get(f"/v1/jobs/{job}").json()
@@ -303,7 +307,8 @@ def _check(config: ChaosConfig, service: ServiceProcess, jobs: list[str],
             body = http.get(f"/v1/jobs/{job}/trajectories").content
             lines = {int(json.loads(x)["seq"]): x for x in body.split(b"\n") if x.strip()}
             final[job] = lines
-            lost += max(0, planned - len(lines))
+            planned[job] = int(view["planned"])
+            lost += max(0, planned[job] - len(lines))
             records = [json.loads(x)["trajectory"] for x in lines.values()]
             for t in records:
                 delivered_tokens += int(t.get("output_tokens") or 0)
@@ -318,16 +323,16 @@ def _check(config: ChaosConfig, service: ServiceProcess, jobs: list[str],
                  if line.startswith("treadle_trajectories_active "))
     for r in readers:
         if isinstance(r, Follower):
-            lost += max(0, planned - len(set(r.seqs)))
+            lost += max(0, planned[r.job_id] - len(set(r.seqs)))
             duplicated += len(r.seqs) - len(set(r.seqs)) + len(r.ids) - len(set(r.ids))
             if r.seqs and r.seqs != list(range(1, len(r.seqs) + 1)):
                 duplicated += 1  # out of order or with a gap
         else:
-            lost += max(0, planned - len(r.lines))
+            lost += max(0, planned[r.job_id] - len(r.lines))
             duplicated += r.duplicates
             unstable += sum(line != final[r.job_id].get(seq) for seq, line in r.lines.items())
     unstable += _against_the_store(service.db, final)
-    return {"jobs": len(jobs), "planned": planned * len(jobs), "lost": lost,
+    return {"jobs": len(jobs), "planned": sum(planned.values()), "lost": lost,
             "duplicated": duplicated, "unstable": unstable, "misclassified": misclassified,
             "hung": hung_readers + not_ended + int(active), "reader_errors": reader_errors,
             "errors_by_stage": dict(errors), "job_views": views,
