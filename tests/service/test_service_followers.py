@@ -92,6 +92,7 @@ def test_followers_that_hang_up_never_stall_delivery(seed: int) -> None:
             assert (view.status.value, view.delivered, running, queued) == \
                 ("completed", planned, 0, 0)
             assert rollouts.live == 0 and service.runtime.live_trajectories == 0
+            assert rollouts.followed_jobs == 0  # the followers that left hold nothing
         finally:
             await service.close()
 
@@ -102,16 +103,22 @@ def test_a_wake_reaches_every_waiter_and_a_cancelled_waiter_leaves_it_to_the_oth
     async def main() -> None:
         wakeups = JobWakeups()
         shared = wakeups.future("j")
-        assert wakeups.future("j") is shared and wakeups.jobs == 1
+        assert wakeups.future("j") is shared and wakeups.future("j") is shared
+        assert wakeups.jobs == 1
         waiters = [asyncio.create_task(asyncio.wait({shared})) for _ in range(3)]
         await asyncio.sleep(0)
         waiters[0].cancel()
         await asyncio.gather(waiters[0], return_exceptions=True)
-        assert not shared.cancelled()
+        wakeups.leave("j", shared)  # the cancelled one leaves; the others still hold it
+        assert not shared.cancelled() and wakeups.jobs == 1
         wakeups.wake("j")
         await asyncio.gather(*waiters[1:])
         assert shared.done() and wakeups.jobs == 0
-        assert wakeups.future("j") is not shared  # the next wake has a future of its own
+        wakeups.leave("j", shared)  # leaving a woken future is harmless
+        fresh = wakeups.future("j")
+        assert fresh is not shared  # the next wake has a future of its own
+        wakeups.leave("j", fresh)  # its only follower left: nothing is kept
+        assert wakeups.jobs == 0
         wakeups.wake("other")  # a job nobody follows: nothing to do
 
     asyncio.run(main())

@@ -199,15 +199,14 @@ class Rollouts:
                     yield delivery
                     after = delivery.seq
                 info = await self.store.job(job_id)
-            except NotFound:
-                self._wakeups.wake(job_id)  # drop the future of a job that is not there
-                raise
-            if not follow or (info.status.terminal and info.delivered <= after):
-                return
-            # asyncio.wait, not wait_for: a cancelled follower never cancels the
-            # future its job's other followers share. Its timeout is also a backstop:
-            # the store is read again after every heartbeat.
-            done, _ = await asyncio.wait({changed}, timeout=heartbeat_s)
+                if not follow or (info.status.terminal and info.delivered <= after):
+                    return
+                # asyncio.wait, not wait_for: a cancelled follower never cancels the
+                # future its job's other followers share. Its timeout is also a
+                # backstop: the store is read again after every heartbeat.
+                done, _ = await asyncio.wait({changed}, timeout=heartbeat_s)
+            finally:
+                self._wakeups.leave(job_id, changed)
             if not done:
                 yield None
 
@@ -229,6 +228,11 @@ class Rollouts:
     @property
     def live(self) -> int:
         return self._live
+
+    @property
+    def followed_jobs(self) -> int:
+        """Jobs with followers waiting for their next result (0 when none is followed)."""
+        return self._wakeups.jobs
 
     @property
     def queued(self) -> int:
