@@ -1,10 +1,12 @@
-"""What an outside probe of `treadle serve` found it could do with requests, one
-regression test each over real HTTP: files named by suite options, bodies read
-before authentication, 500s for input that is merely bad, unbounded error echoes,
-engines serving another model, unaddressable job ids."""
+"""Hostile and careless requests over real HTTP, one regression test each: files named
+by suite options, bodies read before authentication, 500s for input that is merely
+bad, unbounded error echoes, engines serving another model, unaddressable job
+ids."""
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import json
 import os
 import socket
@@ -22,6 +24,7 @@ from treadle.client.stream import RESTART_HEADER, RestartWatch, Retries, RetryPo
 from treadle.core.cost_model import CostModel
 from treadle.engines.emulated import EmulatedEngine
 from treadle.engines.emulated_server import serve_in_thread
+from treadle.envs.registry import _BUILTIN
 from treadle.service import limits
 from treadle.service.state import ServiceConfig
 
@@ -35,6 +38,8 @@ ROW = {"responses_create_params": {"input": "hi"}, "expected_answer": "x"}
 def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("data")
     (root / "rows.jsonl").write_text(json.dumps(ROW) + "\n")
+    (root / "corpus.jsonl").write_text(json.dumps({"id": "d1", "text": "Oslo is in Norway."})
+                                       + "\n")
     (root / "sub").mkdir()
     os.mkfifo(root / "fifo")
     (root / "escape").symlink_to("/etc/hostname")
@@ -84,7 +89,7 @@ def test_a_file_outside_the_data_roots_is_refused_alike_whether_it_exists_or_not
 
 def test_a_link_out_of_the_root_fifo_or_directory_inside_it_is_refused(
         client: httpx.Client, data_root: Path) -> None:
-    for name, words in (("escape", "data roots"), ("fifo", "regular file"),
+    for name, words in (("escape", "symbolic link"), ("fifo", "regular file"),
                         ("sub", "regular file")):
         loc, msg = _field_error(client.post("/v1/jobs",
                                             json=_nemo(rows_path=str(data_root / name))))
@@ -104,6 +109,54 @@ def test_a_file_under_a_root_is_read(client: httpx.Client, data_root: Path) -> N
     r = client.post("/v1/jobs", json=_nemo(rows_path=str(data_root / "rows.jsonl")))
     assert r.status_code == 201, r.text
     client.post(f"/v1/jobs/{r.json()['job_id']}/cancel")
+
+
+def test_every_option_of_a_built_in_suite_that_takes_a_path_is_fenced() -> None:
+    # search's `corpus` was read from anywhere: the fence knew only nemo_gym's rows.
+    for name, target in _BUILTIN.items():
+        module, _, attribute = target.partition(":")
+        factory = getattr(importlib.import_module(module), attribute)
+        takes_path = {p.name for p in inspect.signature(factory).parameters.values()
+                      if "Path" in str(p.annotation)}
+        assert takes_path <= set(getattr(factory, "file_options", ())), (name, takes_path)
+
+
+def test_the_search_corpus_is_fenced_too(client: httpx.Client, data_root: Path) -> None:
+    def job(corpus: str) -> dict[str, Any]:
+        return {"tasks": {"suite": "search", "options": {"corpus": corpus,
+                                                        "python_tool": False},
+                          "tasks": [{"id": "q1", "question": "Where is Oslo?",
+                                     "answers": ["Norway"]}]}}
+    loc, msg = _field_error(client.post("/v1/jobs", json=job("/etc/passwd")))
+    assert loc == ("body", "tasks", "options", "corpus") and "data roots" in msg
+    r = client.post("/v1/jobs", json=job(str(data_root / "corpus.jsonl")))
+    assert r.status_code == 201, r.text  # inline tasks on a corpus under a root
+    client.post(f"/v1/jobs/{r.json()['job_id']}/cancel")
+
+
+def test_inline_tasks_of_a_suite_without_bundled_ones_are_planned(client: httpx.Client
+                                                                  ) -> None:
+    # Planning asked every suite for a generated task first, and nemo_gym without rows
+    # has none: its inline tasks were refused.
+    body = _nemo()
+    del body["tasks"]["count"]
+    body["tasks"]["tasks"] = [ROW]
+    r = client.post("/v1/jobs", json=body)
+    assert r.status_code == 201, r.text
+    client.post(f"/v1/jobs/{r.json()['job_id']}/cancel")
+
+
+def test_rows_that_are_not_objects_and_deep_nesting_are_422s(client: httpx.Client) -> None:
+    # An AttributeError in the suite's constructor, and pydantic giving up on a
+    # deeply nested value when the request was stored: both were 500s.
+    assert _field_error(client.post("/v1/jobs", json=_nemo(rows=[1])))[0] == \
+        ("body", "tasks", "options")
+    deep: Any = 1
+    for _ in range(900):
+        deep = [deep]
+    r = client.post("/v1/jobs", json={"tasks": {"suite": "math", "count": 1,
+                                                "options": {"x": deep}}})
+    assert _field_error(r)[0] == ("body",)
 
 
 def test_without_data_roots_no_file_may_be_named(tmp_path: Path) -> None:
@@ -146,9 +199,9 @@ def test_a_suite_refusing_its_options_is_a_422(client: httpx.Client,
     assert _field_error(r)[0] == ("body", "tasks", "options")
 
 
-def test_nemo_gym_without_rows_is_a_422(client: httpx.Client) -> None:
-    assert _field_error(client.post("/v1/jobs", json=_nemo()))[0] == ("body", "tasks",
-                                                                      "options")
+def test_generated_tasks_of_nemo_gym_without_rows_are_a_422(client: httpx.Client) -> None:
+    loc, msg = _field_error(client.post("/v1/jobs", json=_nemo()))
+    assert loc == ("body", "tasks", "count") and "nemo_gym" in msg
 
 
 def test_an_error_echoes_a_bounded_part_of_a_huge_bad_field(client: httpx.Client) -> None:

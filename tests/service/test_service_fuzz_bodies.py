@@ -61,6 +61,9 @@ def _suite_job(draw: st.DrawFn) -> dict[str, Any]:
     names = SUITES[suite]
     options = draw(st.dictionaries(st.sampled_from(names) if names else _text, _json,
                                    max_size=4))
+    if suite == "nemo_gym" and draw(st.booleans()):
+        # A base URL it accepts, so that its rows reach the constructor's checks.
+        options["base_url"] = "http://127.0.0.1:9"
     tasks: dict[str, Any] = {"suite": suite, "options": options}
     if draw(st.booleans()):
         tasks["count"] = draw(st.one_of(st.integers(1, 4), _json))
@@ -72,7 +75,16 @@ def _suite_job(draw: st.DrawFn) -> dict[str, Any]:
     return body
 
 
+def _nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 _huge = st.sampled_from([
+    {"tasks": {"suite": "math", "count": 1, "options": {"x": _nested(900)}}},
+    {"tasks": {"workload": "math", "trajectories": 16}, "job_id": _nested(200)},
     {"tasks": {"trace": [{"id": "t", "group": "g", "prompt_tokens": 1, "turns": []}] * 5000}},
     {"tasks": {"suite": "math", "tasks": [{"id": "q", "question": "?", "answer": "1"}] * 5000}},
     {"tasks": {"workload": "math", "trajectories": 16}, "job_id": "x" * 100_000},

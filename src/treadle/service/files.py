@@ -1,49 +1,99 @@
 """Files a job may name: only under the service's data roots, only regular files of a
-bounded size.
+bounded size, opened so that nothing can be swapped in between check and read.
 
 A suite option that names a host file (`Suite.file_options`, e.g. nemo_gym's
-``rows_path``) is opened by the service, so without a fence a job could make it
-read any path (``/dev/zero`` drove a service to 2 GB in two seconds) and learn
-which paths exist from the answers. The check resolves the path (symlinks
-included) and refuses anything outside every root with the same answer whether or
-not it exists; inside, it must be a regular file of at most `max_bytes`. The suite
-is then given the resolved path.
+``rows_path``, search's ``corpus``) is opened by the service, so without a fence a
+job could make it read any path (``/dev/zero`` drove a service to 2 GB in two
+seconds) and learn which paths exist from the answers. `held_file` refuses a path
+that is not absolute or does not lie under a root, with the same answer whether or
+not it exists; inside, it opens it one component at a time from the root with
+``O_NOFOLLOW`` (no symlink is followed, so none planted or swapped in takes the
+read elsewhere), checks the open file (regular, at most `max_bytes`) and yields a
+`HeldFile`: the path the suite reads (``/proc/self/fd/N``: that very file, however
+the name changes meanwhile) and its identity (device, inode, size, mtime), by which
+a suite built from it is cached. The file stays open for the block.
+
+Limits: the size is checked when it is opened; a file that grows afterwards is read
+up to the reader's own bound (`envs.records.read_jsonl`: 1 GiB). Linux (/proc).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 from treadle.service.errors import RequestRefused
 
 
-def allowed_file(value: object, roots: Sequence[str], max_bytes: int, field: str) -> str:
-    """The resolved path `value` names, or RequestRefused naming `field`."""
+@dataclass(frozen=True, slots=True)
+class HeldFile:
+    """A file opened for a suite; valid while its `held_file` block runs."""
+
+    path: str  # what the suite opens: /proc/self/fd/N
+    identity: tuple[int, int, int, int]  # (device, inode, size, mtime ns): the content
+
+
+@contextlib.contextmanager
+def held_file(value: object, roots: Sequence[str], max_bytes: int,
+              field: str) -> Iterator[HeldFile]:
+    """Open the file `value` names under one of `roots`; RequestRefused naming `field`."""
     if not roots:
         raise RequestRefused(f"{field}: this service opens no file a job names (start it "
                              "with --data-root DIR to allow files under DIR)")
     if not isinstance(value, str) or not value or "\0" in value or not os.path.isabs(value):
         raise RequestRefused(f"{field}: must be an absolute path under the service's data "
                              "roots")
-    path = os.path.realpath(value)
-    if not any(_inside(path, os.path.realpath(root)) for root in roots):
+    # Lexically (no symlink resolved): `..` cannot climb out, and a link is refused
+    # below when the walk meets it.
+    path = os.path.normpath(value)
+    root = next((r for r in map(os.path.normpath, roots) if _inside(path, r)), None)
+    if root is None:
         raise RequestRefused(f"{field}: not under the service's data roots")
     try:
-        st = os.stat(path)
+        fd = _open_beneath(root, os.path.relpath(path, root))
     except OSError as e:
-        raise RequestRefused(f"{field}: cannot read it ({e.strerror or e})") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise RequestRefused(f"{field}: not a regular file")
-    if st.st_size > max_bytes:
-        raise RequestRefused(f"{field}: {st.st_size} bytes, over the {max_bytes} a job's "
-                             "file may have")
-    return path
+        why = ("a symbolic link" if e.errno in (errno.ELOOP, errno.ENOTDIR)
+               else e.strerror or str(e))
+        raise RequestRefused(f"{field}: cannot read it ({why})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise RequestRefused(f"{field}: not a regular file")
+        if st.st_size > max_bytes:
+            raise RequestRefused(f"{field}: {st.st_size} bytes, over the {max_bytes} a job's "
+                                 "file may have")
+        yield HeldFile(f"/proc/self/fd/{fd}", (st.st_dev, st.st_ino, st.st_size,
+                                              st.st_mtime_ns))
+    finally:
+        os.close(fd)
+
+
+def _open_beneath(root: str, relative: str) -> int:
+    """An fd of `root/relative`, each component opened with O_NOFOLLOW from the one
+    before (a FIFO or device is opened without blocking; the caller checks what it
+    is)."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        parts = [p for p in relative.split(os.sep) if p not in ("", ".")]
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (
+                os.O_NONBLOCK if last else os.O_DIRECTORY)
+            nxt = os.open(part, flags, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-__all__ = ["allowed_file"]
+__all__ = ["HeldFile", "held_file"]

@@ -12,7 +12,10 @@ plan, a trace line past the served model's window. Suites are built once per
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -23,12 +26,15 @@ from treadle.envs.registry import file_options, get_suite
 from treadle.errors import TreadleError
 from treadle.sandbox.base import SandboxBackend
 from treadle.service.errors import RequestRefused
-from treadle.service.files import allowed_file
+from treadle.service.files import held_file
 from treadle.service.schemas import MAX_TRAJECTORIES_PER_JOB, JobRequest, ReplayTasks, SuiteTasks
 from treadle.store.jobs import PlannedTrajectory
 from treadle.types import Task
 from treadle.workloads import TrajectorySpec, generate
 from treadle.workloads.trace import TraceError, spec_from_record
+
+log = logging.getLogger(__name__)
+_SUITES_KEPT = 64  # suites built for jobs, kept for the next job with the same options
 
 
 @dataclass(slots=True)
@@ -54,7 +60,9 @@ class Planner:
         self.max_context = max_context  # tokens a replayed trajectory may reach
         self.data_roots = tuple(data_roots)  # where files named by suite options may be
         self.max_data_file_bytes = max_data_file_bytes  # the largest such file
-        self._suites: dict[str, Suite] = {}  # by name and options
+        # Suites by name and options (files by their content's identity), the most
+        # recently used last; at most _SUITES_KEPT.
+        self._suites: collections.OrderedDict[str, Suite] = collections.OrderedDict()
 
     def resolve(self, job_id: str, request: JobRequest) -> list[Work]:
         """The job's trajectories, each with what to run for it; RequestRefused
@@ -85,62 +93,77 @@ class Planner:
         if self.tokenizer is None:
             raise RequestRefused("tasks.suite: this service has no tokenizer for its model "
                                  "(start it with --tokenizer), so it can run replay tasks only")
-        suite = self._suite(tasks)
-        try:
-            sample = suite.tasks(1, seed=0)
-        except (TreadleError, ValueError) as e:  # e.g. nemo_gym without rows
-            raise RequestRefused(f"tasks.options: suite {tasks.suite!r}: {e}") from None
-        if self.sandbox_backend is None and any(suite.needs_sandbox(t) for t in sample):
+        key, suite = self._suite(tasks)
+        planned_tasks = _suite_tasks(suite, tasks)
+        if self.sandbox_backend is None and any(suite.needs_sandbox(t) for t in planned_tasks):
             raise RequestRefused(f"tasks.suite: suite {tasks.suite!r} needs a sandbox and this "
                                  "service has none")
-        for task in _suite_tasks(suite, tasks):
+        for task in planned_tasks:
             for r in range(request.samples_per_task):
                 planned = PlannedTrajectory(f"{job_id}/{task.task_id}/{r}",
                                             f"{job_id}/{task.task_id}", task.task_id, r)
                 out.append(Work(job_id, planned, task, suite, sampling, limits))
+        self._keep(key, suite)  # only a suite a job could be planned with
         return out
 
-    def _suite(self, tasks: SuiteTasks) -> Suite:
-        key = _suite_key(tasks)
-        suite = self._suites.get(key)
-        if suite is None:
-            try:
-                named_files = file_options(tasks.suite)
-            except TreadleError as e:
-                raise RequestRefused(f"tasks.suite: {e}") from None
-            options = dict(tasks.options)
+    def _suite(self, tasks: SuiteTasks) -> tuple[str, Suite]:
+        """The suite of `tasks` and its cache key (name, options, the identity of
+        every file an option names), built if it is not kept."""
+        try:
+            named_files = file_options(tasks.suite)
+        except TreadleError as e:
+            raise RequestRefused(f"tasks.suite: {e}") from None
+        options = dict(tasks.options)
+        shown: dict[str, str] = {}  # what the suite is given -> what the job named
+        with contextlib.ExitStack() as held:
+            identity = dict(options)
             for name in named_files:
                 if name in options:
-                    options[name] = allowed_file(options[name], self.data_roots,
-                                                 self.max_data_file_bytes,
-                                                 f"tasks.options.{name}")
+                    file = held.enter_context(held_file(
+                        options[name], self.data_roots, self.max_data_file_bytes,
+                        f"tasks.options.{name}"))
+                    shown[file.path] = str(options[name])
+                    options[name], identity[name] = file.path, file.identity
+            key = json.dumps([tasks.suite, identity], sort_keys=True, default=repr)
+            suite = self._suites.get(key)
+            if suite is not None:
+                self._suites.move_to_end(key)
+                return key, suite
             try:
-                suite = get_suite(tasks.suite, **options)
-            # A suite's constructor is the suite's code: whatever it says of its options
-            # is the request's fault, never a 500.
-            except (TreadleError, ValueError, TypeError, OSError) as e:
-                raise RequestRefused(f"tasks.options: suite {tasks.suite!r}: {e}") from None
-            self._suites[key] = suite
-        return suite
+                return key, get_suite(tasks.suite, **options)
+            # A suite's constructor is the suite's code: whatever it says of its options,
+            # even by way of an exception it did not mean, is the request's to fix and
+            # never a 500.
+            except Exception as e:
+                if not isinstance(e, TreadleError | ValueError | TypeError | OSError):
+                    log.warning("suite %r raised %s for its options", tasks.suite,
+                                type(e).__name__, exc_info=True)
+                message = str(e)
+                for given, named in shown.items():
+                    message = message.replace(given, named)
+                raise RequestRefused(f"tasks.options: suite {tasks.suite!r}: "
+                                     f"{type(e).__name__}: {message}") from None
 
+    def _keep(self, key: str, suite: Suite) -> None:
+        self._suites[key] = suite
+        self._suites.move_to_end(key)
+        while len(self._suites) > _SUITES_KEPT:
+            self._suites.popitem(last=False)
 
-
-def _suite_key(tasks: SuiteTasks) -> str:
-    return f"{tasks.suite}:{json.dumps(tasks.options, sort_keys=True, default=str)}"
 
 
 def _suite_tasks(suite: Suite, tasks: SuiteTasks) -> list[Task]:
     if tasks.count is not None:
         try:
             return suite.tasks(tasks.count, seed=tasks.seed)
-        except (TreadleError, ValueError) as e:  # more than a bundled suite holds
-            raise RequestRefused(f"tasks.count: {e}") from None
+        except Exception as e:  # more than a bundled suite holds, a suite without tasks
+            raise RequestRefused(f"tasks.count: suite {tasks.suite!r}: {e}") from None
     out: list[Task] = []
     seen: set[str] = set()
     for i, record in enumerate(tasks.tasks or []):
         try:
             task = suite.task_from_record(record)
-        except (TreadleError, ValueError) as e:
+        except Exception as e:  # the suite's reading of a record: the record's fault
             raise RequestRefused(f"tasks.tasks.{i}: {e}") from None
         if task.task_id in seen:
             raise RequestRefused(f"tasks.tasks.{i}: duplicate id {task.task_id!r}")

@@ -4,7 +4,8 @@ Python's JSON parser takes ``NaN``, ``Infinity`` and ``1e400`` (as infinity), an
 ``"\\ud800"`` (a lone surrogate, which no UTF-8 encoder can write back): each got
 past validation and broke later — a 422 that could not itself be serialised, a
 500 in the store. `StrictJSONRoute` parses bodies so that each is refused up front
-as a ``json_invalid`` 422 at ``["body"]``.
+as a ``json_invalid`` 422 at ``["body"]``, and so is a body nested deeper than
+`MAX_DEPTH`.
 """
 
 from __future__ import annotations
@@ -29,20 +30,25 @@ def _finite(text: str) -> float:
     return value
 
 
+MAX_DEPTH = 64  # arrays and objects nested in a body; no request needs more
+
+
 def _well_formed(value: Any) -> None:
-    """ValueError if any string (key or value) holds a lone surrogate. Iterative:
-    a deeply nested body must not exhaust the stack."""
-    stack = [value]
+    """ValueError if any string (key or value) holds a lone surrogate, or the body
+    nests deeper than MAX_DEPTH (pydantic's serialiser gives up on deep nesting as if
+    it were a cycle, so such a body would pass validation and fail when stored).
+    Iterative: a deeply nested body must not exhaust the stack."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
-        item = stack.pop()
+        item, depth = stack.pop()
         if isinstance(item, str):
             if not item.isascii():
                 item.encode("utf-8")  # UnicodeEncodeError (a ValueError) on a surrogate
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
+        elif isinstance(item, dict | list):
+            if depth >= MAX_DEPTH:
+                raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
+            children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
 
 
 def loads(body: bytes) -> Any:

@@ -140,6 +140,8 @@ class NemoGymSuite(Suite):
         return order[:n]
 
     def task_from_record(self, record: Mapping[str, Any]) -> Task:
+        if not isinstance(record, Mapping):
+            raise TaskFormatError(f"a row must be a JSON object, got {type(record).__name__}")
         params = record.get("responses_create_params")
         if not isinstance(params, dict) or "input" not in params:
             raise TaskFormatError("field 'responses_create_params' must be an object with "

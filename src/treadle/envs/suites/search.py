@@ -128,6 +128,7 @@ class SearchSuite(AnswerSuite):
     """Multi-hop retrieval questions; see the module docstring."""
 
     name = "search"
+    file_options = ("corpus",)
     answer_hint = "just the answer: a name, place or number"
 
     def __init__(self, *, corpus: str | Path | None = None, python_tool: bool = True,
