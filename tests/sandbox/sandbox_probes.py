@@ -95,7 +95,7 @@ except OSError as e:
 # argv: the numbers of the calls named below, in order. Each is made once, harmlessly.
 SYSCALLS = _PRELUDE + """
 names = ["bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "unshare", "mount",
-         "personality", "kcmp"]
+         "personality", "kcmp", "clone", "clone3"]
 n = dict(zip(names, map(int, sys.argv[1:])))
 report("bpf", sys_(n["bpf"], 0, 0, 0))
 attr = ctypes.create_string_buffer(128)
@@ -109,6 +109,16 @@ report("mount", sys_(n["mount"], 0, 0, 0, 0, 0))
 report("personality", sys_(n["personality"], 0x0040000))  # ADDR_NO_RANDOMIZE
 report("personality-plain", sys_(n["personality"], 0))
 report("kcmp", sys_(n["kcmp"], os.getpid(), os.getpid(), 0, 0, 0))
+for what, flags in (("clone-newuser", 0x10000000), ("clone-newnet", 0x40000000),
+                    ("clone-plain", 0)):
+    child = sys_(n["clone"], flags | 17, 0, 0, 0, 0)  # | SIGCHLD; no stack: like fork
+    if child == 0:
+        os._exit(0)  # the child, if there is one, leaves at once
+    if child > 0:
+        os.waitpid(child, 0)
+        child = 0
+    report(what, child)
+report("clone3", sys_(n["clone3"], 0, 0))
 try:
     socket.socket(40, socket.SOCK_STREAM).close()  # AF_VSOCK; never connected
     print("vsock ok")

@@ -412,12 +412,13 @@ def test_one_sandbox_cannot_leave_keys_for_another(bwrap: BwrapBackend) -> None:
 
 def test_system_calls_no_tool_needs_are_refused(bwrap: BwrapBackend) -> None:
     names = ("bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "unshare", "mount",
-             "personality", "kcmp")
+             "personality", "kcmp", "clone", "clone3")
     got = python(bwrap, probes.SYSCALLS, *map(probes.nr, names))
     assert got == {"bpf": "EPERM", "perf_event_open": "EPERM", "userfaultfd": "EPERM",
                    "io_uring_setup": "ENOSYS", "unshare": "EPERM", "mount": "EPERM",
                    "personality": "EPERM", "personality-plain": "ok", "kcmp": "EPERM",
-                   "vsock": "EAFNOSUPPORT"}
+                   "clone-newuser": "EPERM", "clone-newnet": "EPERM", "clone-plain": "ok",
+                   "clone3": "ENOSYS", "vsock": "EAFNOSUPPORT"}
 
 
 def test_dev_shm_is_sized_like_tmp_and_dev_is_read_only(bwrap: BwrapBackend) -> None:

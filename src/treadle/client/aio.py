@@ -99,7 +99,7 @@ class AsyncRolloutClient:
                            follow: bool = True) -> AsyncIterator[Delivered]:
         path = wire.stream_path(job_id)
         cursor = StreamCursor(job_id, after)
-        retries = Retries(self.retry, f"GET {path}", self._restart.seconds)
+        retries = Retries(self.retry, f"GET {path}", self._restart)
         while True:
             cursor.reconnect()
             failure: BaseException | None = None
@@ -188,7 +188,7 @@ class AsyncRolloutClient:
         return await self._do(wire.metrics_call())
 
     async def _do(self, call: Call[_T]) -> _T:
-        retries = Retries(self.retry, call.what, self._restart.seconds)
+        retries = Retries(self.retry, call.what, self._restart)
         while True:
             try:
                 r = await self._http.request(call.method, call.path, json=call.body,

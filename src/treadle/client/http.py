@@ -129,7 +129,7 @@ class RolloutClient:
         connections and restarts (see the module docstring)."""
         path = wire.stream_path(job_id)
         cursor = StreamCursor(job_id, after)
-        retries = Retries(self.retry, f"GET {path}", self._restart.seconds)
+        retries = Retries(self.retry, f"GET {path}", self._restart)
         while True:
             cursor.reconnect()
             failure: BaseException | None = None
@@ -227,7 +227,7 @@ class RolloutClient:
         return self._do(wire.metrics_call())
 
     def _do(self, call: Call[_T]) -> _T:
-        retries = Retries(self.retry, call.what, self._restart.seconds)
+        retries = Retries(self.retry, call.what, self._restart)
         while True:
             try:
                 r = self._http.request(call.method, call.path, json=call.body,

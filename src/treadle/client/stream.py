@@ -55,7 +55,9 @@ class RetryPolicy:
 
     def delay(self, failures: int, retry_after_s: float | None = None) -> float:
         """Seconds to wait after `failures` consecutive failures (>= 1)."""
-        wait = min(self.max_backoff_s, self.backoff_s * 2.0 ** (failures - 1))
+        # The exponent is capped: past it the wait is max_backoff_s anyway, and 2**1024
+        # would overflow.
+        wait = min(self.max_backoff_s, self.backoff_s * 2.0 ** min(failures - 1, 60))
         if retry_after_s is not None and math.isfinite(retry_after_s):
             wait = max(wait, min(self.max_backoff_s, retry_after_s))
         return wait
@@ -84,12 +86,15 @@ class RestartWatch:
 class Retries:
     """Consecutive failures of one call or stream; `progress` starts the count again.
     It gives up once `policy.attempts` tries in a row failed and their waits add up
-    to `patience_s` (the service's announced restart time)."""
+    to the restart time the service announced (`watch`, read at every failure: a
+    stream opened before the first answer learns it from that answer), or at once
+    after `attempts` when the policy does not wait at all."""
 
-    def __init__(self, policy: RetryPolicy, what: str, patience_s: float = 0.0) -> None:
+    def __init__(self, policy: RetryPolicy, what: str, watch: RestartWatch | None = None
+                 ) -> None:
         self.policy = policy
         self.what = what  # named in the error
-        self.patience_s = patience_s  # seconds of waiting the failures must span at least
+        self.watch = watch  # the service's announced restart time; None: not waited for
         self.failures = 0
         self.waited = 0.0  # seconds waited since the last progress
 
@@ -102,7 +107,9 @@ class Retries:
         """Count a failure; the seconds to wait before the next try, or raise
         ServiceUnavailable (from `cause`) if no try is left."""
         self.failures += 1
-        if self.failures >= self.policy.attempts and self.waited >= self.patience_s:
+        patience = self.watch.seconds if self.watch is not None else 0.0
+        if self.failures >= self.policy.attempts and (
+                self.waited >= patience or self.policy.backoff_s <= 0):
             raise ServiceUnavailable(
                 f"{self.what}: gave up after {self.failures} attempt"
                 f"{'s' * (self.failures != 1)}: {describe(cause)}",

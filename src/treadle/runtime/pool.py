@@ -341,10 +341,13 @@ class EnginePool:
         while True:
             await self._clock.sleep(self.health_interval_s)
             slots = [s for s in self._slots.values() if not s.failed]
-            # At once: a stopped engine's check takes its whole timeout.
-            answers = await asyncio.gather(*(s.engine.health() for s in slots))
+            # At once: a stopped engine's check takes its whole timeout. A check that
+            # raises (an engine client breaking its "never raises") counts as failed:
+            # it must not end the checks of every engine.
+            answers = await asyncio.gather(*(s.engine.health() for s in slots),
+                                           return_exceptions=True)
             for slot, healthy in zip(slots, answers, strict=True):
-                if healthy:
+                if healthy is True:
                     slot.health_failures = 0
                     continue
                 slot.health_failures += 1

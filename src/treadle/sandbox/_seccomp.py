@@ -21,7 +21,10 @@ it. Default action: allow. Denied (the call fails, the process lives on):
   that a capability bug is not enough): module loading, kexec, reboot, swap, acct,
   quotas, the kernel log, setting the clock, x86 port I/O, vhangup, and the mount
   family (`mount`, `umount2`, `pivot_root`, `chroot`, the new mount API) with
-  `unshare` and `setns`.
+  `unshare` and `setns`; and new namespaces by the other door, `clone` with any
+  `CLONE_NEW*` flag (on bwraps without `--disable-userns` a command could otherwise
+  still make user namespaces), while `clone3`, whose flags sit in memory a filter
+  cannot read, fails with ENOSYS so that libc falls back to `clone`.
 - `personality` calls that set ADDR_NO_RANDOMIZE, READ_IMPLIES_EXEC or
   MMAP_PAGE_ZERO (exploit aids); one comparison per rule cannot tell the
   read-only query `personality(0xffffffff)` from those, so it is refused too.
@@ -68,7 +71,7 @@ _ARCH_NAMES = {0xC000003E: "x86_64", 0xC00000B7: "aarch64", 0x40000003: "x86",
 # System calls numbered 424 and up have one number on these architectures; used for
 # calls newer than the installed libseccomp (which then does not know their names).
 _COMMON_NUMBERS_ON = {"x86_64", "aarch64", "riscv64", "s390x", "ppc64le"}
-_COMMON_NUMBERS = {"pidfd_getfd": 438, "process_madvise": 440, "io_uring_setup": 425,
+_COMMON_NUMBERS = {"clone3": 435, "pidfd_getfd": 438, "process_madvise": 440, "io_uring_setup": 425,
                    "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428,
                    "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
                    "fspick": 433, "mount_setattr": 442, "quotactl_fd": 443}
@@ -92,6 +95,10 @@ _PERSONALITY_BITS = (0x0040000, 0x0400000, 0x0100000)  # ADDR_NO_RANDOMIZE, READ
 #                                                        MMAP_PAGE_ZERO
 _TERMINAL_IOCTLS = (0x5412, 0x541C)  # TIOCSTI, TIOCLINUX
 _AF_VSOCK = 40
+# CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID,
+# CLONE_NEWNET; one rule each (a rule compares one masked value).
+_CLONE_NEW = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000,
+              0x40000000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +232,14 @@ def compile_filter(lib: ctypes.CDLL) -> SyscallFilter:
         socket = compiler.number("socket")
         if socket is not None:
             compiler.deny(socket, errno.EAFNOSUPPORT, arg=0, mask=_LOW32, value=_AF_VSOCK)
+        clone = compiler.number("clone")
+        if clone is not None:
+            flags = 1 if compiler.arch == "s390x" else 0  # s390x passes the stack first
+            for bit in _CLONE_NEW:
+                compiler.deny(clone, errno.EPERM, arg=flags, mask=bit, value=bit)
+        clone3 = compiler.number("clone3")
+        if clone3 is not None:
+            compiler.deny(clone3, errno.ENOSYS)
         return SyscallFilter(program=compiler.export(), arch=compiler.arch,
                              denied=tuple(denied), unknown=tuple(unknown))
     finally:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import heapq
 import itertools
 import logging
@@ -270,6 +271,10 @@ class Rollouts:
             work = job.queue.popleft()
             self._live += 1
             task = asyncio.get_running_loop().create_task(self._run(work))
+            # A callback, not a `finally` in _run: a task cancelled before its first
+            # step (a cancel right after a dispatch) never runs its body's finally,
+            # and its slot would be lost.
+            task.add_done_callback(functools.partial(self._settled, work))
             job.running[work.planned.trajectory_id] = task
 
     async def _run(self, work: Work) -> None:
@@ -285,14 +290,16 @@ class Rollouts:
             pass  # the job was deleted meanwhile
         except Exception:  # a bug here must not stop the other trajectories
             log.exception("trajectory %s of job %s failed in the service", tid, work.job_id)
-        finally:
-            self._live -= 1
-            job = self._jobs.get(work.job_id)
-            if job is not None:
-                job.running.pop(tid, None)
-                if not job.running and not job.queued:
-                    del self._jobs[work.job_id]
-            self._dispatch()
+
+    def _settled(self, work: Work, _task: asyncio.Task[None]) -> None:
+        """A trajectory's task is done, however: its slot is free."""
+        self._live -= 1
+        job = self._jobs.get(work.job_id)
+        if job is not None:
+            job.running.pop(work.planned.trajectory_id, None)
+            if not job.running and not job.queued:
+                del self._jobs[work.job_id]
+        self._dispatch()
 
     async def _trajectory(self, work: Work, attempt: int) -> Trajectory:
         p = work.planned
