@@ -47,33 +47,44 @@ def read_jsonl(path: str | Path, *,
     cannot be opened."""
     # O_NONBLOCK: opening a FIFO for reading must not wait for a writer.
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # OSError as before
-    with os.fdopen(fd, "rb") as f:
+    try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise TaskFormatError(f"{path}: not a regular file")
         if st.st_size > max_bytes:
             raise TaskFormatError(f"{path}: {st.st_size} bytes, over the limit of {max_bytes}")
         os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as f:
         budget = max_bytes  # a file that grows while it is read stops at the limit too
         number = 0
         while raw := f.readline(budget + 1):
-            number += 1
             budget -= len(raw)
             if budget < 0:
                 raise TaskFormatError(f"{path}: over the limit of {max_bytes} bytes")
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                raise TaskFormatError(f"{path}:{number}: not UTF-8 text") from None
-            if not line.strip():
-                continue
-            try:
-                value = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise TaskFormatError(f"{path}:{number}: not JSON: {e.msg}") from None
-            if not isinstance(value, dict):
-                raise TaskFormatError(f"{path}:{number}: each line must be a JSON object")
-            yield number, value
+            # Lines end at \n, \r\n or a lone \r, as text mode reads them.
+            for piece in raw.replace(b"\r\n", b"\n").split(b"\r"):
+                number += 1
+                yield from _record(path, number, piece)
+
+
+def _record(path: str | Path, number: int, raw: bytes) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The line's object (none for a blank line); TaskFormatError naming the line."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise TaskFormatError(f"{path}:{number}: not UTF-8 text") from None
+    if not line.strip():
+        return
+    try:
+        value = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise TaskFormatError(f"{path}:{number}: not JSON: {e.msg}") from None
+    if not isinstance(value, dict):
+        raise TaskFormatError(f"{path}:{number}: each line must be a JSON object")
+    yield number, value
 
 
 def write_jsonl(path: str | Path, records: list[dict[str, Any]]) -> None:

@@ -72,7 +72,8 @@ class EngineLauncher(ABC):
 
     @abstractmethod
     def startup_s(self, tp: int) -> float:
-        """Typical seconds from `start` to a healthy engine (on the runtime's clock)."""
+        """Typical real seconds from `start` to a healthy engine (a process starts on
+        the wall clock, whatever clock the runtime runs on)."""
 
 
 class ProcessSpec(ABC):

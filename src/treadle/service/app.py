@@ -25,22 +25,22 @@
 Each NDJSON line is ``{"seq": n, "trajectory": <record>}`` (the record:
 `treadle.store.record`); a followed stream with nothing new writes a blank line
 every `stream_heartbeat_s` (readers skip blank lines). Every route but `/healthz`
-and the schema (`/openapi.json`, `/docs`) needs ``Authorization: Bearer <token>``
-when the service has a token (401 otherwise, decided from the headers before any
-body is read; the schema declares it as an HTTP bearer scheme). A body over
-`max_body_bytes` is a 413, whether it declares its length or is sent chunked, and
-one that takes longer than `body_timeout_s` to arrive a 408 (`limits.RequestGate`);
-more than `max_requests` requests at once (streams counted apart, up to
-`max_streams`), or a job that would queue more than `max_queued` trajectories, a 503
-with Retry-After. Bad input is a 422 whose ``detail`` lists ``{"loc", "msg",
-"type"}`` per bad field (a body that is not strict JSON — not UTF-8, NaN or infinite
-numbers, lone surrogates — one entry at ``["body"]``); an unknown job or engine a
-404; a job id already taken a 409; a method a route does not have a 405 whose Allow
-header lists the ones it has. Every error body is ``{"detail": ...}``
-(`schemas.ErrorReply`, bounded in size: `replies`), and the OpenAPI schema declares
-each route's errors. No route runs code: tools run in the service's sandboxes, only
-suites registered in the process can be named, and a file a suite option names must
-lie under the service's `data_roots`.
+needs ``Authorization: Bearer <token>`` when the service has a token, the schema
+(`/openapi.json`; there is no docs UI) included: 401 otherwise, decided from the
+headers before any body is read; the schema declares it as an HTTP bearer scheme. A
+body over `max_body_bytes` is a 413, whether it declares its length or is sent
+chunked, and one that takes longer than `body_timeout_s` to arrive a 408
+(`limits.RequestGate`); more than `max_requests` requests at once (streams counted
+apart, up to `max_streams`), or a job that would queue more than `max_queued`
+trajectories, a 503 with Retry-After. Bad input is a 422 whose ``detail`` lists
+``{"loc", "msg", "type"}`` per bad field (a body that is not strict JSON — not
+UTF-8, NaN or infinite numbers, lone surrogates — one entry at ``["body"]``); an
+unknown job or engine a 404; a job id already taken a 409; a method a route does not
+have a 405 whose Allow header lists the ones it has. Every error body is
+``{"detail": ...}`` (`schemas.ErrorReply`, bounded in size: `replies`), and the
+OpenAPI schema declares each route's errors. No route runs code: tools run in the
+service's sandboxes, only suites registered in the process can be named, and a file
+a suite option names must lie under the service's `data_roots`.
 
 Layout: one router per resource under `routes/`, the `Service` reached through a
 typed dependency (`deps.ServiceDep`), one table from error class to status
