@@ -19,6 +19,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -96,8 +97,12 @@ def test_clients_of_killed_and_stopped_servers_get_results_or_sandbox_errors(
     outcomes: dict[str, int] = {"ok": 0, "sandbox_error": 0}
     wrong: list[str] = []
 
+    schedule_done = threading.Event()
+
     async def client(n: int) -> None:
-        for i in range(12):
+        i = 0
+        while not schedule_done.is_set() or i < 4:  # busy while every fault lands
+            i += 1
             try:
                 sb = await backend.start(Limits(wall_timeout_s=20))
                 try:
@@ -117,6 +122,13 @@ def test_clients_of_killed_and_stopped_servers_get_results_or_sandbox_errors(
 
     def faults() -> dict[str, int]:
         done = {"kill": 0, "stop": 0}
+        try:
+            _inject(done)
+        finally:
+            schedule_done.set()
+        return done
+
+    def _inject(done: dict[str, int]) -> None:
         for _ in range(6):
             time.sleep(rng.uniform(0.3, 1.0))  # the schedule's spacing
             server = rng.choice(servers)
@@ -131,7 +143,6 @@ def test_clients_of_killed_and_stopped_servers_get_results_or_sandbox_errors(
                 time.sleep(rng.uniform(0.5, 2.0))
                 os.kill(server.proc.pid, signal.SIGCONT)
                 done["stop"] += 1
-        return done
 
     async def main() -> dict[str, int]:
         injector = asyncio.ensure_future(asyncio.to_thread(faults))
@@ -144,8 +155,9 @@ def test_clients_of_killed_and_stopped_servers_get_results_or_sandbox_errors(
         for s in servers:
             s.terminate()
     assert wrong == [], wrong[:5]
-    assert outcomes["ok"] + outcomes["sandbox_error"] == 6 * 12
-    assert outcomes["ok"] > 0 and done["kill"] + done["stop"] == 6
+    # The faults met calls in flight, and calls went on working around them.
+    assert outcomes["sandbox_error"] > 0 and outcomes["ok"] > outcomes["sandbox_error"]
+    assert done["kill"] + done["stop"] == 6
     # Nothing of the sandboxes is left: a killed server's trees died with it, a
     # stopped one's finished, and the clean shutdowns removed every work dir.
     deadline = time.monotonic() + 30

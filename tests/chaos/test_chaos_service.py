@@ -39,8 +39,10 @@ def _assert_clean(report: dict[str, Any], config: ChaosConfig) -> None:
 
 
 def test_a_ci_sized_run_loses_duplicates_and_hangs_nothing(tmp_path: Path) -> None:
+    # A deadline well inside pytest's timeout: a slow reader is reported as hung, with
+    # the report, instead of the test being killed without one.
     config = ChaosConfig(seed=0, jobs=2, trajectories=64, faults=len(PROCESS_FAULTS),
-                         fault_gap_s=1.0, time_scale=0.1)
+                         fault_gap_s=1.0, time_scale=0.1, deadline_s=180.0)
     _assert_clean(run_chaos(config, tmp_path, say=lambda _m: None), config)
 
 

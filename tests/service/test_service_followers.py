@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,18 @@ def test_followers_that_hang_up_never_stall_delivery(seed: int) -> None:
             hang_ups: set[asyncio.Task[None]] = set()
 
             async def churn() -> None:
+                # Until the stayer has everything, or until nothing was delivered for
+                # 30 s (a wedge; a merely slow machine still delivers).
+                seen, since = -1, time.monotonic()
+                checked = since
                 while not stayer.done():
+                    if time.monotonic() - checked > 1.0:  # a look now and then: the
+                        checked = time.monotonic()  # churn itself must stay dense
+                        delivered = (await rollouts.store.job(info.job_id)).delivered
+                        if delivered != seen:
+                            seen, since = delivered, checked
+                        elif checked - since > 30:
+                            return
                     for _ in range(rng.randrange(8)):
                         await asyncio.sleep(0)
                     i = rng.randrange(len(followers))
@@ -81,9 +93,9 @@ def test_followers_that_hang_up_never_stall_delivery(seed: int) -> None:
                     hang_up.add_done_callback(hang_ups.discard)
                     followers[i] = asyncio.create_task(follow())
 
-            # Bounded only so that a wedge fails the test instead of hanging the suite.
+            await churn()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(churn(), 60)
+                await asyncio.wait_for(asyncio.shield(stayer), 30)
             assert stayer.done(), f"delivery stalled at {rollouts.live} running"
             seqs = stayer.result()
             await asyncio.gather(*hang_ups, *(_cancel_until_done(f) for f in followers))
