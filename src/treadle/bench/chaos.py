@@ -87,6 +87,7 @@ class ChaosConfig:
 
 def run_chaos(config: ChaosConfig, work: Path, say: Log = log) -> dict[str, Any]:
     """Run it in `work` (database, log); the report. See the module docstring."""
+    started = time.monotonic()
     rng = random.Random(config.seed)
     # The readers' retries are the point of the run, not news: one line each is noise.
     logging.getLogger("treadle.client").setLevel(logging.ERROR)
@@ -145,6 +146,7 @@ def run_chaos(config: ChaosConfig, work: Path, say: Log = log) -> dict[str, Any]
                         "service_starts": service.starts}
     report["tokens"] = tokens.summary(report.pop("delivered_tokens"))
     report["config"] = asdict(config)
+    report["wall_s"] = round(time.monotonic() - started, 1)
     report["ok"] = _ok(report)
     return report
 
