@@ -65,7 +65,10 @@ class ServiceConfig:
     # a job with nothing new from a dead connection (its read timeout: a few of these).
     stream_heartbeat_s: float = 15.0
     request_timeout_s: float | None = 600.0  # per engine call
-    engine_wait_s: float = 60.0  # a turn with no engine at all gives up after this
+    # The grace a waiting turn gets while no engine is live (none yet, or the last one
+    # failed and a replacement may come): it fails with NoEngineAvailable after this
+    # many seconds of the runtime's clock (modelled seconds with emulated engines).
+    engine_wait_s: float = 60.0
     vllm_model: str | None = None  # start vLLM engines serving this model directory
     vllm_engines: int = 1  # how many (each a TP-1 process of its own)
     vllm_python: str = "python3"  # the interpreter vLLM is installed in
