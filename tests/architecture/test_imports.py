@@ -17,6 +17,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 # `treadle.clock` and the root package). The table of docs/architecture.md, as data.
 LAYERS: dict[str, set[str]] = {
     "testing": set(),  # test doubles shipped for tests; nothing in src imports it
+    "examples": set(),  # harnesses that know only the OpenAI API; nothing imports them
     "workloads": set(),
     "page": set(),
     "reports": set(),
@@ -30,9 +31,11 @@ LAYERS: dict[str, set[str]] = {
     "client": {"store"},
     "sim": {"core", "workloads", "page"},
     "runtime": {"core", "engines", "envs", "agent", "sandbox", "workloads"},
-    "service": {"runtime", "store", "core", "engines", "envs", "agent", "sandbox", "served",
-                "workloads"},
-    "run": {"service", "client", "store", "envs", "sandbox", "served", "workloads", "page"},
+    "gateway": {"runtime", "core", "engines", "envs", "agent", "sandbox"},
+    "service": {"gateway", "runtime", "store", "core", "engines", "envs", "agent", "sandbox",
+                "served", "workloads"},
+    "run": {"service", "gateway", "client", "store", "envs", "sandbox", "served", "workloads",
+            "page"},
     "train": {"client", "runtime", "agent", "envs", "engines", "sandbox"},
     "bench": {"sim", "runtime", "service", "sandbox", "core", "engines", "workloads",
               "reports", "served", "client", "store"},

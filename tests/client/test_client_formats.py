@@ -311,3 +311,68 @@ def test_an_error_never_appears_with_reward_zero(seed: int) -> None:
         ids = {f"{t.instance_id}_{t.repetition_id}" for t in sky["trajectory_ids"]}
         assert not ids & {f"{t.key.group_id}_{t.key.repetition}" for t in batch
                           if t.infra_failure}
+
+
+# -- frozen sub-agents ---------------------------------------------------------------
+
+
+def _frozen(tid: str, group: str, rep: int) -> Trajectory:
+    """A frozen sub-agent of p0: all tokens at mask 0, unscored."""
+    t = traj(tid, group, rep, None)
+    t.trainable, t.parent_id = False, "p0"
+    for seg in t.segments:
+        seg.loss_mask = [0] * len(seg.response_ids)
+        seg.logprobs = [0.0] * len(seg.response_ids)
+    return t
+
+
+def _with_frozen_and_aborted() -> list[Trajectory]:
+    return [traj("a0", "a", 0, 1.0), _frozen("a1", "a", 1), traj("a2", "a", 2, 0.0),
+            traj("a3", "a", 3, None, status=TrajectoryStatus.ABORTED)]
+
+
+def test_verl_treats_a_frozen_sub_agent_as_it_treats_an_aborted_one() -> None:
+    batch = _with_frozen_and_aborted()
+    out = to_verl(batch)
+    assert [r["extra_fields"]["treadle_trajectory_id"] for r in out.data] == ["a0", "a2"]
+    assert [(e.trajectory_id, e.reason) for e in out.exclusions] == [
+        ("a1", "frozen sub-agent (of p0)"), ("a3", "aborted: aborted")]
+    kept = [FakeAgentLoopOutput(**r) for r in to_verl(batch, drop_failed=False).data]
+    by_id = {o.extra_fields["treadle_trajectory_id"]: o for o in kept}
+    for tid in ("a1", "a3"):
+        assert by_id[tid].reward_score is None and set(by_id[tid].response_mask) == {0}
+    assert by_id["a1"].extra_fields["treadle_excluded"] == "frozen sub-agent (of p0)"
+    assert to_verl(batch, drop_group_on_failure=True).data == []  # the abort drops it
+    alone = to_verl([batch[0], batch[1], batch[2]], drop_group_on_failure=True)
+    assert [r["extra_fields"]["treadle_trajectory_id"] for r in alone.data] == ["a0", "a2"]
+
+
+def test_skyrl_drops_a_frozen_sub_agent_step_wise_and_refuses_it_plain() -> None:
+    batch = [traj("a0", "a", 0, 1.0), _frozen("a1", "a", 1), traj("a2", "a", 2, 0.0)]
+    out = to_skyrl(batch, step_wise=True, drop_group_on_failure=True)
+    skyrl_validate(len(batch), out.data, step_wise=True)
+    assert out.data["trajectory_ids"] == [SkyRLTrajectoryID("a", 0), SkyRLTrajectoryID("a", 2)]
+    assert skyrl_step_wise_advantages(out.data) == \
+        [s.advantage for s in training_sequences([batch[0], batch[2]]).sequences]
+    assert out.data["rollout_metrics"]["treadle/num_excluded"] == 1.0
+    assert out.data["rollout_metrics"]["treadle/num_infra_failures"] == 0.0
+    with pytest.raises(ConversionError, match="step_wise=True"):
+        to_skyrl(batch)  # as for an aborted one: a row per prompt is impossible
+    with pytest.raises(ConversionError, match="no trajectory to train"):
+        to_skyrl([_frozen("s0", "sub", 0), _frozen("s1", "sub", 1)], step_wise=True)
+
+
+def test_trl_keeps_a_frozen_sub_agent_masked_and_unscored() -> None:
+    batch = _with_frozen_and_aborted()
+    out = to_trl(batch, pad_token_id=0, num_generations=4)
+    data = out.data
+    assert data["treadle_trajectory_id"] == ["a0", "a1", "a2", "a3"]
+    for i in (1, 3):  # the frozen and the aborted row look alike
+        assert data["env_mask"][i] == [0] and data["completion_ids"][i] == [0]
+        assert data["treadle_reward"][i] is None
+    assert data["prompt_ids"][1] == batch[1].segments[0].prompt_ids
+    assert data["treadle_excluded"][1] == "frozen sub-agent (of p0)"
+    # TRL leaves unscored rows out of the group's mean and std: the baseline is a0, a2.
+    adv = group_advantages([1.0, 0.0], ["a", "a"], epsilon=1e-4)
+    rewards = treadle_reward(treadle_reward=data["treadle_reward"])
+    assert trl_advantages(rewards, 4) == pytest.approx([adv[0], 0.0, adv[1], 0.0], rel=1e-12)

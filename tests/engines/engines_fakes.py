@@ -71,11 +71,16 @@ class FakeVLLMServer(_FakeServer):
     per choice), no_token_ids, bad_logprobs, hang, error500, reject400, not_json,
     old_metrics (`vllm:gpu_cache_usage_perc`), no_metrics. With `reply_ids` set, every
     completion is those ids (cut at max_tokens), finish reason "stop" when they fit:
-    a scripted reply for tests that need one in a tokenizer's vocabulary."""
+    a scripted reply for tests that need one in a tokenizer's vocabulary; `script`
+    gives each completion its own reply, in order."""
 
-    def __init__(self, reply_ids: list[int] | None = None) -> None:
+    def __init__(self, reply_ids: list[int] | None = None,
+                 script: list[list[int]] | None = None) -> None:
         super().__init__()
         self.reply_ids = reply_ids
+        # Replies in order, one per completion (then `reply_ids`, if set).
+        self.script = list(script or [])
+        self.replies: list[list[int]] = []  # the ids each completion returned
 
         @self.app.post("/v1/completions")
         async def completions(request: Request) -> Response:
@@ -93,10 +98,12 @@ class FakeVLLMServer(_FakeServer):
             prompt = body["prompt"]
             ids, lps = _outputs(prompt, body["max_tokens"])
             finish = "length"
-            if self.reply_ids is not None:
-                ids = self.reply_ids[:body["max_tokens"]]
+            scripted = self.script.pop(0) if self.script else self.reply_ids
+            if scripted is not None:
+                ids = scripted[:body["max_tokens"]]
                 lps = lps[:len(ids)]
-                finish = "stop" if len(ids) == len(self.reply_ids) else "length"
+                finish = "stop" if len(ids) == len(scripted) else "length"
+            self.replies.append(list(ids))
             choice: dict[str, Any] = {
                 "index": 0, "text": "x" * len(ids), "finish_reason": finish,
                 "stop_reason": None,

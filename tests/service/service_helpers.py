@@ -18,7 +18,10 @@ def running_service(config: ServiceConfig) -> Iterator[str]:
     """The service's base URL while the block runs."""
     sock = loopback_socket()
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(build_service(config)), log_level="warning",
+    service = build_service(config)
+    if service.gateway.url is None:  # where harnesses reach it
+        service.gateway.url = f"http://127.0.0.1:{port}"
+    server = uvicorn.Server(uvicorn.Config(create_app(service), log_level="warning",
                                            lifespan="on", access_log=False))
     with serving_in_thread(server, sock, name=f"treadle-service-{port}",
                            startup_timeout_s=60):

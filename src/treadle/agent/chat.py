@@ -190,17 +190,28 @@ class HermesFormat:
     def parse(self, text: str) -> Reply:
         """The reply's tool calls, well-formed or not (never raises)."""
         text = text.removesuffix(IM_END)
+        return Reply(text, self.split(text)[1])
+
+    def split(self, text: str) -> tuple[str, list[ParsedCall | CallError]]:
+        """(the reply's text without its well-formed ``<tool_call>`` blocks, stripped;
+        every block's call, well-formed or not). A malformed or unclosed block stays
+        in the text: it is what the model wrote, not a call. Never raises."""
         calls: list[ParsedCall | CallError] = []
+        kept: list[str] = []
         end = 0
         for m in _CALL.finditer(text):
-            calls.append(_parse_call(m.group(1)))
+            call = _parse_call(m.group(1))
+            calls.append(call)
+            kept.append(text[end:m.start()] if isinstance(call, ParsedCall)
+                        else text[end:m.end()])
             end = m.end()
         rest = text[end:]
+        kept.append(rest)
         if "<tool_call>" in rest:
             raw = rest[rest.index("<tool_call>"):]
             calls.append(CallError("a <tool_call> block was opened but never closed with "
                                    "</tool_call>", raw[:200]))
-        return Reply(text, calls)
+        return "".join(kept).strip(), calls
 
 
 def _messages(prompt: str | Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:

@@ -20,6 +20,17 @@ with the outcome (a sandbox that dies on the longest, hardest runs), the remaini
 members are a biased sample of the group: ``drop_group_on_failure=True`` excludes
 the whole group, at the price of its good samples.
 
+**Frozen sub-agents.** A trajectory with ``trainable`` false (a sub-agent whose
+tokens must not be trained; its record has loss mask 0 throughout) is excluded like
+an aborted one, whatever its status, with the reason ``frozen sub-agent (of
+<parent_id>)`` (``frozen`` when it has no parent): it needs no reward, it never
+enters its group's baseline, and a converter drops it or keeps it masked as it does
+an aborted one. It is no failure: ``drop_group_on_failure`` never drops its group
+because of it. Sub-agent trajectories normally come in groups of their own (the
+parent's siblings are in the parent's group, its sub-agents are not), so a frozen
+sub-agent's group is usually all frozen and wholly excluded; a trainable sub-agent
+trains in its group like any other trajectory.
+
 **Everything else is trained**, including TRUNCATED, MAX_TURNS and TIMEOUT: those
 are the agent's outcomes, scored by the environment. Such a trajectory must have a
 reward; one that is not terminal or not scored raises ConversionError, as does
@@ -53,7 +64,9 @@ class Exclusion:
     trajectory_id: str  # the excluded trajectory
     group_id: str  # its GRPO group
     status: TrajectoryStatus  # its terminal status (any, when its group was dropped)
-    reason: str  # e.g. "infra_failure (engine): engine unreachable", "group member t3 excluded"
+    # e.g. "infra_failure (engine): engine unreachable", "frozen sub-agent (of t1)",
+    # "group member t3 excluded"
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +88,9 @@ class TrainingSequence:
     advantage: float | None  # the trajectory's group advantage; None on an excluded row
     status: TrajectoryStatus  # the trajectory's terminal status
     excluded: str | None  # why this row must not train (None: it trains)
+    # Why the segment began (`TokenSegment.start_reason`): "start" for the first, else
+    # the context edit that forced a new sequence; "start" on a row without tokens.
+    start_reason: str = "start"
 
     @property
     def is_last_segment(self) -> bool:
@@ -98,7 +114,11 @@ class Converted(Generic[_T]):
 
 
 def exclusion_reason(t: Trajectory) -> str | None:
-    """Why `t` on its own is no training data (ERROR, ABORTED), or None."""
+    """Why `t` on its own is no training data (frozen, ERROR, ABORTED), or None."""
+    # Frozen first: such a trajectory is never trained whatever its status, so that is
+    # the reason (an ERROR among frozen sub-agents still says so in its status).
+    if not t.trainable:
+        return "frozen" if t.parent_id is None else f"frozen sub-agent (of {t.parent_id})"
     if t.status is TrajectoryStatus.ERROR:
         stage = t.failure_stage.value if t.failure_stage else "unknown stage"
         return f"infra_failure ({stage}): {t.reason or 'no reason given'}"
@@ -118,6 +138,7 @@ def exclusions(trajectories: Sequence[Trajectory], *,
     seen: set[str] = set()
     slots: set[tuple[str, int]] = set()
     out: dict[str, Exclusion] = {}
+    broken: dict[str, str] = {}  # group id -> a member whose failure drops the group
     for t in trajectories:
         if t.trajectory_id in seen:
             raise ConversionError(f"trajectory {t.trajectory_id!r} appears twice")
@@ -132,11 +153,14 @@ def exclusions(trajectories: Sequence[Trajectory], *,
         reason = exclusion_reason(t)
         if reason is not None:
             out[t.trajectory_id] = Exclusion(t.trajectory_id, t.key.group_id, t.status, reason)
+            # A frozen member was never going to train: its absence does not bias the
+            # survivors the way a failure may, so it leaves its group alone.
+            if t.trainable:
+                broken[t.key.group_id] = t.trajectory_id
         elif t.reward is None:
             raise ConversionError(f"trajectory {t.trajectory_id!r} ({t.status.value}) has no "
                                   f"reward: score it before training")
-    if drop_group_on_failure and out:
-        broken = {e.group_id: e.trajectory_id for e in out.values()}
+    if drop_group_on_failure and broken:
         for t in trajectories:
             if t.trajectory_id not in out and t.key.group_id in broken:
                 out[t.trajectory_id] = Exclusion(
@@ -218,4 +242,5 @@ def _rows(t: Trajectory, advantage: float | None, excluded: str | None) -> list[
         policy_versions=list(s.policy_versions),
         reward=None if excluded is not None else t.reward,
         advantage=None if excluded is not None else advantage,
-        status=t.status, excluded=excluded) for i, s in enumerate(t.segments)]
+        status=t.status, excluded=excluded, start_reason=s.start_reason)
+        for i, s in enumerate(t.segments)]

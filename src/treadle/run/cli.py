@@ -6,6 +6,11 @@ summary table, a Parquet file and an HTML report at the end.
     treadle run --suite math --n 64 --group 8 --url http://rollouts:8700 --token $T
     treadle run --workload coding --trajectories 64        # emulated engines, no model
 
+`--harness CMD` runs each trajectory with an agent harness of your own instead of
+treadle's agent loop: CMD is started once per trajectory with OPENAI_BASE_URL and
+OPENAI_API_KEY pointing at its gateway session (docs/gateway.md), and the run is
+scored by `--harness-score`.
+
 Tasks, one source: TASKS.jsonl (records in the format of `--suite NAME`,
 docs/suites.md), `--suite NAME --n N` (generated, `--seed`), or `--workload NAME`
 (`coding`, `search`, `math`, `swe`: `--trajectories N` replayed, counts and timing
@@ -44,6 +49,7 @@ from treadle.errors import UsageError
 
 DEFAULT_TIME_SCALE = 0.1  # of emulated engines started here
 DEFAULT_EMULATED_GPUS = 2
+HARNESS_NAME = "cli"  # the name `--harness CMD` gets in a service started here
 
 
 def add_run_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -66,6 +72,16 @@ def add_run_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
                      help="of a built-in workload (a multiple of --group)")
     src.add_argument("--group", type=int, help="GRPO group size (default: 1 sample per "
                      "task; 16 for a workload)")
+    har = p.add_argument_group("an agent harness instead of treadle's agent loop")
+    har.add_argument("--harness", metavar="CMD",
+                     help="run each trajectory with this command, through the gateway "
+                          "(OPENAI_BASE_URL is its session; docs/gateway.md); with --url, "
+                          "the name of one of that service's harnesses")
+    har.add_argument("--harness-score", default="auto",
+                     choices=("auto", "verifier", "reward_file", "exit_code"),
+                     help="how a finished run is scored (default: its reward file if it "
+                          "writes one, else the suite's verifier on its answer)")
+    har.add_argument("--harness-timeout", type=float, default=900.0, metavar="SECONDS")
     lim = p.add_argument_group("sampling and limits")
     lim.add_argument("--temperature", type=float)
     lim.add_argument("--top-p", type=float)
@@ -177,8 +193,14 @@ def job_request(args: argparse.Namespace) -> tuple[dict[str, Any], list[int]]:
     sampling = given(temperature=args.temperature, top_p=args.top_p, seed=args.sampling_seed)
     limits = given(max_turns=args.max_turns, max_total_tokens=args.max_total_tokens,
                    max_tokens_per_turn=args.max_tokens_per_turn, deadline_s=args.deadline)
+    harness = None
+    if args.harness:
+        if "suite" not in tasks:
+            raise UsageError("--harness runs suite tasks: give --suite")
+        harness = {"name": args.harness if args.url else HARNESS_NAME,
+                   "score": args.harness_score}
     return given(tasks=tasks, samples_per_task=samples, sampling=sampling or None,
-                 limits=limits or None, job_id=args.job_id), lines
+                 limits=limits or None, job_id=args.job_id, harness=harness), lines
 
 
 def read_jsonl(path: str, what: str) -> tuple[list[dict[str, Any]], list[int]]:
@@ -257,7 +279,8 @@ def _service(args: argparse.Namespace,
                      for u in args.engine],
             tokenizer=args.tokenizer or args.vllm,
             sandbox=_sandbox(args.sandbox) if suite else None, vllm_model=args.vllm,
-            vllm_python=os.path.abspath(args.vllm_python))
+            vllm_python=os.path.abspath(args.vllm_python),
+            harnesses=_harnesses(args))
         service = build_service(config)
     except (ValueError, KeyError, OSError, TreadleError) as e:
         raise UsageError(str(e).strip("'\"")) from None
@@ -281,12 +304,26 @@ def serve_here(service: Any, engines: str, *,
 
     sock = loopback_socket()
     port = sock.getsockname()[1]
+    if service.gateway.url is None:  # where harnesses reach it
+        service.gateway.url = f"http://127.0.0.1:{port}"
     server = uvicorn.Server(uvicorn.Config(create_app(service), log_level="warning",
                                            lifespan="on", access_log=False))
     print(f"treadle run: starting a service here with {engines}", file=sys.stderr, flush=True)
     with serving_in_thread(server, sock, name=f"treadle-run-service-{port}",
                            startup_timeout_s=startup_timeout_s):
         yield f"http://127.0.0.1:{port}", f"a service started here with {engines}"
+
+
+def _harnesses(args: argparse.Namespace) -> dict[str, Any]:
+    if not args.harness:
+        return {}
+    from treadle.gateway.harness import Harness, parse_command
+
+    try:
+        command = parse_command(args.harness)
+    except ValueError as e:
+        raise UsageError(f"--harness: {e}") from None
+    return {HARNESS_NAME: Harness(HARNESS_NAME, command, timeout_s=args.harness_timeout)}
 
 
 def _sandbox(name: str) -> Any:
@@ -298,9 +335,11 @@ def _sandbox(name: str) -> Any:
 
 
 def watch_job(request: dict[str, Any], url: str, token: str | None, where: str,
-              out: Path) -> int:
+              out: Path, *, tallies: list[tuple[str, Any]] | None = None,
+              label: str = "") -> int:
     """Submit `request` to the service at `url`, show its progress, print the summary,
-    write OUT/JOB.parquet and OUT/JOB.html; the exit code (0, or 130 on Ctrl-C)."""
+    write OUT/JOB.parquet and OUT/JOB.html; the exit code (0, or 130 on Ctrl-C).
+    `tallies` gets (`label`, the job's `progress.Tally`) once it has ended."""
     from treadle.client.http import RolloutClient
     from treadle.client.stream import RetryPolicy
     from treadle.run.progress import Progress, summary_rows, summary_table
@@ -339,6 +378,8 @@ def watch_job(request: dict[str, Any], url: str, token: str | None, where: str,
         state = client.job(job.job_id)
     wall = time.monotonic() - started
     tally = progress.tally
+    if tallies is not None:
+        tallies.append((label, tally))
     print(summary_table(tally))
     facts = [f"job {job.job_id} on {where} · {state.status} · engines at the start: "
              f"{len(engines)} · {_describe(request)}",
@@ -356,8 +397,9 @@ def _describe(request: dict[str, Any]) -> str:
     tasks = request["tasks"]
     if "suite" in tasks:
         n = tasks.get("count") or len(tasks.get("tasks") or [])
+        by = f" by harness {request['harness']['name']}" if request.get("harness") else ""
         return (f"suite {tasks['suite']}: {n} tasks x {request.get('samples_per_task', 1)} "
-                f"samples")
+                f"samples{by}")
     if tasks.get("trace") is not None:
         return f"trace replay: {len(tasks['trace'])} trajectories"
     return (f"{tasks['workload']} workload replay: {tasks['trajectories']} trajectories in "

@@ -7,6 +7,14 @@
                                          number, ?follow=true waits for the rest
     POST /v1/jobs/{id}/cancel            cancel: unfinished trajectories become aborted
     POST /v1/rollouts                    one trajectory, answered when it ends
+    POST /v1/sessions                    a session for an agent harness → 201 {session_id,
+                                         base_url, job_id}; the harness sets base_url as
+                                         its OpenAI base URL (docs/gateway.md)
+    GET  /v1/sessions/{id}               an open session: turns, segments, children
+    POST /v1/sessions/{id}/end           end it with its reward: its trajectory is stored
+    POST /v1/sessions/{id}/openai/v1/chat/completions   one call of the session (OpenAI's
+                                         shapes and errors; `treadle.gateway.wire`)
+    GET  /v1/sessions/{id}/openai/v1/models             the served model's name
     GET  /v1/engines                     the engine pool
     POST /v1/engines                     register a running engine (health-checked)
     POST /v1/engines/{id}/drain          send it nothing more; removed once idle
@@ -57,7 +65,7 @@ from fastapi import Depends, FastAPI
 from treadle.service import replies
 from treadle.service.deps import bearer
 from treadle.service.limits import RequestGate
-from treadle.service.routes import engines, jobs, rollouts, system, weights
+from treadle.service.routes import engines, jobs, openai, rollouts, sessions, system, weights
 from treadle.service.state import Service
 
 
@@ -82,7 +90,7 @@ def create_app(service: Service) -> FastAPI:
     # The errors every authorised route can answer; routes add their own.
     common = replies.documented(*((401,) if service.config.token else ()), 408, 413, 503)
     app.include_router(system.health)
-    routers = [m.router for m in (system, jobs, rollouts, engines, weights)]
+    routers = [m.router for m in (system, jobs, rollouts, sessions, openai, engines, weights)]
     for router in routers:
         app.include_router(router, dependencies=auth, responses=common)
     replies.install(app, [route for r in [system.health, *routers] for route in r.routes])

@@ -68,8 +68,34 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
                    help="a directory whose files jobs may name in suite options such as "
                         "nemo_gym's rows_path (repeatable; default none: no file may be "
                         "named)")
+    p.add_argument("--harness", action="append", default=[], metavar="NAME=CMD",
+                   help="an agent harness jobs may name (repeatable): CMD runs once per "
+                        "trajectory with OPENAI_BASE_URL set to its session (docs/gateway.md)")
+    p.add_argument("--harness-timeout", type=float, default=900.0, metavar="SECONDS",
+                   help="a harness run's wall-clock limit")
+    p.add_argument("--public-url", default=None,
+                   help="this service's URL as harnesses reach it (default "
+                        "http://HOST:PORT)")
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=run_serve)
+
+
+def harnesses(specs: list[str], timeout_s: float) -> dict[str, Any]:
+    """`NAME=CMD` options as harnesses; ValueError naming a bad one."""
+    from treadle.gateway.harness import Harness, parse_command
+
+    out: dict[str, Any] = {}
+    for spec in specs:
+        name, _, command = spec.partition("=")
+        if not name or not command or name in out:
+            raise ValueError(f"--harness {spec!r}: NAME=CMD, each NAME once")
+        out[name] = Harness(name, parse_command(command), timeout_s=timeout_s)
+    return out
+
+
+def _reachable(host: str) -> str:
+    """An address a local harness reaches a service bound to `host` at."""
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -102,7 +128,10 @@ def run_serve(args: argparse.Namespace) -> int:
                                vllm_engines=args.vllm_engines,
                                vllm_python=os.path.abspath(args.vllm_python),
                                vllm_max_model_len=args.max_model_len,
-                               data_roots=tuple(_data_roots(args.data_root)))
+                               data_roots=tuple(_data_roots(args.data_root)),
+                               harnesses=harnesses(args.harness, args.harness_timeout),
+                               public_url=args.public_url or
+                               f"http://{_reachable(args.host)}:{args.port}")
         service = build_service(config)
     except (ValueError, KeyError, OSError) as e:
         print(f"treadle serve: {str(e).strip(chr(39))}", file=sys.stderr)

@@ -41,7 +41,7 @@ import heapq
 import itertools
 import logging
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,10 +53,11 @@ from treadle.runtime.rollout import replay_task, run_task
 from treadle.sandbox.base import SandboxBackend
 from treadle.sandbox.pool import SandboxPool
 from treadle.service.metrics import Metrics
-from treadle.service.planning import Planner, Work
+from treadle.service.planning import Planner, Work, planned_sessions
 from treadle.service.schemas import (
     JobRequest,
     RolloutRequest,
+    SessionTasks,
     SuiteTasks,
 )
 from treadle.service.wakeups import JobWakeups
@@ -92,7 +93,7 @@ class Rollouts:
                  max_queued: int = 262_144, max_context: int = 40_960,
                  sandbox_warm: int = 2, sandbox_max_live: int = 64,
                  sandbox_rate_per_s: float = 64.0, data_roots: Sequence[str] = (),
-                 max_data_file_bytes: int = 256 << 20,
+                 max_data_file_bytes: int = 256 << 20, harnesses: Sequence[str] = (),
                  metrics: Metrics | None = None) -> None:
         self.runtime = runtime
         self.store = store
@@ -100,7 +101,7 @@ class Rollouts:
         self.sandbox_backend = sandbox_backend
         self.planner = Planner(tokenizer=tokenizer, sandbox_backend=sandbox_backend,
                                max_context=max_context, data_roots=data_roots,
-                               max_data_file_bytes=max_data_file_bytes)
+                               max_data_file_bytes=max_data_file_bytes, harnesses=harnesses)
         self.max_live = max_live  # trajectories running at once in this process
         self.max_queued = max_queued  # trajectories waiting for a slot, all jobs together
         self.sandbox_warm = sandbox_warm
@@ -116,6 +117,10 @@ class Rollouts:
         self._live = 0
         self._pools: dict[str, SandboxPool] = {}
         self._wakeups = JobWakeups()  # followers of a job, woken by its results
+        # Told the id of every cancelled job (the gateway ends its open sessions).
+        self.cancel_hooks: list[Callable[[str], None]] = []
+        # Runs a harness job's trajectory (the gateway sets it): (work, attempt) -> it.
+        self.harness_runner: Callable[[Work, int], Awaitable[Trajectory]] | None = None
         self._closed = False
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -128,6 +133,10 @@ class Rollouts:
             try:
                 spec = await self.store.job_spec(info.job_id)
                 request = JobRequest.model_validate(spec["request"])
+                if isinstance(request.tasks, SessionTasks):
+                    await self._sessions_interrupted(info.job_id)
+                    recovered.append(info.job_id)
+                    continue
                 # Planning can be long (a suite's tasks, a big trace): off the loop,
                 # where the jobs recovered before this one are already running.
                 work = await asyncio.to_thread(self.planner.resolve, info.job_id, request)
@@ -158,6 +167,11 @@ class Rollouts:
         """Plan, store and queue a job; RequestRefused for what cannot run here,
         ServiceBusy if the queue is full, StoreConflict if `job_id` is taken."""
         job_id = request.job_id or uuid.uuid4().hex[:16]
+        if isinstance(request.tasks, SessionTasks):
+            # Nothing to run here: harnesses take the sessions (service.gateway).
+            planned = planned_sessions(job_id, request.tasks, request.samples_per_task)
+            return await self.store.create_job(job_id, {"request": request.model_dump(
+                mode="json")}, planned)
         work, stored = await asyncio.to_thread(
             lambda: (self.planner.resolve(job_id, request), request.model_dump(mode="json")))
         if self.queued + len(work) > self.max_queued:
@@ -171,6 +185,8 @@ class Rollouts:
 
     async def cancel(self, job_id: str) -> JobInfo:
         info = await self.store.cancel(job_id)
+        for hook in self.cancel_hooks:
+            hook(job_id)
         job = self._jobs.pop(job_id, None)
         self._waiting.pop(job_id, None)
         if job is not None:
@@ -283,7 +299,7 @@ class Rollouts:
             attempt = await self.store.start(work.job_id, tid)
             if attempt is not None:
                 traj = await self._trajectory(work, attempt)
-                await self._finish(work.job_id, traj)
+                await self.deliver(work.job_id, traj)
         except asyncio.CancelledError:
             raise
         except NotFound:
@@ -309,9 +325,12 @@ class Rollouts:
                 return await replay_task(self.runtime, work.task, traj_id=p.trajectory_id,
                                          key=key, task_id=p.task_id, attempt=attempt)
             assert work.suite is not None and self.tokenizer is not None
+            if work.harness is not None:
+                assert self.harness_runner is not None
+                return await self.harness_runner(work, attempt)
             return await run_task(self.runtime, work.suite, work.task, traj_id=p.trajectory_id,
                                   key=key, tokenizer=self.tokenizer,
-                                  sandboxes=self._pool(work.suite),
+                                  sandboxes=self.pool(work.suite),
                                   limits=work.limits, sampling=work.sampling, attempt=attempt)
         except asyncio.CancelledError:
             raise
@@ -321,7 +340,8 @@ class Rollouts:
                               status=TrajectoryStatus.ERROR, failure_stage=FailureStage.RUNTIME,
                               reason=f"runtime: {type(e).__name__}: {e}")
 
-    def _pool(self, suite: Suite) -> SandboxPool | None:
+    def pool(self, suite: Suite) -> SandboxPool | None:
+        """The sandbox pool of a suite's trajectories (None: the service has no sandbox)."""
         if self.sandbox_backend is None:
             return None
         pool = self._pools.get(suite.name)
@@ -332,7 +352,20 @@ class Rollouts:
             self._pools[suite.name] = pool
         return pool
 
-    async def _finish(self, job_id: str, traj: Trajectory) -> None:
+    async def _sessions_interrupted(self, job_id: str) -> None:
+        """A sessions job after a restart: the trajectories of sessions that were open
+        (they died with the process) end as errors; untaken ones stay pending."""
+        for state in await self.store.unfinished(job_id):
+            if state.attempts:
+                await self.deliver(job_id, Trajectory(
+                    state.trajectory_id, GroupKey(state.group_id, state.repetition),
+                    task_id=state.task_id, status=TrajectoryStatus.ERROR,
+                    failure_stage=FailureStage.RUNTIME, attempt=state.attempts,
+                    reason="runtime: the service restarted during the session"))
+
+    async def deliver(self, job_id: str, traj: Trajectory) -> None:
+        """Store a finished trajectory (a duplicate is dropped), count it, and wake the
+        job's followers."""
         finish = await self.store.finish(job_id, traj)
         if finish.duplicate:
             return

@@ -27,7 +27,13 @@ from treadle.errors import TreadleError
 from treadle.sandbox.base import SandboxBackend
 from treadle.service.errors import RequestRefused
 from treadle.service.files import held_file
-from treadle.service.schemas import MAX_TRAJECTORIES_PER_JOB, JobRequest, ReplayTasks, SuiteTasks
+from treadle.service.schemas import (
+    MAX_TRAJECTORIES_PER_JOB,
+    JobRequest,
+    ReplayTasks,
+    SessionTasks,
+    SuiteTasks,
+)
 from treadle.store.jobs import PlannedTrajectory
 from treadle.types import Task
 from treadle.workloads import TrajectorySpec, generate
@@ -47,6 +53,8 @@ class Work:
     suite: Suite | None  # None for a replay
     sampling: Sampling
     limits: AgentLimits
+    harness: str | None = None  # run by this harness through the gateway (suite tasks)
+    score: str = "auto"  # how the harness's run is scored (gateway.harness.judge)
 
 
 class Planner:
@@ -54,12 +62,13 @@ class Planner:
 
     def __init__(self, *, tokenizer: Tokenizer | None, sandbox_backend: SandboxBackend | None,
                  max_context: int, data_roots: Sequence[str] = (),
-                 max_data_file_bytes: int = 256 << 20) -> None:
+                 max_data_file_bytes: int = 256 << 20, harnesses: Sequence[str] = ()) -> None:
         self.tokenizer = tokenizer  # None: replay tasks only
         self.sandbox_backend = sandbox_backend  # None: no suite that needs a sandbox
         self.max_context = max_context  # tokens a replayed trajectory may reach
         self.data_roots = tuple(data_roots)  # where files named by suite options may be
         self.max_data_file_bytes = max_data_file_bytes  # the largest such file
+        self.harnesses = frozenset(harnesses)  # the harness commands jobs may name
         # Suites by name and options (files by their content's identity), the most
         # recently used last; at most _SUITES_KEPT.
         self._suites: collections.OrderedDict[str, Suite] = collections.OrderedDict()
@@ -85,6 +94,9 @@ class Planner:
                                             repetition)
                 out.append(Work(job_id, planned, spec, None, sampling, limits))
             return out
+        if isinstance(tasks, SessionTasks):
+            raise RequestRefused("tasks.sessions: sessions are made by harnesses, not run "
+                                 "here (planned_sessions plans them)")
         n_tasks = tasks.count if tasks.count is not None else len(tasks.tasks or [])
         if n_tasks * request.samples_per_task > MAX_TRAJECTORIES_PER_JOB:
             raise RequestRefused(f"samples_per_task: {n_tasks} tasks x "
@@ -93,6 +105,10 @@ class Planner:
         if self.tokenizer is None:
             raise RequestRefused("tasks.suite: this service has no tokenizer for its model "
                                  "(start it with --tokenizer), so it can run replay tasks only")
+        harness = request.harness
+        if harness is not None and harness.name not in self.harnesses:
+            known = ", ".join(sorted(self.harnesses)) or "none (treadle serve --harness)"
+            raise RequestRefused(f"harness.name: no harness {harness.name!r} here; it has {known}")
         key, suite = self._suite(tasks)
         planned_tasks = _suite_tasks(suite, tasks)
         if self.sandbox_backend is None and any(suite.needs_sandbox(t) for t in planned_tasks):
@@ -102,7 +118,9 @@ class Planner:
             for r in range(request.samples_per_task):
                 planned = PlannedTrajectory(f"{job_id}/{task.task_id}/{r}",
                                             f"{job_id}/{task.task_id}", task.task_id, r)
-                out.append(Work(job_id, planned, task, suite, sampling, limits))
+                out.append(Work(job_id, planned, task, suite, sampling, limits,
+                                None if harness is None else harness.name,
+                                "auto" if harness is None else harness.score))
         self._keep(key, suite)  # only a suite a job could be planned with
         return out
 
@@ -150,6 +168,17 @@ class Planner:
         while len(self._suites) > _SUITES_KEPT:
             self._suites.popitem(last=False)
 
+
+
+def planned_sessions(job_id: str, tasks: SessionTasks,
+                     samples: int) -> list[PlannedTrajectory]:
+    """A sessions job's plan: `samples` sessions of every group, group by group."""
+    groups = tasks.group_ids
+    if len(groups) * samples > MAX_TRAJECTORIES_PER_JOB:
+        raise RequestRefused(f"samples_per_task: {len(groups)} groups x {samples} sessions is "
+                             f"over the {MAX_TRAJECTORIES_PER_JOB} trajectories a job may plan")
+    return [PlannedTrajectory(f"{job_id}/{g}/{r}", f"{job_id}/{g}", g, r)
+            for g in groups for r in range(samples)]
 
 
 def _suite_tasks(suite: Suite, tasks: SuiteTasks) -> list[Task]:
@@ -200,4 +229,4 @@ def _replay_specs(tasks: ReplayTasks, max_context: int) -> list[TrajectorySpec]:
     return specs
 
 
-__all__ = ["Planner", "Work"]
+__all__ = ["Planner", "Work", "planned_sessions"]

@@ -20,6 +20,7 @@ from starlette.routing import BaseRoute, Match, Route
 from starlette.types import Scope
 
 from treadle.errors import ServiceBusy
+from treadle.gateway.errors import GatewayError
 from treadle.service.errors import RequestRefused
 from treadle.service.schemas import ErrorReply
 from treadle.store.errors import NotFound, StoreConflict
@@ -37,10 +38,11 @@ STATUS: dict[type[Exception], int] = {
 }
 
 _TEXT = {
+    400: "the session has ended",
     401: "missing or wrong bearer token",
-    404: "no such job or engine",
+    404: "no such job, engine or session",
     408: "the request body did not arrive in time",
-    409: "the job id is taken",
+    409: "the job id is taken, or the session is busy or taken",
     413: "request body over the service's max_body_bytes",
     422: "bad input: one entry per bad field",
     503: "too many requests at once, or too many trajectories queued: retry after "
@@ -78,6 +80,7 @@ def install(app: FastAPI, routes: Sequence[BaseRoute]) -> None:
     for cls, status in STATUS.items():
         app.add_exception_handler(cls, _status_handler(status))
     app.add_exception_handler(RequestRefused, _refused)
+    app.add_exception_handler(GatewayError, _gateway)
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_exception_handler(StarletteHTTPException, _http_handler(list(routes)))
 
@@ -87,6 +90,13 @@ def _status_handler(status: int) -> Any:
         headers = {"retry-after": str(RETRY_AFTER_S)} if status == 503 else None
         return JSONResponse({"detail": clip(str(e))}, status, headers=headers)
     return handle
+
+
+async def _gateway(_r: Request, e: Exception) -> Response:
+    # A session's errors on the service's own routes (the OpenAI routes answer theirs
+    # in OpenAI's shape): the status each class carries.
+    assert isinstance(e, GatewayError)
+    return JSONResponse({"detail": clip(str(e))}, e.status)
 
 
 async def _refused(_r: Request, e: Exception) -> Response:

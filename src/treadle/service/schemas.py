@@ -97,11 +97,42 @@ class ReplayTasks(_Strict):
         return self
 
 
+class SessionTasks(_Strict):
+    """Sessions a harness makes through the gateway (`POST /v1/sessions` with this
+    job's id): ``sessions`` GRPO groups (a count, or their ids) of
+    `samples_per_task` sessions each."""
+
+    sessions: int | list[str] = Field(
+        description="how many groups (ids 0, 1, ...) or the groups' ids")
+
+    @field_validator("sessions")
+    @classmethod
+    def _groups(cls, value: int | list[str]) -> int | list[str]:
+        if isinstance(value, int):
+            if not 0 < value <= MAX_TRAJECTORIES_PER_JOB:
+                raise ValueError(f"from 1 to {MAX_TRAJECTORIES_PER_JOB} groups")
+            return value
+        if not value or len(value) > MAX_TRAJECTORIES_PER_JOB or len(set(value)) != len(value):
+            raise ValueError("group ids must be 1 to 65,536 unique strings")
+        for group in value:
+            if not 0 < len(group) <= 256 or "/" in group:
+                raise ValueError(f"group id {group[:40]!r}: 1 to 256 characters, no '/'")
+        return value
+
+    @property
+    def group_ids(self) -> list[str]:
+        return [str(g) for g in range(self.sessions)] if isinstance(self.sessions, int) \
+            else list(self.sessions)
+
+
 def _task_source(value: Any) -> str:
-    """Which kind of tasks: a ``suite`` key means suite tasks, anything else a replay
-    (so a bad request's errors name the fields of the kind it meant)."""
+    """Which kind of tasks: a ``suite`` key means suite tasks, ``sessions`` sessions,
+    anything else a replay (so a bad request's errors name the fields of the kind it
+    meant)."""
     if isinstance(value, SuiteTasks) or (isinstance(value, dict) and "suite" in value):
         return "suite"
+    if isinstance(value, SessionTasks) or (isinstance(value, dict) and "sessions" in value):
+        return "sessions"
     return "replay"
 
 
@@ -119,6 +150,15 @@ class LimitParams(_Strict):
     deadline_s: float | None = Field(default=None, gt=0.0, le=7 * 86400.0)
 
 
+class HarnessParams(_Strict):
+    """A job's harness: each trajectory is a session driven by this harness command
+    (configured at `treadle serve --harness NAME=CMD`), not by treadle's agent loop."""
+
+    name: str = Field(min_length=1, max_length=64, description="a harness the service has")
+    score: Literal["auto", "verifier", "reward_file", "exit_code"] = Field(
+        default="auto", description="how a finished run is scored (docs/gateway.md)")
+
+
 class JobRequest(_Strict):
     """`POST /v1/jobs`."""
 
@@ -132,8 +172,8 @@ class JobRequest(_Strict):
          "limits": {"max_turns": 4, "max_total_tokens": 8192}},
     ]})
 
-    tasks: Annotated[Annotated[SuiteTasks, Tag("suite")] | Annotated[ReplayTasks, Tag("replay")],
-                     Discriminator(_task_source)]
+    tasks: Annotated[Annotated[SuiteTasks, Tag("suite")] | Annotated[ReplayTasks, Tag("replay")]
+                     | Annotated[SessionTasks, Tag("sessions")], Discriminator(_task_source)]
     samples_per_task: int = Field(default=1, ge=1, le=1024,
                                   description="the GRPO group size (suite tasks); tasks "
                                               "times samples is at most 65,536")
@@ -143,6 +183,9 @@ class JobRequest(_Strict):
         default=0, ge=0, le=MAX_INT64,
         description="start no trajectory before the engines serve "
                                      "this policy version (set by a weight update)")
+    harness: HarnessParams | None = Field(
+        default=None, description="run each trajectory with this harness through the "
+                                  "gateway (suite tasks only)")
     priority: int = Field(default=0, ge=-1000, le=1000,
                           description="higher starts first when trajectories queue")
     job_id: str | None = Field(default=None, min_length=1, max_length=128,
@@ -159,11 +202,90 @@ class JobRequest(_Strict):
         return job_id
 
     @model_validator(mode="after")
+    def _harness_runs_suite_tasks(self) -> JobRequest:
+        if self.harness is not None and not isinstance(self.tasks, SuiteTasks):
+            raise ValueError("a harness runs suite tasks: give tasks.suite")
+        return self
+
+    @model_validator(mode="after")
     def _replay_is_one_per_line(self) -> JobRequest:
         if isinstance(self.tasks, ReplayTasks) and self.samples_per_task != 1:
             raise ValueError("replay tasks are trajectories already: samples_per_task must "
                              "be 1 (a workload's group_size sets its groups)")
         return self
+
+
+class SessionLimitParams(_Strict):
+    max_turns: int = Field(default=64, ge=1, le=10_000)
+    max_total_tokens: int = Field(default=4096, ge=2, le=1 << 20)
+    max_tokens_per_turn: int = Field(default=1024, ge=1, le=1 << 20)
+    idle_timeout_s: float = Field(default=600.0, gt=0.0, le=7 * 86400.0,
+                                  description="no call this long (seconds): the session "
+                                              "ends with status timeout")
+
+
+class SessionRequest(_Strict):
+    """`POST /v1/sessions`: a session for a harness to call through its `base_url`."""
+
+    job_id: str | None = Field(default=None, min_length=1, max_length=128,
+                               description="a sessions job to join (else a job of its own)")
+    group_id: str | None = Field(default=None, min_length=1, max_length=256,
+                                 description="the job's group to take a session of")
+    repetition: int | None = Field(default=None, ge=0, le=1 << 20,
+                                   description="that group's member (needs group_id)")
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    limits: SessionLimitParams = Field(default_factory=SessionLimitParams)
+    metadata: dict[str, Any] = Field(default_factory=dict, description="kept in the record")
+    parent_session_id: str | None = Field(default=None, min_length=1, max_length=64,
+                                          description="an open session this one is a "
+                                                      "sub-agent of")
+    trainable: bool = Field(default=True, description="false: a frozen sub-agent, every "
+                                                      "token recorded at loss mask 0")
+    chat_format: str | None = Field(default=None, min_length=1, max_length=64,
+                                    description="the model family's chat format (default: "
+                                                "the service's)")
+
+    @model_validator(mode="after")
+    def _slot(self) -> SessionRequest:
+        if self.repetition is not None and self.group_id is None:
+            raise ValueError("repetition needs group_id")
+        if self.parent_session_id is not None and (self.job_id or self.group_id):
+            raise ValueError("a sub-agent joins its parent's job: no job_id or group_id")
+        return self
+
+
+class SessionCreated(BaseModel):
+    session_id: str
+    base_url: str  # the harness's OpenAI base URL
+    job_id: str  # whose stream delivers its trajectory
+    trajectory_id: str
+
+
+class SessionEndRequest(_Strict):
+    """`POST /v1/sessions/{id}/end`."""
+
+    reward: float | None = Field(default=None, allow_inf_nan=False)
+    rewards: dict[str, float] = Field(default_factory=dict,
+                                      description="reward parts, kept as the record's metrics")
+    status: Literal["completed", "truncated", "max_turns", "timeout", "aborted",
+                    "error"] = Field(default="completed",
+                                     description="error: the harness failed (an "
+                                                 "infrastructure failure, stage harness)")
+    reason: str | None = Field(default=None, max_length=2000)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class SessionView(BaseModel):
+    """A session, open or just ended."""
+
+    session_id: str
+    job_id: str
+    trajectory_id: str
+    status: str  # running, or the trajectory's terminal status
+    turns: int  # replies so far
+    segments: int  # token segments so far
+    reward: float | None
+    children: list[str]  # sub-agent sessions' trajectory ids
 
 
 class RolloutRequest(_Strict):

@@ -21,10 +21,12 @@ from treadle.agent.chat import HFTokenizer
 from treadle.core.cost_model import CostModel
 from treadle.core.policies import build_policy, parse_policy
 from treadle.engines.base import Engine
+from treadle.gateway.harness import Harness
 from treadle.runtime.clock import ScaledClock, WallClock
 from treadle.runtime.driver import Runtime
 from treadle.runtime.launcher import EmulatedProcess, EngineLauncher, LocalLauncher, VLLMProcess
 from treadle.sandbox.base import SandboxBackend
+from treadle.service.gateway import Gateway
 from treadle.service.jobs import Rollouts
 from treadle.service.schemas import EngineRequest, WeightsView
 from treadle.store.aio import AsyncStore
@@ -77,17 +79,29 @@ class ServiceConfig:
     # rows_path); a path outside them, or any path when there are none, is refused.
     data_roots: tuple[str, ...] = ()
     max_data_file_bytes: int = 256 << 20  # largest file such an option may name
+    # The harness gateway (docs/gateway.md): the chat format the served model's
+    # template is (gateway.render), the sessions open at once, the model name
+    # `GET .../openai/v1/models` lists, and the service's URL as harnesses reach it
+    # (None: the URL each session's creation came to).
+    chat_format: str = "hermes"
+    max_sessions: int = 4096
+    served_model: str = "policy"
+    public_url: str | None = None
+    # Harness commands jobs may name (`JobRequest.harness`), by name.
+    harnesses: dict[str, Harness] = field(default_factory=dict)
 
 
 class Service:
     """The parts of a running service; see the module docstring."""
 
     def __init__(self, config: ServiceConfig, runtime: Runtime, store: AsyncStore,
-                 rollouts: Rollouts, *, restart_s: float = _RESTART_BASE_S) -> None:
+                 rollouts: Rollouts, gateway: Gateway, *,
+                 restart_s: float = _RESTART_BASE_S) -> None:
         self.config = config
         self.runtime = runtime
         self.store = store
         self.rollouts = rollouts
+        self.gateway = gateway
         # How long this service takes to answer again after a restart (seconds): what
         # it announces on /healthz and in the `x-treadle-restart-s` header, and what
         # the client's retries wait for at least. Engines started here dominate it.
@@ -115,6 +129,7 @@ class Service:
             log.info("resumed %d unfinished job(s): %s", len(recovered), ", ".join(recovered))
 
     async def close(self) -> None:
+        await self.gateway.close()
         await self.rollouts.close()
         await self.runtime.close()
         await self.store.aclose()
@@ -177,13 +192,17 @@ def build_service(config: ServiceConfig) -> Service:
     rollouts = Rollouts(runtime, store, tokenizer=tokenizer, sandbox_backend=config.sandbox,
                         data_roots=config.data_roots,
                         max_data_file_bytes=config.max_data_file_bytes,
-                        max_live=config.max_live, max_queued=config.max_queued,
+                        harnesses=list(config.harnesses), max_live=config.max_live,
+                        max_queued=config.max_queued,
                         max_context=cost.model.max_context,
                         sandbox_max_live=config.sandbox_max_live,
                         sandbox_rate_per_s=config.sandbox_rate_per_s)
     runtime.control.observer = rollouts.metrics.decisions.observe
     restart_s = _RESTART_BASE_S + (launcher.startup_s(1) if launcher is not None else 0.0)
-    return Service(config, runtime, store, rollouts, restart_s=restart_s)
+    gateway = Gateway(runtime, store, rollouts, tokenizer, default_format=config.chat_format,
+                      max_sessions=config.max_sessions, harnesses=config.harnesses,
+                      url=config.public_url, token=config.token)
+    return Service(config, runtime, store, rollouts, gateway, restart_s=restart_s)
 
 
 def engine_client(request: EngineRequest) -> Engine:

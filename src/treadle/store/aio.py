@@ -62,6 +62,10 @@ class AsyncStore:
                          planned: Sequence[PlannedTrajectory]) -> JobInfo:
         return await self.call(self.store.create_job, job_id, spec, planned)
 
+    async def add_trajectories(self, job_id: str,
+                               planned: Sequence[PlannedTrajectory]) -> JobInfo:
+        return await self.call(self.store.add_trajectories, job_id, planned)
+
     async def job(self, job_id: str) -> JobInfo:
         return await self.call(self.store.job, job_id)
 

@@ -2,6 +2,8 @@
 
 JSONL: one trajectory record (`treadle.store.record`) per line, in delivery order;
 line n holds seq n. `trajectory_from_record(json.loads(line))` reads a line back.
+The records are written as stored: a job stored before record version 2 keeps its
+version 1 lines (the reader reads both).
 
 Parquet: one row per *token segment*, so that each row is one training sequence
 (most trajectories have one segment; an edited context gives several). A
@@ -19,20 +21,30 @@ in segment order. Columns:
     attempt, prompt_tokens, output_tokens, num_turns          int64
     llm_s, tool_s, queue_s  double; started_at, finished_at  double?
     turns_json       string   the record's "turns" array as JSON
+    parent_id        string?  the trajectory it is a sub-agent of; null for none
+    children         list<string>  the sub-agent trajectories it started
+    trainable        bool     false for a frozen sub-agent (never trained)
+    metadata_json    string   the record's "metadata" object as JSON
     segment_index    int32?   0-based; null for a trajectory without segments
     num_segments     int32    segments of the trajectory
+    segment_start_turn    int32?   the turn whose context the segment begins
+    segment_start_reason  string?  why it began ("start" for the first); both null
+                                   for a trajectory without segments
     prompt_ids       list<int32>   the segment's token lists, as in the record
     response_ids     list<int32>
     loss_mask        list<int8>
     logprobs         list<double>  (double, not float: the engine's values exactly)
     policy_versions  list<int64>
 
+Every row is of record version 2 (the file's ``treadle.record_version``): a version 1
+record is read and written again first, so its new columns hold the defaults.
 `read_parquet` turns a file back into `Trajectory` objects (through the strict
-record reader), so an export can be checked against the store. `write_parquet`
-writes the same file from (seq, record) pairs, e.g. a client's stream of a job
-(`treadle run` does). Both exports read
-the store a page at a time and Parquet writes a row group per page: memory is one
-page, whatever the job's size. pyarrow is needed for Parquet only (extra
+record reader), so an export can be checked against the store; a file written
+before version 2 (without the sub-agent and segment-start columns) reads too.
+`write_parquet` writes the same file from (seq, record) pairs, e.g. a client's
+stream of a job (`treadle run` does). Both exports read the store a page at a time
+and Parquet writes a row group per page: memory is one page, whatever the job's
+size. pyarrow is needed for Parquet only (extra
 ``treadle[store]``); it is imported when a Parquet function is called.
 """
 
@@ -44,11 +56,13 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from treadle.store.db import Store
+from treadle.store.errors import RecordError
 from treadle.store.record import (
     RECORD_VERSION,
     SEGMENT_FIELDS,
     TIMING_FIELDS,
     trajectory_from_record,
+    trajectory_to_record,
 )
 from treadle.types import Trajectory
 
@@ -59,6 +73,9 @@ if TYPE_CHECKING:
 _COPIED = ("trajectory_id", "group_id", "repetition", "task_id", "status", "reason",
            "failure_stage", "infra_failure", "reward", "attempt", "prompt_tokens",
            "output_tokens")
+# Columns a file exported before record version 2 lacks.
+_V2_COLUMNS = ("parent_id", "children", "trainable", "metadata_json", "segment_start_turn",
+               "segment_start_reason")
 
 
 def export_jsonl(store: Store, job_id: str, path: str | os.PathLike[str],
@@ -99,8 +116,14 @@ def parquet_schema() -> pa.Schema:
         pa.field("started_at", f64),
         pa.field("finished_at", f64),
         pa.field("turns_json", pa.string(), nullable=False),
+        pa.field("parent_id", opt_str),
+        pa.field("children", pa.list_(pa.string()), nullable=False),
+        pa.field("trainable", pa.bool_(), nullable=False),
+        pa.field("metadata_json", pa.string(), nullable=False),
         pa.field("segment_index", pa.int32()),
         pa.field("num_segments", pa.int32(), nullable=False),
+        pa.field("segment_start_turn", pa.int32()),
+        pa.field("segment_start_reason", opt_str),
         pa.field("prompt_ids", pa.list_(pa.int32()), nullable=False),
         pa.field("response_ids", pa.list_(pa.int32()), nullable=False),
         pa.field("loss_mask", pa.list_(pa.int8()), nullable=False),
@@ -168,33 +191,66 @@ def read_parquet(path: str | os.PathLike[str]) -> Iterator[tuple[int, Trajectory
 
 
 def _add_rows(columns: dict[str, list[Any]], seq: int, record: Mapping[str, Any]) -> None:
+    if record.get("version") != RECORD_VERSION:
+        # An older record (a job stored before this version) lacks columns the file
+        # has; the reader knows its defaults, so it is upgraded through the reader.
+        record = trajectory_to_record(trajectory_from_record(record))
     per_trajectory: dict[str, Any] = {name: record[name] for name in _COPIED}
     per_trajectory.update(record["timings"])
     per_trajectory.update({
         "seq": seq,
         "metrics": list(record["metrics"].items()),
         "num_turns": len(record["turns"]),
-        "turns_json": json.dumps(record["turns"], ensure_ascii=False, separators=(",", ":")),
+        "turns_json": _json(record["turns"]),
+        "parent_id": record["parent_id"],
+        "children": list(record["children"]),
+        "trainable": record["trainable"],
+        "metadata_json": _json(record["metadata"]),
         "num_segments": len(record["segments"]),
     })
     for index, segment in enumerate(record["segments"] or [None]):
         for name, value in per_trajectory.items():
             columns[name].append(value)
         columns["segment_index"].append(None if segment is None else index)
+        columns["segment_start_turn"].append(None if segment is None else segment["start_turn"])
+        columns["segment_start_reason"].append(
+            None if segment is None else segment["start_reason"])
         for name in SEGMENT_FIELDS:
             columns[name].append([] if segment is None else segment[name])
 
 
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
 def _trajectory(rows: list[dict[str, Any]]) -> Trajectory:
     first = rows[0]
+    # A file from before version 2 has none of its columns: its rows are version 1
+    # records, which the reader fills with the defaults.
+    missing = [name for name in _V2_COLUMNS if name not in first]
+    if missing and len(missing) < len(_V2_COLUMNS):
+        raise RecordError(f"parquet export: has some of the version 2 columns but not "
+                          f"{', '.join(missing)}")
+    v2 = not missing
+    segment_rows = sorted((r for r in rows if r["segment_index"] is not None),
+                          key=lambda r: int(r["segment_index"]))
+    segments = []
+    for r in segment_rows:
+        segment = {name: r[name] for name in SEGMENT_FIELDS}
+        if v2:
+            segment.update(start_turn=r["segment_start_turn"],
+                           start_reason=r["segment_start_reason"])
+        segments.append(segment)
     record: dict[str, Any] = {name: first[name] for name in _COPIED}
     record.update({
-        "version": RECORD_VERSION,
+        "version": RECORD_VERSION if v2 else 1,
         "metrics": dict(first["metrics"]),
         "turns": json.loads(first["turns_json"]),
         "timings": {name: first[name] for name in TIMING_FIELDS},
-        "segments": [{name: r[name] for name in SEGMENT_FIELDS} for r in sorted(
-            (r for r in rows if r["segment_index"] is not None),
-            key=lambda r: int(r["segment_index"]))],
+        "segments": segments,
     })
+    if v2:
+        record.update(parent_id=first["parent_id"], children=first["children"],
+                      trainable=first["trainable"],
+                      metadata=json.loads(first["metadata_json"]))
     return trajectory_from_record(record)

@@ -11,9 +11,15 @@ bool is never a number), numbers must be finite (JSON has no NaN), and a bad rec
 raises `RecordError` naming the field, e.g. ``segments[1].logprobs[7]``. Writing
 checks the same invariants, so what is written can always be read back.
 
-Record, version 1 (JSON types; ``?`` = may be null)::
+Writing always gives version 2. Version 1 records (a store or an export written
+before sub-agents) are still read: they lack the fields marked (v2), which read as
+their defaults (no parent, no children, trainable, empty metadata; each segment
+starting at turn 0 with reason "start"). A v1 record must not have them, a v2
+record must have all of them.
 
-    version          int      1; a reader refuses versions it does not know
+Record, version 2 (JSON types; ``?`` = may be null)::
+
+    version          int      2 (or 1); a reader refuses versions it does not know
     trajectory_id    string   unique id; the prefix-cache routing key (non-empty)
     group_id         string   GRPO group: siblings of one task share it (non-empty)
     repetition       int      0..n-1 within the group
@@ -21,14 +27,21 @@ Record, version 1 (JSON types; ``?`` = may be null)::
     status           string   pending | running | completed | truncated | max_turns
                               | timeout | aborted | error (`TrajectoryStatus`)
     reason           string?  why it ended, for any status but completed
-    failure_stage    string?  init | engine | tool | eval | runtime; set exactly
-                              when status is "error" (`FailureStage`)
+    failure_stage    string?  init | engine | tool | eval | harness | runtime; set
+                              exactly when status is "error" (`FailureStage`)
     infra_failure    bool     status == "error": a trainer drops it, it is no reward 0
     reward           number?  null until scored; always null for status "error"
     metrics          object   reward parts, name -> number (e.g. exact_match)
     attempt          int      retries after an infrastructure failure (0 = first run)
     prompt_tokens    int      length of the initial context
     output_tokens    int      sum of the turns' output_tokens (a check on the turns)
+    parent_id        string?  (v2) the trajectory this one is a sub-agent of (non-empty,
+                              not its own id); null for a top-level trajectory
+    children         [string] (v2) the sub-agent trajectories it started, in creation
+                              order (unique, non-empty, not its own id)
+    trainable        bool     (v2) false for a frozen sub-agent: every loss_mask is 0
+                              and the converters never train on it
+    metadata         object   (v2) the caller's, any JSON values (numbers finite)
     turns            array    one object per LLM turn, in order:
         index            int      0-based position
         output_tokens    int      tokens the model sampled in this turn
@@ -50,6 +63,10 @@ Record, version 1 (JSON types; ``?`` = may be null)::
         logprobs         [number] the engine's logprob per token, 0.0 where mask is 0
         policy_versions  [int]    weights version per response token
                                   (the last four have the length of response_ids)
+        start_turn       int      (v2) the turn whose context the segment begins
+        start_reason     string   (v2) why it began (non-empty): "start" for the
+                                  first, else why the context could not be extended
+                                  (`TokenSegment.start_reason`)
     timings          object   where the wall time went, seconds:
         llm_s            number   generating, prefill included
         tool_s           number   inside tool calls
@@ -57,20 +74,27 @@ Record, version 1 (JSON types; ``?`` = may be null)::
         started_at       number?  clock time of the first event
         finished_at      number?  clock time of the terminal status
 
-Integers are non-negative everywhere. `dumps_record` is the serialisation the store
-and the exports use: compact separators, UTF-8 kept as is, keys in the order above.
+Integers are non-negative everywhere (metadata aside: it is the caller's). `dumps_record`
+is the serialisation the store and the exports use: compact separators, UTF-8 kept as
+is, keys in the order above.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import json
-import math
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 from treadle.store.errors import RecordError
+from treadle.store.fields import (
+    Fields,
+    as_number,
+    float_list,
+    int_list,
+    json_value,
+    text_list,
+)
 from treadle.types import (
     FailureStage,
     GroupKey,
@@ -82,21 +106,24 @@ from treadle.types import (
     Turn,
 )
 
-RECORD_VERSION = 1
+RECORD_VERSION = 2  # what the writer writes
+READ_VERSIONS = (1, 2)  # what the reader reads
 
-_E = TypeVar("_E", bound=enum.Enum)
-
-_TOP_KEYS = frozenset({
+_TOP_KEYS_V1 = frozenset({
     "version", "trajectory_id", "group_id", "repetition", "task_id", "status", "reason",
     "failure_stage", "infra_failure", "reward", "metrics", "attempt", "prompt_tokens",
     "output_tokens", "turns", "segments", "timings"})
+_TOP_KEYS = _TOP_KEYS_V1 | {"parent_id", "children", "trainable", "metadata"}
 _TURN_KEYS = frozenset({"index", "output_tokens", "engine_id", "queued_s", "generating_s",
                         "policy_version", "tool_call"})
 _TOOL_KEYS = frozenset({"name", "arguments", "latency_s", "output_tokens", "error"})
-# In the dataclasses' order (the export's columns follow it).
-SEGMENT_FIELDS = tuple(f.name for f in dataclasses.fields(TokenSegment))
+# The token lists only, in the dataclass's order: the export makes a list column of
+# each, so the scalar segment fields (SEGMENT_META) must not be among them.
+SEGMENT_FIELDS = ("prompt_ids", "response_ids", "loss_mask", "logprobs", "policy_versions")
+SEGMENT_META = ("start_turn", "start_reason")  # (v2)
 TIMING_FIELDS = tuple(f.name for f in dataclasses.fields(Timings))
-_SEGMENT_KEYS = frozenset(SEGMENT_FIELDS)
+_SEGMENT_KEYS_V1 = frozenset(SEGMENT_FIELDS)
+_SEGMENT_KEYS = _SEGMENT_KEYS_V1 | frozenset(SEGMENT_META)
 _TIMING_KEYS = frozenset(TIMING_FIELDS)
 
 
@@ -104,14 +131,26 @@ def trajectory_to_record(t: Trajectory) -> dict[str, Any]:
     """The record of `t` (fresh lists: mutating one does not touch the other).
 
     Raises RecordError if `t` breaks an invariant the reader checks: a failure stage
-    without status ERROR (or the reverse), a reward on an ERROR, a malformed segment.
+    without status ERROR (or the reverse), a reward on an ERROR, a malformed segment,
+    a frozen trajectory with a trained token, bad sub-agent links or metadata that
+    is not JSON.
     """
     _check_invariants(t)
     for i, seg in enumerate(t.segments):
+        path = f"segments[{i}]"
         try:
             seg.validate()
         except ValueError as e:
-            raise RecordError(f"segments[{i}]: {e}") from None
+            raise RecordError(f"{path}: {e}") from None
+        if type(seg.start_turn) is not int or seg.start_turn < 0:
+            raise RecordError(f"{path}.start_turn: must be a non-negative integer, "
+                              f"got {seg.start_turn!r:.80}")
+        if not isinstance(seg.start_reason, str) or not seg.start_reason:
+            raise RecordError(f"{path}.start_reason: must be a non-empty string, "
+                              f"got {seg.start_reason!r:.80}")
+    _check_links(t)
+    if not isinstance(t.trainable, bool):
+        raise RecordError(f"trainable: must be true or false, got {t.trainable!r:.80}")
     return {
         "version": RECORD_VERSION,
         "trajectory_id": t.trajectory_id,
@@ -127,6 +166,10 @@ def trajectory_to_record(t: Trajectory) -> dict[str, Any]:
         "attempt": t.attempt,
         "prompt_tokens": t.prompt_tokens,
         "output_tokens": t.output_tokens,
+        "parent_id": t.parent_id,
+        "children": list(t.children),
+        "trainable": t.trainable,
+        "metadata": _metadata(t.metadata),
         "turns": [_turn_to_record(turn) for turn in t.turns],
         "segments": [{
             "prompt_ids": list(s.prompt_ids),
@@ -134,6 +177,8 @@ def trajectory_to_record(t: Trajectory) -> dict[str, Any]:
             "loss_mask": list(s.loss_mask),
             "logprobs": list(s.logprobs),
             "policy_versions": list(s.policy_versions),
+            "start_turn": s.start_turn,
+            "start_reason": s.start_reason,
         } for s in t.segments],
         "timings": {
             "llm_s": t.timings.llm_s,
@@ -147,16 +192,18 @@ def trajectory_to_record(t: Trajectory) -> dict[str, Any]:
 
 def trajectory_from_record(record: Mapping[str, Any]) -> Trajectory:
     """The `Trajectory` a record describes; RecordError names the first bad field."""
-    r = _Fields(record, "", _TOP_KEYS)
-    version = r.integer("version")
-    if version != RECORD_VERSION:
-        raise RecordError(f"version: {version} is not a record version this treadle reads "
-                          f"(it reads {RECORD_VERSION})")
+    # The version decides which fields are required, so it is read before they are
+    # checked (a newer record is refused for its version, not for its new fields).
+    version = RECORD_VERSION
+    if isinstance(record, Mapping) and "version" in record:
+        version = _version(record["version"])
+    v2 = version >= 2
+    r = Fields(record, "", _TOP_KEYS if v2 else _TOP_KEYS_V1)
     turns = [_turn_from_record(item, f"turns[{i}]")
              for i, item in enumerate(r.array("turns"))]
-    segments = [_segment_from_record(item, f"segments[{i}]")
+    segments = [_segment_from_record(item, f"segments[{i}]", v2)
                 for i, item in enumerate(r.array("segments"))]
-    tm = _Fields(r.value("timings"), "timings", _TIMING_KEYS)
+    tm = Fields(r.value("timings"), "timings", _TIMING_KEYS)
     t = Trajectory(
         trajectory_id=r.text("trajectory_id", non_empty=True),
         key=GroupKey(r.text("group_id", non_empty=True), r.integer("repetition")),
@@ -175,7 +222,13 @@ def trajectory_from_record(record: Mapping[str, Any]) -> Trajectory:
             finished_at=tm.opt_number("finished_at")),
         task_id=r.text("task_id"),
     )
+    if v2:
+        t.parent_id = r.opt_text("parent_id")
+        t.children = text_list(r.value("children"), "children")
+        t.trainable = r.boolean("trainable")
+        t.metadata = _metadata(r.value("metadata"))
     _check_invariants(t)
+    _check_links(t)
     if r.boolean("infra_failure") != t.infra_failure:
         raise RecordError(f"infra_failure: must be {t.infra_failure} for status "
                           f"{t.status.value!r}")
@@ -202,6 +255,14 @@ def loads_record(text: str) -> Trajectory:
     return trajectory_from_record(value)
 
 
+def _version(value: Any) -> int:
+    if type(value) is not int or value not in READ_VERSIONS:
+        known = " and ".join(map(str, READ_VERSIONS))
+        raise RecordError(f"version: {value!r:.80} is not a record version this treadle "
+                          f"reads (it reads {known})")
+    return value
+
+
 def _check_invariants(t: Trajectory) -> None:
     error = t.status is TrajectoryStatus.ERROR
     if error != (t.failure_stage is not None):
@@ -211,6 +272,34 @@ def _check_invariants(t: Trajectory) -> None:
     if error and t.reward is not None:
         raise RecordError(f"reward: must be null for status 'error' (an infrastructure "
                           f"failure has no reward), got {t.reward!r}")
+    if t.trainable is False:
+        # A frozen sub-agent's tokens are context for its parent, never trained: a
+        # mask-1 token would reach the loss through a converter that trusts the mask.
+        for i, seg in enumerate(t.segments):
+            for j, m in enumerate(seg.loss_mask):
+                if m != 0:
+                    raise RecordError(f"segments[{i}].loss_mask[{j}]: must be 0 in a "
+                                      f"frozen trajectory (trainable false), got {m!r}")
+
+
+def _check_links(t: Trajectory) -> None:
+    if t.parent_id is not None:
+        if not isinstance(t.parent_id, str) or not t.parent_id:
+            raise RecordError(f"parent_id: must be a non-empty string or null, "
+                              f"got {t.parent_id!r:.80}")
+        if t.parent_id == t.trajectory_id:
+            raise RecordError(f"parent_id: {t.parent_id!r:.80} is the trajectory's own id")
+    if not isinstance(t.children, list):
+        raise RecordError(f"children: must be an array of strings, got {t.children!r:.80}")
+    seen: set[str] = set()
+    for i, child in enumerate(t.children):
+        if not isinstance(child, str) or not child:
+            raise RecordError(f"children[{i}]: must be a non-empty string, got {child!r:.80}")
+        if child == t.trajectory_id:
+            raise RecordError(f"children[{i}]: {child!r:.80} is the trajectory's own id")
+        if child in seen:
+            raise RecordError(f"children[{i}]: {child!r:.80} is listed twice")
+        seen.add(child)
 
 
 def _turn_to_record(turn: Turn) -> dict[str, Any]:
@@ -233,11 +322,11 @@ def _turn_to_record(turn: Turn) -> dict[str, Any]:
 
 
 def _turn_from_record(value: Any, path: str) -> Turn:
-    r = _Fields(value, path, _TURN_KEYS)
+    r = Fields(value, path, _TURN_KEYS)
     call_value = r.value("tool_call")
     call = None
     if call_value is not None:
-        c = _Fields(call_value, f"{path}.tool_call", _TOOL_KEYS)
+        c = Fields(call_value, f"{path}.tool_call", _TOOL_KEYS)
         arguments = c.value("arguments")
         if not isinstance(arguments, dict):
             raise RecordError(f"{path}.tool_call.arguments: must be a JSON object")
@@ -250,14 +339,17 @@ def _turn_from_record(value: Any, path: str) -> Turn:
                 policy_version=r.integer("policy_version"))
 
 
-def _segment_from_record(value: Any, path: str) -> TokenSegment:
-    r = _Fields(value, path, _SEGMENT_KEYS)
+def _segment_from_record(value: Any, path: str, v2: bool) -> TokenSegment:
+    r = Fields(value, path, _SEGMENT_KEYS if v2 else _SEGMENT_KEYS_V1)
     seg = TokenSegment(
-        prompt_ids=_int_list(r.value("prompt_ids"), f"{path}.prompt_ids"),
-        response_ids=_int_list(r.value("response_ids"), f"{path}.response_ids"),
-        loss_mask=_int_list(r.value("loss_mask"), f"{path}.loss_mask"),
-        logprobs=_float_list(r.value("logprobs"), f"{path}.logprobs"),
-        policy_versions=_int_list(r.value("policy_versions"), f"{path}.policy_versions"))
+        prompt_ids=int_list(r.value("prompt_ids"), f"{path}.prompt_ids"),
+        response_ids=int_list(r.value("response_ids"), f"{path}.response_ids"),
+        loss_mask=int_list(r.value("loss_mask"), f"{path}.loss_mask"),
+        logprobs=float_list(r.value("logprobs"), f"{path}.logprobs"),
+        policy_versions=int_list(r.value("policy_versions"), f"{path}.policy_versions"))
+    if v2:
+        seg.start_turn = r.integer("start_turn")
+        seg.start_reason = r.text("start_reason", non_empty=True)
     try:
         seg.validate()
     except ValueError as e:
@@ -268,103 +360,11 @@ def _segment_from_record(value: Any, path: str) -> TokenSegment:
 def _metrics(value: Any) -> dict[str, float]:
     if not isinstance(value, dict):
         raise RecordError("metrics: must be a JSON object of numbers")
-    return {str(k): _as_number(v, f"metrics.{k}") for k, v in value.items()}
+    return {str(k): as_number(v, f"metrics.{k}") for k, v in value.items()}
 
 
-def _int_list(value: Any, path: str) -> list[int]:
-    if not isinstance(value, list):
-        raise RecordError(f"{path}: must be an array of integers")
-    for i, x in enumerate(value):
-        if type(x) is not int or x < 0:
-            raise RecordError(f"{path}[{i}]: must be a non-negative integer, got {x!r:.80}")
-    return list(value)
-
-
-def _float_list(value: Any, path: str) -> list[float]:
-    if not isinstance(value, list):
-        raise RecordError(f"{path}: must be an array of numbers")
-    out = list(value)
-    for i, x in enumerate(out):
-        if type(x) is not float:
-            out[i] = _as_number(x, f"{path}[{i}]")
-        elif not math.isfinite(x):
-            raise RecordError(f"{path}[{i}]: must be finite, got {x!r}")
+def _metadata(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise RecordError(f"metadata: must be a JSON object, got {type(value).__name__}")
+    out: dict[str, Any] = json_value(value, "metadata")
     return out
-
-
-def _as_number(x: Any, path: str) -> float:
-    if isinstance(x, bool) or not isinstance(x, int | float):
-        raise RecordError(f"{path}: must be a number, got {x!r:.80}")
-    if not math.isfinite(x):
-        raise RecordError(f"{path}: must be finite, got {x!r}")
-    return float(x)
-
-
-class _Fields:
-    """Typed access to one JSON object's fields; errors carry the object's path."""
-
-    def __init__(self, value: Any, path: str, keys: frozenset[str]) -> None:
-        where = path or "record"
-        if not isinstance(value, Mapping):
-            raise RecordError(f"{where}: must be a JSON object, got {type(value).__name__}")
-        unknown = sorted(set(value) - keys)
-        if unknown:
-            raise RecordError(f"{where}: unknown field(s) {', '.join(map(repr, unknown))}")
-        missing = sorted(keys - set(value))
-        if missing:
-            raise RecordError(f"{where}: missing field(s) {', '.join(map(repr, missing))}")
-        self._value = value
-        self._prefix = f"{path}." if path else ""
-
-    def value(self, key: str) -> Any:
-        return self._value[key]
-
-    def _name(self, key: str) -> str:
-        return self._prefix + key
-
-    def text(self, key: str, *, non_empty: bool = False) -> str:
-        v = self._value[key]
-        if not isinstance(v, str) or (non_empty and not v):
-            kind = "a non-empty string" if non_empty else "a string"
-            raise RecordError(f"{self._name(key)}: must be {kind}, got {v!r:.80}")
-        return v
-
-    def opt_text(self, key: str) -> str | None:
-        return None if self._value[key] is None else self.text(key)
-
-    def integer(self, key: str) -> int:
-        v = self._value[key]
-        if type(v) is not int or v < 0:
-            raise RecordError(f"{self._name(key)}: must be a non-negative integer, "
-                              f"got {v!r:.80}")
-        return v
-
-    def boolean(self, key: str) -> bool:
-        v = self._value[key]
-        if not isinstance(v, bool):
-            raise RecordError(f"{self._name(key)}: must be true or false, got {v!r:.80}")
-        return v
-
-    def number(self, key: str) -> float:
-        return _as_number(self._value[key], self._name(key))
-
-    def opt_number(self, key: str) -> float | None:
-        return None if self._value[key] is None else self.number(key)
-
-    def array(self, key: str) -> list[Any]:
-        v = self._value[key]
-        if not isinstance(v, list):
-            raise RecordError(f"{self._name(key)}: must be an array")
-        return v
-
-    def choice(self, key: str, cls: type[_E]) -> _E:
-        v = self._value[key]
-        try:
-            return cls(v)
-        except ValueError:
-            allowed = " | ".join(str(m.value) for m in cls)
-            raise RecordError(f"{self._name(key)}: must be one of {allowed}, "
-                              f"got {v!r:.80}") from None
-
-    def opt_choice(self, key: str, cls: type[_E]) -> _E | None:
-        return None if self._value[key] is None else self.choice(key, cls)

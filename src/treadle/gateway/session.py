@@ -1,0 +1,433 @@
+"""Sessions: a harness's chat calls, run as one trajectory's scheduled turns.
+
+    sessions = Sessions(runtime, tokenizer, on_end=store_it)
+    session = sessions.create(SessionSpec(...))
+    result = await session.call(CallRequest(messages=[...], tools=[...]))
+    traj = await sessions.end(session.spec.session_id, reward=1.0)
+
+A session is a trajectory to the scheduler (`runtime.turns`): each call is a turn,
+and the time from a reply to the next call is its tool gap (`tool_started` when a
+reply is returned, `tool_finished` when the next call comes), so priority,
+placement, prefix-cache affinity and migration in tool gaps apply as for treadle's
+own agents; the gateway adds no scheduling of its own. The token context is
+`context.SessionContext`'s.
+
+What ends a session, and its status:
+
+================  =============================================================
+the owner         `end` (POST /v1/sessions/{id}/end): completed unless it says
+idle timeout      no call for `idle_timeout_s` (from creation or the last reply):
+                  timeout, reason ``idle_timeout``
+an engine failure the call answers 503; error, stage engine
+a context the     the call answers 400 (context_length_exceeded); truncated,
+engine refuses    reason ``engine refused: ...``
+its parent        a sub-agent still open when its parent ends: aborted
+================  =============================================================
+
+Limits (`SessionLimits`): a call past ``max_turns`` is refused (`SessionLimit`,
+the session stays open for its owner to end); a reply is cut at the room left
+under ``max_total_tokens`` (finish_reason length), and a call whose context
+already fills it is refused naming the limit.
+
+Sub-agents (PARL): a session created with a parent is its child; the parent's
+record lists its children. A child that ends before its parent without a reward
+of its own waits for the parent and takes the parent's reward (the credit rule),
+then both are handed to `on_end`. A frozen child (`trainable` false) has every
+token at mask 0.
+
+Not thread-safe: one event loop. Calls of one session are serialised by refusal
+(`SessionBusy`), never queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from treadle.agent.chat import Tokenizer
+from treadle.agent.loop import Sampling, TurnOutput
+from treadle.clock import MONOTONIC, Clock
+from treadle.engines.errors import EngineError, EngineRequestError
+from treadle.errors import ServiceBusy
+from treadle.gateway.context import SessionContext
+from treadle.gateway.errors import (
+    ContextTooLong,
+    GatewayEngineError,
+    SessionBusy,
+    SessionEnded,
+    SessionLimit,
+    UnknownSession,
+)
+from treadle.gateway.render import Message, ParsedReply, ToolChoice, chat_format
+from treadle.runtime.driver import Runtime
+from treadle.types import FailureStage, GroupKey, ToolCall, Trajectory, TrajectoryStatus
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionLimits:
+    """Where a session stops taking calls."""
+
+    max_turns: int = 64  # calls (replies) at most
+    max_total_tokens: int = 4096  # a segment's context: prompt, replies and new messages
+    max_tokens_per_turn: int = 1024  # one reply at most (a call may ask for fewer)
+    idle_timeout_s: float = 600.0  # no call this long (real seconds): the session times out
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSpec:
+    """What a session is, fixed at its creation."""
+
+    session_id: str  # the id in its URL
+    trajectory_id: str  # its trajectory's id in the store
+    job_id: str  # the job whose stream delivers it
+    key: GroupKey  # its GRPO group and repetition
+    task_id: str  # the task it samples
+    sampling: Sampling = field(default_factory=Sampling)  # each call's defaults
+    limits: SessionLimits = field(default_factory=SessionLimits)
+    metadata: Mapping[str, Any] = field(default_factory=dict)  # the caller's, kept in the record
+    parent_id: str | None = None  # the parent's session id, for a sub-agent
+    trainable: bool = True  # False: a frozen sub-agent, every token at mask 0
+    chat_format: str = "hermes"  # the model family's chat format (`render.chat_format`)
+
+
+@dataclass(frozen=True, slots=True)
+class CallRequest:
+    """One chat call, as the wire layer validated it."""
+
+    messages: list[Message]
+    tools: list[dict[str, Any]] = field(default_factory=list)  # function specs as sent
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
+    max_tokens: int | None = None  # the call's own cap on the reply
+    temperature: float | None = None  # None: the session's
+    top_p: float | None = None
+    seed: int | None = None  # None: the session's seed, derived per turn
+    stop: tuple[str, ...] = ()  # strings that end the reply (cut after sampling)
+    one_call: bool = False  # parallel_tool_calls false: cut the reply after its first call
+
+
+@dataclass(frozen=True, slots=True)
+class CallResult:
+    """One call's reply and what it cost."""
+
+    reply: ParsedReply
+    finish_reason: str  # stop | tool_calls | length
+    output_ids: list[int]  # the sampled ids kept (a stop string's tail cut off)
+    logprobs: list[float]  # one per kept id
+    prompt_tokens: int  # the context the engine was sent
+    turn: int  # the reply's turn index in the session
+
+
+class Session:
+    """One session's state; made by `Sessions.create`."""
+
+    def __init__(self, spec: SessionSpec, runtime: Runtime, tokenizer: Tokenizer,
+                 clock: Clock) -> None:
+        self.spec = spec
+        self.fmt = chat_format(spec.chat_format)
+        self.context = SessionContext(tokenizer, self.fmt)
+        self.tokenizer = tokenizer
+        self._runtime = runtime
+        self._runner = runtime.turns(spec.trajectory_id, spec.key.group_id)
+        self._clock = clock
+        self.trajectory = Trajectory(
+            spec.trajectory_id, spec.key, task_id=spec.task_id,
+            status=TrajectoryStatus.RUNNING, trainable=spec.trainable, metadata=dict(spec.metadata))
+        self.trajectory.timings.started_at = clock.now()
+        self.children: list[Session] = []
+        self.last_active = clock.now()  # creation, or the end of the last call
+        self.busy = False
+        self.ended = False
+        self._gap_since: float | None = None  # a reply was returned: the tool gap runs
+        self.final_text: str | None = None  # the last reply's content
+        self.final_answer: str | None = None  # what a harness run wrote as its answer
+
+    async def call(self, request: CallRequest) -> CallResult:
+        """Run one call; the errors of `gateway.errors` for what cannot run."""
+        if self.ended:
+            raise SessionEnded(f"session {self.spec.session_id} has ended "
+                               f"({self.trajectory.status.value})")
+        if self.busy:
+            raise SessionBusy(f"session {self.spec.session_id} is running a call; a harness "
+                              "that runs calls in parallel on one context needs a session "
+                              "for each (parent_session_id)")
+        self.busy = True
+        try:
+            return await self._call(request)
+        except asyncio.CancelledError:
+            # The turn was cut mid-flight (the service is closing): its scheduler state
+            # cannot be resumed, so the session ends rather than wedge its next call.
+            self.finish(TrajectoryStatus.ABORTED, "a call was cancelled mid-turn")
+            raise
+        finally:
+            self.busy = False
+            self.last_active = self._clock.now()
+
+    async def _call(self, request: CallRequest) -> CallResult:
+        limits, traj = self.spec.limits, self.trajectory
+        turn = len(traj.turns)
+        forced = self.fmt.forced_prefix(request.tool_choice)
+        version = traj.turns[-1].policy_version if traj.turns else self._runtime.policy_version
+        begun = self.context.begin(request.messages, request.tools, turn, forced, version)
+        if begun.retried:
+            traj.turns.pop()  # the harness never read that reply
+            turn -= 1
+        if turn >= limits.max_turns:
+            self.context.take_back()
+            raise SessionLimit(f"the session has had its max_turns ({limits.max_turns}) "
+                               "calls; end it", param="max_turns")
+        room = limits.max_total_tokens - len(begun.prompt_ids)
+        if room <= 0:
+            self.context.take_back()
+            raise SessionLimit(f"the context ({len(begun.prompt_ids)} tokens) fills the "
+                               f"session's max_total_tokens ({limits.max_total_tokens})",
+                               param="max_total_tokens")
+        budget = min(limits.max_tokens_per_turn, request.max_tokens or room, room)
+        if self._gap_since is not None:
+            gap = self._clock.now() - self._gap_since
+            if traj.turns and traj.turns[-1].tool_call is not None:
+                traj.turns[-1].tool_call.latency_s = gap
+                traj.turns[-1].tool_call.output_tokens = begun.appended
+            traj.timings.tool_s += gap
+            self._runner.tool_finished(gap, begun.appended, final=False)
+            self._gap_since = None
+        out = await self._generate(request, begun.prompt_ids, budget, turn)
+        ids, logprobs, cut = self._stopped(out, request.stop, forced,
+                                           "</tool_call>" if request.one_call else None)
+        text = forced + self.tokenizer.decode(
+            ids[:-1] if ids and ids[-1] == self.context.stop_id else ids)
+        if cut is not None:
+            text = text[:cut]
+        reply = self.fmt.reply(text, request.tool_choice)
+        returned = Message("assistant", reply.content or "", tuple(reply.calls))
+        self.context.reply(ids, logprobs, out.policy_versions[:len(ids)], returned,
+                           trainable=self.spec.trainable)
+        record = out.turn(turn)
+        record.output_tokens = len(ids)
+        if reply.calls:
+            first = reply.calls[0]
+            record.tool_call = ToolCall(first.name, json.loads(first.arguments))
+        traj.turns.append(record)
+        traj.timings.llm_s += out.generating_s
+        traj.timings.queue_s += out.queued_s
+        self.final_text = reply.content
+        self._runner.turn_finished(len(ids), len(self.context.context), final=False)
+        self._runner.tool_started()
+        self._gap_since = self._clock.now()
+        finish = "tool_calls" if reply.calls else (
+            "length" if out.finish_reason == "length" and cut is None else "stop")
+        return CallResult(reply, finish, ids, logprobs, len(begun.prompt_ids), turn)
+
+    async def _generate(self, request: CallRequest, prompt_ids: list[int], budget: int,
+                        turn: int) -> TurnOutput:
+        base = self.spec.sampling
+        sampling = Sampling(
+            base.temperature if request.temperature is None else request.temperature,
+            base.top_p if request.top_p is None else request.top_p,
+            request.seed if request.seed is not None else base.seed)
+        if request.seed is None:
+            sampling = sampling.for_turn(self.spec.task_id, self.spec.key.repetition, turn)
+        try:
+            return await self._runner.generate(prompt_ids, budget, sampling,
+                                               [self.context.stop_id])
+        except EngineRequestError as e:
+            self.context.take_back()
+            self.finish(TrajectoryStatus.TRUNCATED, f"engine refused: {e}")
+            raise ContextTooLong(f"the engine refused the call: {e}",
+                                 param="messages") from None
+        except EngineError as e:
+            self.context.take_back()
+            self.finish(TrajectoryStatus.ERROR, f"engine: {e}", FailureStage.ENGINE)
+            raise GatewayEngineError(f"the engines failed the call: {e}") from None
+
+    def _stopped(self, out: TurnOutput, stop: Sequence[str], forced: str,
+                 keep: str | None) -> tuple[list[int], list[float], int | None]:
+        """The ids up to the token that completes the first stop string, or `keep`
+        (the tail is cut: the context continues from there, as if the model had
+        stopped), and where the reply's text (`forced` included) ends: before a stop
+        string, after `keep`; None when nothing was cut."""
+        ids, logprobs = list(out.output_ids), list(out.logprobs)
+        if not stop and keep is None:
+            return ids, logprobs, None
+        for i in range(len(ids)):
+            # The prefix decoded whole, as the reply's text is (a character may span
+            # tokens); quadratic, but only for calls that set stop strings.
+            text = forced + self.tokenizer.decode(ids[:i + 1])
+            hits = [text.find(s, len(forced)) for s in stop if s in text[len(forced):]]
+            if keep is not None and keep in text:
+                hits.append(text.index(keep) + len(keep))
+            if hits:
+                return ids[:i + 1], logprobs[:i + 1], min(hits)
+        return ids, logprobs, None
+
+    def finish(self, status: TrajectoryStatus, reason: str | None = None,
+               stage: FailureStage | None = None) -> None:
+        """End it: the scheduler forgets it, the record is completed (not stored)."""
+        if self.ended:
+            return
+        self.ended = True
+        traj = self.trajectory
+        traj.status, traj.reason, traj.failure_stage = status, reason, stage
+        traj.segments = self.context.segments
+        traj.prompt_tokens = len(traj.segments[0].prompt_ids) if traj.segments else 0
+        traj.children = [c.spec.trajectory_id for c in self.children]
+        traj.timings.finished_at = self._clock.now()
+        if self._gap_since is not None:
+            traj.timings.tool_s += self._clock.now() - self._gap_since
+            self._gap_since = None
+        self._runner.ended(reason or status.value)
+
+
+class Sessions:
+    """The live sessions of one service (module docstring). `on_end` receives every
+    ended trajectory once (children before their parent); `clock` times idleness in
+    real seconds."""
+
+    def __init__(self, runtime: Runtime, tokenizer: Tokenizer, *,
+                 on_end: Callable[[Trajectory], Awaitable[None]], clock: Clock = MONOTONIC,
+                 max_sessions: int = 4096, sweep_s: float = 1.0) -> None:
+        self.runtime = runtime
+        self.tokenizer = tokenizer
+        self.max_sessions = max_sessions  # open sessions at once
+        self._on_end = on_end
+        self._clock = clock
+        self._sweep_s = sweep_s  # how often idle sessions are looked for
+        self._open: dict[str, Session] = {}
+        self._held: dict[str, list[Session]] = {}  # parent id -> children waiting for it
+        self._sweeper: asyncio.Task[None] | None = None
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def create(self, spec: SessionSpec) -> Session:
+        """A new open session; ValueError for an unknown chat format, `open_parent`'s
+        errors for its parent, ServiceBusy when `max_sessions` are open."""
+        self.check_room()
+        parent = None if spec.parent_id is None else self.open_parent(spec.parent_id)
+        session = Session(spec, self.runtime, self.tokenizer, self._clock)
+        self._open[spec.session_id] = session
+        if parent is not None:
+            parent.children.append(session)
+            session.trajectory.parent_id = parent.spec.trajectory_id
+        if self._sweeper is None:
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+        return session
+
+    def check_room(self) -> None:
+        """ServiceBusy when `max_sessions` sessions are open."""
+        if len(self._open) >= self.max_sessions:
+            raise ServiceBusy(f"{len(self._open)} sessions are open, the most this service "
+                              "keeps; end some or retry later")
+
+    def open_parent(self, session_id: str) -> Session:
+        """The open session a sub-agent would belong to: UnknownSession if there is
+        none, SessionEnded if it has ended (and waits to be handed on)."""
+        parent = self.get(session_id)
+        if parent.ended:
+            raise SessionEnded(f"parent session {session_id} has ended",
+                               param="parent_session_id")
+        return parent
+
+    def get(self, session_id: str) -> Session:
+        try:
+            return self._open[session_id]
+        except KeyError:
+            raise UnknownSession(f"no open session {session_id!r}") from None
+
+    async def call(self, session_id: str, request: CallRequest) -> CallResult:
+        """Run a call of an open session; a call that ended it (an engine failure, a
+        refused context) hands the session on before its error is raised."""
+        session = self.get(session_id)
+        try:
+            return await session.call(request)
+        finally:
+            if session.ended:
+                await self.settle(session)
+
+    async def end(self, session_id: str, *, status: TrajectoryStatus = TrajectoryStatus.COMPLETED,
+                  reason: str | None = None, reward: float | None = None,
+                  rewards: Mapping[str, float] | None = None,
+                  metadata: Mapping[str, Any] | None = None,
+                  stage: FailureStage | None = None) -> Trajectory:
+        """End an open session (a call in flight: SessionBusy) and hand it on."""
+        session = self.get(session_id)
+        if session.busy:
+            raise SessionBusy(f"session {session_id} is running a call; end it after")
+        traj = session.trajectory
+        if status is not TrajectoryStatus.ERROR:
+            traj.reward = reward
+            traj.metrics.update(rewards or {})
+        traj.metadata.update(metadata or {})
+        session.finish(status, reason, stage)
+        await self._settle(session)
+        return traj
+
+    async def close(self) -> None:
+        """Stop the sweeper; open sessions are forgotten unstored (a restart fails them)."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+        for session in self._open.values():
+            session.finish(TrajectoryStatus.ABORTED, "service closed")
+        self._open.clear()
+
+    def forget(self, session_id: str) -> None:
+        """Drop an ended session unstored (its owner stores its trajectory)."""
+        self._open.pop(session_id, None)
+        self._held.pop(session_id, None)
+
+    def abort_job(self, job_id: str) -> list[Trajectory]:
+        """End the open sessions of a cancelled job, unstored (the store has aborted
+        them already); their trajectories."""
+        out = []
+        for session in [s for s in self._open.values() if s.spec.job_id == job_id]:
+            session.finish(TrajectoryStatus.ABORTED, "cancelled")
+            del self._open[session.spec.session_id]
+            out.append(session.trajectory)
+        for parent in [p for p in self._held if p not in self._open]:
+            del self._held[parent]
+        return out
+
+    async def settle(self, session: Session) -> None:
+        """Hand on a session that ended by itself (an engine failure, a refused context)."""
+        if session.spec.session_id in self._open and session.ended:
+            await self._settle(session)
+
+    async def _settle(self, session: Session) -> None:
+        self._open.pop(session.spec.session_id, None)
+        traj = session.trajectory
+        for child in session.children:
+            if not child.ended:
+                child.finish(TrajectoryStatus.ABORTED, "its parent session ended")
+                self._open.pop(child.spec.session_id, None)
+                await self._on_end(child.trajectory)
+        for child in self._held.pop(session.spec.session_id, []):
+            child.trajectory.reward = traj.reward  # the parent's credit
+            await self._on_end(child.trajectory)
+        parent = self._open.get(session.spec.parent_id or "")
+        if parent is not None and traj.reward is None and \
+                traj.status not in (TrajectoryStatus.ERROR, TrajectoryStatus.ABORTED):
+            self._held.setdefault(parent.spec.session_id, []).append(session)
+            return
+        await self._on_end(traj)
+
+    async def _sweep(self) -> None:
+        while True:
+            await self._clock.sleep(self._sweep_s)
+            now = self._clock.now()
+            for session in list(self._open.values()):
+                idle = session.spec.limits.idle_timeout_s
+                if not session.busy and not session.ended and now - session.last_active >= idle:
+                    try:
+                        await self.end(session.spec.session_id,
+                                       status=TrajectoryStatus.TIMEOUT, reason="idle_timeout")
+                    except Exception:  # one bad session must not stop the sweep
+                        log.exception("ending idle session %s", session.spec.session_id)
+
+
+__all__ = ["CallRequest", "CallResult", "Session", "SessionLimits", "SessionSpec", "Sessions"]

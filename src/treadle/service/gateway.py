@@ -1,0 +1,304 @@
+"""The service's side of the harness gateway: sessions as trajectories of jobs.
+
+A session's trajectory always belongs to a job, so that it is delivered on a job's
+NDJSON stream like any other:
+
+- a session created without a job gets a job of its own (one group, one sample;
+  the job's id is the session's);
+- a session created with the id of a *sessions job* (`POST /v1/jobs` with
+  ``tasks: {"sessions": ...}``) takes one of its planned trajectories: the one at
+  ``group_id``/``repetition`` if given, else the next free one of ``group_id``,
+  else the next free one of the job;
+- a sub-agent (``parent_session_id``) joins its parent's job as a trajectory added
+  to the plan, in group ``<parent's group>/sub`` with repetition
+  ``parent's repetition × 1024 + its index among the parent's children``.
+
+A session's trajectory is marked started in the store when the session is created
+and stored when it ends (`gateway.session` says how a session ends). A service
+that restarts forgets its open sessions: `Rollouts.start` finishes their
+trajectories as errors (stage runtime) and leaves a sessions job's untaken
+trajectories for harnesses to take. A cancelled job's open sessions end at once
+(their trajectories are already stored as aborted).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+
+from treadle.agent.chat import Tokenizer
+from treadle.agent.loop import Sampling
+from treadle.clock import MONOTONIC, Clock
+from treadle.envs.base import open_episode
+from treadle.errors import TreadleError
+from treadle.gateway.harness import Harness, HarnessEnv, Verdict, judge, run_harness
+from treadle.gateway.render import chat_format
+from treadle.gateway.session import (
+    CallRequest,
+    CallResult,
+    Session,
+    SessionLimits,
+    Sessions,
+    SessionSpec,
+)
+from treadle.runtime.driver import Runtime
+from treadle.service.errors import RequestRefused
+from treadle.service.jobs import Rollouts
+from treadle.service.planning import Work
+from treadle.service.schemas import (
+    JobRequest,
+    SessionCreated,
+    SessionEndRequest,
+    SessionRequest,
+    SessionTasks,
+    SessionView,
+)
+from treadle.store.aio import AsyncStore
+from treadle.store.errors import NotFound, StoreConflict
+from treadle.store.jobs import PlannedTrajectory
+from treadle.types import FailureStage, GroupKey, Task, Trajectory, TrajectoryStatus
+
+MAX_CHILDREN = 1024  # sub-agent sessions of one session (their repetitions' stride)
+
+
+class Gateway:
+    """Sessions over one service's runtime and store (module docstring)."""
+
+    def __init__(self, runtime: Runtime, store: AsyncStore, rollouts: Rollouts,
+                 tokenizer: Tokenizer | None, *, default_format: str = "hermes",
+                 clock: Clock = MONOTONIC, max_sessions: int = 4096,
+                 harnesses: Mapping[str, Harness] | None = None, url: str | None = None,
+                 token: str | None = None) -> None:
+        self.store = store
+        self.rollouts = rollouts
+        self.default_format = default_format  # the served model's chat format
+        self.harnesses = dict(harnesses or {})  # the harness commands jobs may name
+        # Where harnesses reach this service (set by whoever serves it, if not given).
+        self.url = url
+        self.api_key = token or "treadle"  # what harnesses send as their OpenAI key
+        self._harnessed: set[str] = set()  # trajectories a harness run returns itself
+        rollouts.harness_runner = self.run_harness
+        self.sessions = None if tokenizer is None else Sessions(
+            runtime, tokenizer, on_end=self._ended, clock=clock, max_sessions=max_sessions)
+        self._jobs: dict[str, str] = {}  # trajectory id -> its job, for open sessions
+        rollouts.cancel_hooks.append(self._cancelled)
+        self._taken: dict[str, set[str]] = {}  # sessions job -> trajectory ids taken here
+
+    # -- sessions ---------------------------------------------------------------------
+
+    async def create(self, request: SessionRequest, base_url: str) -> SessionCreated:
+        """A new session; RequestRefused naming the field for what cannot be made,
+        ServiceBusy when `max_sessions` are open."""
+        sessions = self._open()
+        sessions.check_room()  # before a job is made for it
+        fmt = request.chat_format or self.default_format
+        try:
+            chat_format(fmt)
+        except ValueError as e:
+            raise RequestRefused(f"chat_format: {e}") from None
+        session_id = uuid.uuid4().hex[:16]
+        parent = None
+        if request.parent_session_id is not None:
+            parent = sessions.open_parent(request.parent_session_id)
+            job_id, planned = await self._child_slot(parent)
+        elif request.job_id is not None:
+            job_id = request.job_id
+            planned = await self._take(job_id, request.group_id, request.repetition)
+        else:
+            job_id = session_id
+            planned = PlannedTrajectory(f"{job_id}/{session_id}/0", f"{job_id}/{session_id}",
+                                        session_id, 0)
+            await self.store.create_job(job_id, {"request": JobRequest(
+                tasks=SessionTasks(sessions=[session_id]), job_id=job_id).model_dump(
+                    mode="json")}, [planned])
+        if await self.store.start(job_id, planned.trajectory_id) is None:
+            raise StoreConflict(f"trajectory {planned.trajectory_id} of job {job_id} has "
+                                "already ended")
+        limits = request.limits
+        sampling = request.sampling
+        spec = SessionSpec(
+            session_id=session_id, trajectory_id=planned.trajectory_id, job_id=job_id,
+            key=GroupKey(planned.group_id, planned.repetition), task_id=planned.task_id,
+            sampling=Sampling(sampling.temperature, sampling.top_p, sampling.seed),
+            limits=SessionLimits(limits.max_turns, limits.max_total_tokens,
+                                 limits.max_tokens_per_turn, limits.idle_timeout_s),
+            metadata=request.metadata,
+            parent_id=None if parent is None else parent.spec.session_id,
+            trainable=request.trainable, chat_format=fmt)
+        sessions.create(spec)
+        self._jobs[planned.trajectory_id] = job_id
+        return SessionCreated(session_id=session_id, job_id=job_id,
+                              trajectory_id=planned.trajectory_id,
+                              base_url=f"{base_url.rstrip('/')}/v1/sessions/{session_id}"
+                                       "/openai/v1")
+
+    async def call(self, session_id: str, request: CallRequest) -> CallResult:
+        return await self._open().call(session_id, request)
+
+    async def end(self, session_id: str, request: SessionEndRequest) -> SessionView:
+        sessions = self._open()
+        session = sessions.get(session_id)
+        status = TrajectoryStatus(request.status)
+        stage = FailureStage.HARNESS if status is TrajectoryStatus.ERROR else None
+        reason = request.reason
+        if reason is None and status is not TrajectoryStatus.COMPLETED:
+            reason = "ended by its owner"
+        await sessions.end(session_id, status=status, reason=reason, reward=request.reward,
+                           rewards=request.rewards, metadata=request.metadata, stage=stage)
+        return view(session)
+
+    def view(self, session_id: str) -> SessionView:
+        return view(self._open().get(session_id))
+
+    def session(self, session_id: str) -> Session:
+        return self._open().get(session_id)
+
+    def token_text(self, token_id: int) -> str:
+        """How one token id reads (for OpenAI's per-token logprobs)."""
+        return self._open().tokenizer.decode([token_id])
+
+    async def close(self) -> None:
+        if self.sessions is not None:
+            await self.sessions.close()
+
+    # -- internals --------------------------------------------------------------------
+
+    def _open(self) -> Sessions:
+        if self.sessions is None:
+            raise RequestRefused("tokenizer: this service has no tokenizer for its model "
+                                 "(start it with --tokenizer), so it cannot render chats")
+        return self.sessions
+
+    async def _take(self, job_id: str, group: str | None,
+                    repetition: int | None) -> PlannedTrajectory:
+        """A free planned trajectory of a sessions job (module docstring)."""
+        try:
+            spec = await self.store.job_spec(job_id)
+        except NotFound:
+            raise RequestRefused(f"job_id: no job {job_id!r}") from None
+        if "sessions" not in spec.get("request", {}).get("tasks", {}):
+            raise RequestRefused(f"job_id: job {job_id!r} is not a sessions job")
+        taken = self._taken.setdefault(job_id, set())
+        for state in await self.store.unfinished(job_id):
+            if state.trajectory_id in taken or state.status is not TrajectoryStatus.PENDING:
+                continue
+            if group is not None and state.task_id != group:
+                continue
+            if repetition is not None and state.repetition != repetition:
+                continue
+            taken.add(state.trajectory_id)
+            return PlannedTrajectory(state.trajectory_id, state.group_id, state.task_id,
+                                     state.repetition)
+        where = f"group {group!r}" + (f" repetition {repetition}" if repetition is not None
+                                      else "") if group is not None else "the job"
+        raise StoreConflict(f"job {job_id!r}: {where} has no session left to take")
+
+    async def _child_slot(self, parent: Session) -> tuple[str, PlannedTrajectory]:
+        k = len(parent.children)
+        if k >= MAX_CHILDREN:
+            raise RequestRefused(f"parent_session_id: a session has at most {MAX_CHILDREN} "
+                                 "sub-agent sessions")
+        spec = parent.spec
+        planned = PlannedTrajectory(f"{spec.trajectory_id}/sub/{k}", f"{spec.key.group_id}/sub",
+                                    spec.task_id, spec.key.repetition * MAX_CHILDREN + k)
+        await self.store.add_trajectories(spec.job_id, [planned])
+        return spec.job_id, planned
+
+    def _cancelled(self, job_id: str) -> None:
+        if self.sessions is not None:
+            for traj in self.sessions.abort_job(job_id):
+                self._jobs.pop(traj.trajectory_id, None)
+        self._taken.pop(job_id, None)
+
+    async def _ended(self, traj: Trajectory) -> None:
+        job_id = self._jobs.pop(traj.trajectory_id)
+        if traj.trajectory_id in self._harnessed:
+            return  # its harness run hands it to the job runner, which stores it
+        await self.rollouts.deliver(job_id, traj)
+
+    # -- harness jobs -----------------------------------------------------------------
+
+    async def run_harness(self, work: Work, attempt: int) -> Trajectory:
+        """One trajectory of a harness job: a session, the harness command driving it
+        (`gateway.harness`), then its verdict and score. Never raises but
+        CancelledError (the job's cancel: the harness is killed)."""
+        assert work.harness is not None and work.suite is not None
+        sessions, p = self._open(), work.planned
+        harness = self.harnesses[work.harness]
+        lim = work.limits
+        spec = SessionSpec(
+            session_id=uuid.uuid4().hex[:16], trajectory_id=p.trajectory_id,
+            job_id=work.job_id, key=GroupKey(p.group_id, p.repetition), task_id=p.task_id,
+            sampling=work.sampling, chat_format=self.default_format,
+            limits=SessionLimits(lim.max_turns, lim.max_total_tokens, lim.max_tokens_per_turn,
+                                 idle_timeout_s=harness.timeout_s))
+        self._harnessed.add(p.trajectory_id)
+        self._jobs[p.trajectory_id] = work.job_id
+        session = sessions.create(spec)
+        try:
+            verdict = await self._run(harness, work, session)
+            if not session.ended:
+                reward = verdict.reward
+                if verdict.verify:
+                    reward, rewards, failure = await self._verify(work, session)
+                    if failure is not None:
+                        verdict = Verdict(TrajectoryStatus.ERROR, failure, FailureStage.EVAL)
+                    verdict = Verdict(verdict.status, verdict.reason, verdict.stage,
+                                      reward, {**verdict.rewards, **rewards})
+                await sessions.end(spec.session_id, status=verdict.status,
+                                   reason=verdict.reason, reward=reward,
+                                   rewards=verdict.rewards, stage=verdict.stage)
+        finally:
+            self._harnessed.discard(p.trajectory_id)
+            if not session.ended:  # cancelled: the job's cancel stored it already
+                session.finish(TrajectoryStatus.ABORTED, "cancelled")
+                sessions.forget(spec.session_id)
+                self._jobs.pop(p.trajectory_id, None)
+        session.trajectory.attempt = attempt
+        return session.trajectory
+
+    async def _run(self, harness: Harness, work: Work, session: Session) -> Verdict:
+        assert isinstance(work.task, Task) and work.suite is not None
+        if self.url is None:
+            return Verdict(TrajectoryStatus.ERROR, "runtime: the service does not know the "
+                           "URL harnesses reach it at (ServiceConfig.public_url)",
+                           FailureStage.RUNTIME)
+        task = work.task
+        shown = {"task_id": task.task_id, "prompt": task.prompt,
+                 "tools": [t.spec for t in work.suite.tools(task)]}
+        base = f"{self.url.rstrip('/')}/v1/sessions/{session.spec.session_id}/openai/v1"
+        try:
+            run = await run_harness(harness, HarnessEnv(base, self.api_key,
+                                                        session.spec.session_id, shown))
+        except OSError as e:
+            return Verdict(TrajectoryStatus.ERROR, f"harness: cannot start "
+                           f"{harness.command[0]!r}: {e}", FailureStage.HARNESS)
+        session.final_answer = run.answer
+        return judge(run, work.score)  # type: ignore[arg-type]
+
+    async def _verify(self, work: Work, session: Session,
+                      ) -> tuple[float | None, dict[str, float], str | None]:
+        """The suite's reward on the run's final answer: (reward, parts, failure)."""
+        assert isinstance(work.task, Task) and work.suite is not None
+        answer = session.final_answer if session.final_answer is not None \
+            else session.final_text
+        try:
+            async with open_episode(work.suite, work.task,
+                                    self.rollouts.pool(work.suite)) as episode:
+                result = await episode.score(answer)
+        except TreadleError as e:
+            return None, {}, f"eval: {type(e).__name__}: {e}"
+        return result.reward, dict(result.metrics), None
+
+
+def view(session: Session) -> SessionView:
+    traj = session.trajectory
+    return SessionView(session_id=session.spec.session_id, job_id=session.spec.job_id,
+                       trajectory_id=traj.trajectory_id, status=traj.status.value,
+                       turns=len(traj.turns), segments=len(session.context.segments),
+                       reward=traj.reward, children=[c.spec.trajectory_id
+                                                     for c in session.children])
+
+
+
+__all__ = ["Gateway", "view"]

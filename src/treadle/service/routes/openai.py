@@ -1,0 +1,123 @@
+"""`/v1/sessions/{id}/openai/v1`: the OpenAI-compatible door of one session.
+
+A harness sets this as its OpenAI base URL (and the service's token as its API
+key). Every error is OpenAI's shape, ``{"error": {"message", "type", "param",
+"code"}}`` (`treadle.gateway.wire`), so that the harness's SDK raises the error it
+knows: 400 for what the gateway cannot honour, 404 for an unknown session, 409 for
+a call while another runs, 503 when the engines fail.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from treadle.errors import InputError, TreadleError
+from treadle.gateway import wire
+from treadle.gateway.errors import GatewayError, InvalidRequest
+from treadle.service import strict_json
+from treadle.service.deps import ServiceDep
+
+router = APIRouter(prefix="/v1/sessions/{session_id}/openai/v1", tags=["gateway"])
+
+_NULLABLE_TEXT = {"anyOf": [{"type": "string"}, {"type": "null"}]}
+_OPENAI_ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["message", "type", "param", "code"],
+    "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                   "param": _NULLABLE_TEXT, "code": _NULLABLE_TEXT}}}}
+_SERVICE_ERROR = {"type": "object", "required": ["detail"]}  # the gate's 401/408/413/503
+
+
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    return {code: {"description": _ERROR_TEXT[code], "content": {"application/json": {
+        "schema": {"anyOf": [_OPENAI_ERROR, _SERVICE_ERROR]}}}} for code in codes}
+
+
+_ERROR_TEXT = {
+    400: "what the gateway cannot honour, a session ended or at a limit (OpenAI's shape)",
+    404: "no such session (OpenAI's shape)",
+    409: "another call of the session is running (OpenAI's shape)",
+    503: "the engines failed the call, or the service is busy",
+}
+# The body as the OpenAI API defines it, as far as the gateway serves it (unknown keys
+# are refused); `gateway.wire.parse_chat` checks the rest and answers what it refuses
+# with a 400 naming the parameter.
+_MESSAGE = {"type": "object", "required": ["role", "content"], "additionalProperties": False,
+            "properties": {
+                "role": {"type": "string",
+                         "enum": ["system", "developer", "user", "assistant", "tool"]},
+                "content": {"type": "string"}, "name": {"type": "string"},
+                "tool_call_id": {"type": "string"}}}
+_TOOL = {"type": "object", "required": ["type", "function"], "properties": {
+    "type": {"type": "string", "enum": ["function"]},
+    "function": {"type": "object", "required": ["name"], "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 64},
+        "description": {"type": "string"}, "parameters": {"type": "object"}}}}}
+_CHAT_BODY = {"required": True, "content": {"application/json": {"schema": {
+    "type": "object", "required": ["model", "messages"], "additionalProperties": False,
+    "properties": {
+        "model": {"type": "string", "minLength": 1},
+        "messages": {"type": "array", "minItems": 1, "items": _MESSAGE},
+        "tools": {"type": "array", "maxItems": 8, "items": _TOOL},
+        "tool_choice": {"type": "string", "enum": ["auto", "none"]},
+        "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+        "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+        "max_tokens": {"type": "integer", "minimum": 1, "maximum": 1 << 20},
+        "max_completion_tokens": {"type": "integer", "minimum": 1, "maximum": 1 << 20},
+        "stop": {"type": "array", "maxItems": 4, "items": {"type": "string", "minLength": 1}},
+        "seed": {"type": "integer", "minimum": 0, "maximum": (1 << 63) - 1},
+        "stream": {"type": "boolean"}, "logprobs": {"type": "boolean"},
+        "parallel_tool_calls": {"type": "boolean"}}}}}}
+_CHAT_REPLY: dict[int | str, dict[str, Any]] = {200: {
+    "description": "a chat.completion, or its chunks as server-sent events",
+    "content": {"application/json": {"schema": {"type": "object"}},
+                "text/event-stream": {"schema": {}}}}}  # chunks, then [DONE]
+
+
+@router.post("/chat/completions", response_model=None,
+             openapi_extra={"requestBody": _CHAT_BODY},
+             responses={**_CHAT_REPLY, **_errors(400, 404, 409, 503)})
+async def chat_completions(session_id: str, request: Request,
+                           service: ServiceDep) -> Response:
+    try:
+        try:
+            body = strict_json.loads(await request.body())
+        except (ValueError, UnicodeDecodeError) as e:
+            raise InvalidRequest(f"the body is not JSON: {str(e)[:200]}") from None
+        call, options = wire.parse_chat(body)
+        result = await service.gateway.call(session_id, call)
+    except GatewayError as e:
+        return _error(e)
+    except InputError as e:  # a service without a tokenizer, a refused field
+        return _error(InvalidRequest(str(e)))
+    except TreadleError as e:  # the service itself: busy, closing
+        return _error(GatewayError(str(e)), 503)
+    call_id = f"chatcmpl-{session_id}-{result.turn}"
+    spell = service.gateway.token_text
+    if options.stream:
+        return StreamingResponse(wire.chunks(result, options, call_id, spell),
+                                 media_type="text/event-stream")
+    body_out = json.dumps(wire.completion(result, options, call_id, spell),
+                          ensure_ascii=False).encode()
+    return Response(body_out, media_type="application/json")
+
+
+@router.get("/models", response_model=None,
+            responses={200: {"description": "the served model",
+                             "content": {"application/json": {"schema": {"type": "object"}}}},
+                       **_errors(400, 404)})
+async def models(session_id: str, service: ServiceDep) -> Response:
+    try:
+        service.gateway.session(session_id)
+    except GatewayError as e:
+        return _error(e)
+    except InputError as e:
+        return _error(InvalidRequest(str(e)))
+    return JSONResponse(wire.models_list(service.config.served_model))
+
+
+def _error(error: GatewayError, status: int | None = None) -> JSONResponse:
+    return JSONResponse(wire.error_body(error), status or error.status)

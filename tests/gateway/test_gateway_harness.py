@@ -1,0 +1,148 @@
+"""Running a harness command and judging its run: a crash is an infrastructure
+failure, a bad finish is data; limits, the reward file and the answer file."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from treadle.gateway.harness import (
+    Harness,
+    HarnessEnv,
+    HarnessRun,
+    judge,
+    parse_command,
+    parse_reward,
+    run_harness,
+)
+from treadle.types import FailureStage, TrajectoryStatus
+
+ENV = HarnessEnv("http://127.0.0.1:9/v1/sessions/s/openai/v1", "tok", "s",
+                 {"task_id": "t", "prompt": "2 + 2?", "tools": []})
+
+
+def _run(code: str, **limits: float) -> HarnessRun:
+    harness = Harness("h", (sys.executable, "-c", code), **limits)  # type: ignore[arg-type]
+    return asyncio.run(run_harness(harness, ENV))
+
+
+def test_the_harness_gets_its_session_and_task_and_can_answer() -> None:
+    run = _run("import json, os, sys\n"
+               "task = json.loads(sys.stdin.read())\n"
+               "assert json.loads(os.environ['TREADLE_TASK']) == task\n"
+               "assert os.environ['OPENAI_BASE_URL'].endswith('/openai/v1')\n"
+               "assert os.environ['OPENAI_API_KEY'] == 'tok'\n"
+               "open(os.environ['TREADLE_ANSWER_FILE'], 'w').write(task['prompt'][:5])\n"
+               "open(os.environ['TREADLE_REWARD_FILE'], 'w').write('{\"reward\": 0.5, "
+               "\"rewards\": {\"style\": 1}}')\n")
+    assert run.exit_code == 0, run.stderr_tail
+    assert run.answer == "2 + 2" and run.reward_file is not None
+    verdict = judge(run, "auto")
+    assert (verdict.status, verdict.reward, verdict.rewards) == (
+        TrajectoryStatus.COMPLETED, 0.5, {"style": 1.0})
+
+
+@pytest.mark.parametrize(("code", "score", "status", "reward", "verify"), [
+    ("pass", "auto", TrajectoryStatus.COMPLETED, None, True),
+    ("raise SystemExit(1)", "exit_code", TrajectoryStatus.COMPLETED, 0.0, False),
+    ("pass", "exit_code", TrajectoryStatus.COMPLETED, 1.0, False),
+])
+def test_a_finished_run_is_data(code: str, score: str, status: TrajectoryStatus,
+                                reward: float | None, verify: bool) -> None:
+    verdict = judge(_run(code), score)  # type: ignore[arg-type]
+    assert (verdict.status, verdict.reward, verdict.verify, verdict.stage) == (
+        status, reward, verify, None)
+
+
+@pytest.mark.parametrize("code", ["import sys; sys.stderr.write('boom'); sys.exit(3)",
+                                  "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)",
+                                  "raise ValueError('bad')"])
+@pytest.mark.parametrize("score", ["auto", "verifier", "reward_file"])
+def test_a_crashed_harness_is_an_infrastructure_failure(code: str, score: str) -> None:
+    verdict = judge(_run(code), score)  # type: ignore[arg-type]
+    assert verdict.status is TrajectoryStatus.ERROR and verdict.stage is FailureStage.HARNESS
+    assert verdict.reward is None and verdict.reason is not None
+    assert "crashed" in verdict.reason
+
+
+SPAWNS = ("import os, subprocess, sys, time\n"
+          "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+          "open(sys.argv[1] + '.tmp', 'w').write(str(p.pid))\n"
+          "os.rename(sys.argv[1] + '.tmp', sys.argv[1])\n"
+          "time.sleep(600)\n")
+
+
+def _gone(pid: int) -> bool:
+    """Dead: no such process, or a zombie left for init to reap."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
+async def _until(predicate: object, timeout_s: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
+
+
+def test_a_run_past_its_time_is_a_timeout_and_leaves_nothing_running(tmp_path: Path) -> None:
+    flag = tmp_path / "child.pid"
+    harness = Harness("h", (sys.executable, "-c", SPAWNS, str(flag)), timeout_s=2.0)
+    run = asyncio.run(run_harness(harness, ENV))
+    assert run.timed_out and run.exit_code is None
+    assert judge(run, "auto").status is TrajectoryStatus.TIMEOUT
+    if flag.exists():  # (a machine too slow to start it in 2 s never spawned the child)
+        child = int(flag.read_text())
+        assert asyncio.run(_until(lambda: _gone(child))), "the harness's child survived"
+
+
+def test_a_cancelled_run_kills_the_harness_and_what_it_started(tmp_path: Path) -> None:
+    flag = tmp_path / "child.pid"
+    harness = Harness("h", (sys.executable, "-c", SPAWNS, str(flag)), timeout_s=600.0)
+
+    async def main() -> int:
+        task = asyncio.ensure_future(run_harness(harness, ENV))
+        assert await _until(flag.exists), "the harness never started its child"
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return int(flag.read_text())
+
+    child = asyncio.run(main())
+    assert asyncio.run(_until(lambda: _gone(child))), "the harness's child survived"
+
+
+def test_a_bad_reward_file_or_a_missing_one_is_the_harness_failing() -> None:
+    run = _run("import os; open(os.environ['TREADLE_REWARD_FILE'], 'w').write('NaN')")
+    assert judge(run, "auto").stage is FailureStage.HARNESS
+    assert judge(_run("pass"), "reward_file").stage is FailureStage.HARNESS
+    assert parse_reward("1") == (1.0, {})
+    for bad in ["true", '{"reward": "1"}', '{"reward": 1, "rewards": {"a": "x"}}', "1e400"]:
+        with pytest.raises(ValueError):
+            parse_reward(bad)
+
+
+def test_what_the_harness_leaves_is_read_safely(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("host file")
+    run = _run(f"import os; os.symlink({str(secret)!r}, os.environ['TREADLE_ANSWER_FILE']);"
+               "os.mkfifo(os.environ['TREADLE_REWARD_FILE'])")
+    assert run.answer is None and run.reward_file is None  # no host file, no blocking
+
+
+def test_a_command_that_does_not_exist_raises_and_commands_are_split() -> None:
+    with pytest.raises(OSError):
+        asyncio.run(run_harness(Harness("h", ("/nonexistent/harness",)), ENV))
+    assert parse_command("python -m x --flag 'a b'") == ("python", "-m", "x", "--flag", "a b")
+    with pytest.raises(ValueError):
+        parse_command("  ")
+    assert json.loads(json.dumps(ENV.task)) == dict(ENV.task)
