@@ -22,8 +22,9 @@ escaping treadle is a bug. Each package owns a branch::
     │   ├── SessionBusy                 call while another runs (409), a session ended
     │   ├── SessionEnded                or at a limit, a context past the engine's
     │   ├── SessionLimit                window (400), the engines failing the call
-    │   ├── ContextTooLong              (503; the session ends with status error)
-    │   └── GatewayEngineError
+    │   ├── ContextTooLong              (503; the session ends with status error),
+    │   ├── GatewayEngineError          treadle failing the call (500, a bug; the
+    │   └── GatewayInternalError        session ends, stage runtime)
     ├── ServiceBusy                     treadle.service.errors: too many trajectories
     │                                   queued to take the job now (the API's 503)
     ├── SandboxError                    anything from treadle.sandbox

@@ -90,3 +90,27 @@ def test_sub_agents_take_their_parents_credit_and_end_with_it(tok: HFTokenizer) 
     assert ended["j/c2"].status is TrajectoryStatus.ABORTED  # open when its parent ended
     assert ended["j/p"].children == ["j/c1", "j/c2"]
     assert ended["j/c1"].parent_id == "j/p" and not ended["j/c1"].trainable
+
+
+def test_an_orchestrator_waiting_on_its_sub_agents_is_not_idle(tok: HFTokenizer) -> None:
+    async def main() -> list[Trajectory]:
+        clock, ended = FakeClock(), []
+        sessions = _sessions(tok, clock, ended)
+        sessions.create(_spec("p", idle=30.0))
+        sessions.create(_spec("c", parent="p", idle=1000.0))
+        sessions.create(_spec("g", parent="c", idle=1000.0))  # a grandchild
+        for _ in range(40):
+            clock.advance(1.0)
+            await asyncio.sleep(0)
+        assert ended == []  # 40 s idle, but its sub-agent is still at work
+        await sessions.end("c", reward=0.5)  # its own open child is ended with it
+        for _ in range(40):
+            clock.advance(1.0)
+            await asyncio.sleep(0)
+        await sessions.close()
+        return ended
+
+    got = {t.trajectory_id: t for t in asyncio.run(main())}
+    assert list(got) == ["j/g", "j/c", "j/p"]
+    assert got["j/g"].status is TrajectoryStatus.ABORTED
+    assert (got["j/p"].status, got["j/p"].reason) == (TrajectoryStatus.TIMEOUT, "idle_timeout")

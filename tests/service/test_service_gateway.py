@@ -240,3 +240,38 @@ def test_a_second_call_while_one_runs_is_409_and_an_engine_failure_is_503(
             (traj,) = gw.trajectories(info["job_id"])
             gw.http.close()
     assert traj.status is TrajectoryStatus.ERROR and traj.failure_stage is FailureStage.ENGINE
+
+
+def test_cancelling_a_job_cuts_its_sessions_call_and_the_service_goes_on(
+        tmp_path: Path) -> None:
+    tok = build_tokenizer(tmp_path / "tok")
+    fake = FakeVLLMServer()
+    fake.mode = "hang"
+    with fake.serve() as engine:
+        config = ServiceConfig(db=str(tmp_path / "s.db"), token=TOKEN, policy="verl",
+                               engines=[EngineRequest(url=engine, model="m")],
+                               tokenizer=str(tmp_path / "tok"))
+        with running_service(config) as url:
+            gw = Gateway(url, fake, tok)
+            info, client = gw.session()
+            messages = [{"role": "user", "content": "hi"}]
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                first = pool.submit(client.chat.completions.create, model="policy",
+                                    messages=messages)
+                while not fake.requests:
+                    assert not first.done(), first.result()
+                    time.sleep(0.01)
+                cancelled = gw.http.post(f"/v1/jobs/{info['job_id']}/cancel")
+                assert cancelled.status_code == 200, cancelled.text
+                with pytest.raises(openai.APIError):
+                    first.result()
+            (traj,) = gw.trajectories(info["job_id"])
+            assert traj.status is TrajectoryStatus.ABORTED
+            assert gw.http.get(f"/v1/sessions/{info['session_id']}").status_code == 404
+            # The scheduler forgot the cut trajectory cleanly: a new session runs.
+            fake.mode = "ok"
+            gw.reply("still here")
+            _, client2 = gw.session()
+            again = client2.chat.completions.create(model="policy", messages=messages)
+            assert again.choices[0].message.content == "still here"
+            gw.http.close()

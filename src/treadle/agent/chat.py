@@ -231,20 +231,28 @@ def _messages(prompt: str | Sequence[Mapping[str, Any]]) -> list[dict[str, str]]
     return out
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def _parse_call(body: str) -> ParsedCall | CallError:
     raw = body.strip()
     try:
-        value = json.loads(raw)
+        # No NaN or Infinity (the record could not be written), nor nesting past the
+        # parser's depth: model-written text is anything.
+        value = json.loads(raw, parse_constant=_no_constant)
     except json.JSONDecodeError as e:
         return CallError(f"the tool call is not valid JSON ({e.msg} at position {e.pos}); "
                          'write {"name": ..., "arguments": {...}}', raw[:200])
+    except (ValueError, RecursionError) as e:
+        return CallError(f"the tool call is not valid JSON ({str(e)[:80]})", raw[:200])
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return CallError('the tool call must be a JSON object with a string "name"', raw[:200])
     args = value.get("arguments", {})
     if isinstance(args, str):
         try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
+            args = json.loads(args, parse_constant=_no_constant) if args.strip() else {}
+        except (ValueError, RecursionError):
             return CallError('"arguments" must be a JSON object', raw[:200])
     if not isinstance(args, dict):
         return CallError('"arguments" must be a JSON object', raw[:200])

@@ -5,8 +5,9 @@
 It is what any harness is to treadle: a program that reads a task, calls
 ``chat.completions`` with tools until the model answers, and runs the tools itself.
 It imports nothing of treadle. It reads the task (``{"prompt", "tools"?}``) from
-stdin, offers the model a ``python`` tool (each program run in bubblewrap when
-``bwrap`` is installed, else in a plain subprocess) and a ``submit_answer`` tool,
+stdin, offers the model a ``python`` tool (each program run in bubblewrap, with
+nothing of the host but the system's and the interpreter's directories) and a
+``submit_answer`` tool,
 and ends when the model submits, answers without a tool, or after `MAX_CALLS`
 calls. It writes the answer to ``$TREADLE_ANSWER_FILE`` when treadle runs it (else
 prints it), and exits 0: how good the answer is, the suite's verifier decides.
@@ -37,12 +38,18 @@ TOOLS = [
 
 
 def run_python(code: str) -> str:
-    """The program's output (10 s at most; no network, a read-only host under bwrap)."""
-    argv = [sys.executable, "-I", "-c", code]
-    if shutil.which("bwrap"):
-        argv = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-                "--tmpfs", "/tmp", "--unshare-all", "--die-with-parent", "--new-session",
-                *argv]
+    """The program's output (10 s at most), run in bubblewrap: no network, no
+    environment, only the system's and the interpreter's directories (read-only) —
+    not the host's other files. Without bwrap it is refused, not run unsandboxed."""
+    if not shutil.which("bwrap"):
+        return "error: no sandbox (bubblewrap) on this machine to run programs in"
+    binds = []
+    for path in dict.fromkeys(["/usr", "/lib", "/lib64", "/bin", "/etc/alternatives",
+                               sys.base_prefix, sys.prefix]):
+        binds += ["--ro-bind-try", path, path]
+    argv = ["bwrap", *binds, "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+            "--clearenv", "--unshare-all", "--die-with-parent", "--new-session",
+            sys.executable, "-I", "-c", code]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=10)
     except subprocess.TimeoutExpired:

@@ -24,7 +24,8 @@ them:
   tools_changed     the tools differ from the previous call's
   system_changed    the first message (the system prompt) differs
   reply_edited      an echoed assistant reply is not the one returned
-  messages_removed  fewer messages than the conversation had (pruned)
+  messages_removed  no new message after the conversation: fewer (pruned), or
+                    the same ones again (not the last call's: that is a retry)
   messages_edited   an earlier user or tool message differs (e.g. summarised)
   ================  ===========================================================
 
@@ -51,6 +52,7 @@ class Begun:
     appended: int  # tokens added before sampling (the new messages, or a new prompt)
     new_segment: str | None  # the new segment's start reason, or None (an extension)
     retried: bool  # the previous call's reply was taken back (a retried request)
+    previous_context: int  # tokens of the context before this call (after a retry's undo)
 
 
 @dataclass(slots=True)
@@ -91,6 +93,7 @@ class SessionContext:
         undo = _Undo(len(self.segments), len(self.segments[-1].response_ids)
                      if self.segments else 0, list(self._history), self._closed,
                      self._tools_key, list(messages), tools_key)
+        previous = len(self.context)
         reason = self._why_new(messages, tools_key)
         if reason is None:
             text = self.fmt.continuation(messages[len(self._history):], self._closed) + forced
@@ -104,7 +107,7 @@ class SessionContext:
         self._history = list(messages)
         self._tools_key = tools_key
         self._undo = undo
-        return Begun(list(self.context), len(ids), reason, retried)
+        return Begun(list(self.context), len(ids), reason, retried, previous)
 
     def reply(self, ids: Sequence[int], logprobs: Sequence[float],
               versions: Sequence[int], returned: Message, *, trainable: bool = True) -> None:
@@ -127,9 +130,6 @@ class SessionContext:
         if tools_key != self._tools_key:
             return "tools_changed"
         had = self._history
-        if messages and had and messages[0].role == had[0].role == "system" \
-                and messages[0] != had[0]:
-            return "system_changed"
         for given, kept in zip(messages, had, strict=False):
             if kept.role == "assistant":
                 if not kept.same_reply(given):

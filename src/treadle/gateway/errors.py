@@ -58,6 +58,15 @@ class ContextTooLong(GatewayError):
     code = "context_length_exceeded"
 
 
+class GatewayInternalError(GatewayError):
+    """treadle failed the call (a bug, logged): the session ended with status error,
+    stage runtime. The only 5xx of the gateway's own."""
+
+    status = 500
+    kind = "server_error"
+    code = "internal_error"
+
+
 class GatewayEngineError(GatewayError):
     """The engines failed the call; the session ended with status error (stage engine)."""
 
@@ -66,5 +75,6 @@ class GatewayEngineError(GatewayError):
     code = "engine_error"
 
 
-__all__ = ["ContextTooLong", "GatewayEngineError", "GatewayError", "InvalidRequest",
+__all__ = ["ContextTooLong", "GatewayEngineError", "GatewayError", "GatewayInternalError",
+           "InvalidRequest",
            "SessionBusy", "SessionEnded", "SessionLimit", "UnknownSession"]

@@ -6,8 +6,9 @@
 
 `run_harness` starts the command as a subprocess of its own (a new session and
 process group, killed with treadle if treadle dies) in a fresh private work
-directory, with these in its environment — an unmodified OpenAI-based harness
-needs only the first two:
+directory, with the service's PATH, HOME, locale, VIRTUAL_ENV, PYTHONPATH and CA
+settings (`PASSED_ENV`: no other variable of the service's), `Harness.env`, and
+these — an unmodified OpenAI-based harness needs only the first two:
 
 =====================  =========================================================
 OPENAI_BASE_URL        the session's gateway URL (also OPENAI_API_BASE, which
@@ -74,6 +75,9 @@ from treadle.types import FailureStage, TrajectoryStatus
 
 Score = Literal["auto", "verifier", "reward_file", "exit_code"]
 STDERR_TAIL = 2000  # characters of a crashed harness's stderr kept in the reason
+# The service's environment variables a harness inherits (`Harness.env` adds more).
+PASSED_ENV = frozenset({"PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR",
+                        "VIRTUAL_ENV", "PYTHONPATH", "SSL_CERT_FILE", "SSL_CERT_DIR"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,8 +134,10 @@ async def run_harness(harness: Harness, env: HarnessEnv) -> HarnessRun:
     try:
         task_json = json.dumps(dict(env.task), ensure_ascii=False)
         (work / "task.json").write_text(task_json, encoding="utf-8")
+        # Only what a program needs to run: the service's own secrets (cloud tokens,
+        # the store's paths) are not the harness's, nor the model-written commands'.
         variables = {
-            **os.environ, **harness.env,
+            **{k: v for k, v in os.environ.items() if k in PASSED_ENV}, **harness.env,
             "OPENAI_BASE_URL": env.base_url, "OPENAI_API_BASE": env.base_url,
             "OPENAI_API_KEY": env.api_key, "TREADLE_SESSION_ID": env.session_id,
             "TREADLE_TASK": task_json, "TREADLE_TASK_FILE": str(work / "task.json"),

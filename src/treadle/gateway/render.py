@@ -110,6 +110,12 @@ class ChatFormat(Protocol):
         """What the model is made to have written before it samples ("" for auto/none)."""
         ...
 
+    @property
+    def call_end(self) -> str:
+        """The text that closes one tool call (a reply is cut there for
+        parallel_tool_calls false)."""
+        ...
+
     def reply(self, text: str, choice: ToolChoice) -> ParsedReply:
         """The reply's content and calls; `text` includes the forced prefix, not the stop
         token. With tool_choice none every block stays text."""
@@ -135,6 +141,10 @@ class HermesChat:
     def continuation(self, messages: Sequence[Message], reply_closed: bool) -> str:
         close = "" if reply_closed else IM_END
         return f"{close}\n{self._messages(messages)}{IM_START}assistant\n"
+
+    @property
+    def call_end(self) -> str:
+        return "</tool_call>"
 
     def forced_prefix(self, choice: ToolChoice) -> str:
         if choice.mode == "required":

@@ -57,6 +57,8 @@ from treadle.gateway.context import SessionContext
 from treadle.gateway.errors import (
     ContextTooLong,
     GatewayEngineError,
+    GatewayError,
+    GatewayInternalError,
     SessionBusy,
     SessionEnded,
     SessionLimit,
@@ -94,6 +96,7 @@ class SessionSpec:
     parent_id: str | None = None  # the parent's session id, for a sub-agent
     trainable: bool = True  # False: a frozen sub-agent, every token at mask 0
     chat_format: str = "hermes"  # the model family's chat format (`render.chat_format`)
+    swept: bool = True  # ends at its idle timeout (False: its owner always ends it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,18 +141,25 @@ class Session:
         self.trajectory = Trajectory(
             spec.trajectory_id, spec.key, task_id=spec.task_id,
             status=TrajectoryStatus.RUNNING, trainable=spec.trainable, metadata=dict(spec.metadata))
-        self.trajectory.timings.started_at = clock.now()
+        # Timings on the runtime's clock (the scheduler's, modelled seconds with emulated
+        # engines), as treadle's own trajectories have them; idleness on `clock`.
+        self._times = runtime.clock
+        self.trajectory.timings.started_at = self._times.now()
         self.children: list[Session] = []
+        self.reserved_children = 0  # child slots handed out (before their sessions exist)
         self.last_active = clock.now()  # creation, or the end of the last call
         self.busy = False
         self.ended = False
+        self.cut = False  # a call was cut mid-turn: no further call can run
+        self._call_task: asyncio.Task[object] | None = None  # the call in flight
+        self._told_ended = False  # the runner heard `ended`
         self._gap_since: float | None = None  # a reply was returned: the tool gap runs
         self.final_text: str | None = None  # the last reply's content
         self.final_answer: str | None = None  # what a harness run wrote as its answer
 
     async def call(self, request: CallRequest) -> CallResult:
         """Run one call; the errors of `gateway.errors` for what cannot run."""
-        if self.ended:
+        if self.ended or self.cut:
             raise SessionEnded(f"session {self.spec.session_id} has ended "
                                f"({self.trajectory.status.value})")
         if self.busy:
@@ -157,16 +167,38 @@ class Session:
                               "that runs calls in parallel on one context needs a session "
                               "for each (parent_session_id)")
         self.busy = True
+        self._call_task = asyncio.current_task()
         try:
             return await self._call(request)
         except asyncio.CancelledError:
-            # The turn was cut mid-flight (the service is closing): its scheduler state
-            # cannot be resumed, so the session ends rather than wedge its next call.
-            self.finish(TrajectoryStatus.ABORTED, "a call was cancelled mid-turn")
+            # The turn was cut mid-flight (the session was ended, its harness is gone, or
+            # the service is closing): its scheduler state cannot be resumed, so no
+            # further call may run on it.
+            self.cut = True
             raise
+        except GatewayError:
+            raise
+        except Exception as e:  # a bug must not wedge the session: it ends, attributed
+            log.exception("session %s: a call failed in the gateway", self.spec.session_id)
+            self.context.take_back()
+            self.finish(TrajectoryStatus.ERROR, f"runtime: {type(e).__name__}: {e}",
+                        FailureStage.RUNTIME)
+            raise GatewayInternalError(f"the gateway failed the call: {type(e).__name__}"
+                                       ) from None
         finally:
             self.busy = False
+            self._call_task = None
             self.last_active = self._clock.now()
+            if self.ended or self.cut:
+                self._tell_ended()
+
+    async def interrupt(self) -> None:
+        """Cut the call in flight, if any, and wait until it has stopped (its harness
+        is gone). The session stays open for its owner to end; it takes no more calls."""
+        task = self._call_task
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            task.cancel()
+            await asyncio.wait({task})
 
     async def _call(self, request: CallRequest) -> CallResult:
         limits, traj = self.spec.limits, self.trajectory
@@ -175,7 +207,9 @@ class Session:
         version = traj.turns[-1].policy_version if traj.turns else self._runtime.policy_version
         begun = self.context.begin(request.messages, request.tools, turn, forced, version)
         if begun.retried:
-            traj.turns.pop()  # the harness never read that reply
+            lost = traj.turns.pop()  # the harness never read that reply
+            traj.timings.llm_s -= lost.generating_s
+            traj.timings.queue_s -= lost.queued_s
             turn -= 1
         if turn >= limits.max_turns:
             self.context.take_back()
@@ -189,16 +223,21 @@ class Session:
                                param="max_total_tokens")
         budget = min(limits.max_tokens_per_turn, request.max_tokens or room, room)
         if self._gap_since is not None:
-            gap = self._clock.now() - self._gap_since
+            gap = self._times.now() - self._gap_since
             if traj.turns and traj.turns[-1].tool_call is not None:
                 traj.turns[-1].tool_call.latency_s = gap
                 traj.turns[-1].tool_call.output_tokens = begun.appended
             traj.timings.tool_s += gap
-            self._runner.tool_finished(gap, begun.appended, final=False)
+            # The context grew by the new messages; a new segment replaced it, and the
+            # scheduler only adds, so it hears the growth over the old context (0 if
+            # the new one is smaller).
+            grown = begun.appended if begun.new_segment is None else max(
+                0, len(begun.prompt_ids) - begun.previous_context)
+            self._runner.tool_finished(gap, grown, final=False)
             self._gap_since = None
         out = await self._generate(request, begun.prompt_ids, budget, turn)
         ids, logprobs, cut = self._stopped(out, request.stop, forced,
-                                           "</tool_call>" if request.one_call else None)
+                                           self.fmt.call_end if request.one_call else None)
         text = forced + self.tokenizer.decode(
             ids[:-1] if ids and ids[-1] == self.context.stop_id else ids)
         if cut is not None:
@@ -218,7 +257,7 @@ class Session:
         self.final_text = reply.content
         self._runner.turn_finished(len(ids), len(self.context.context), final=False)
         self._runner.tool_started()
-        self._gap_since = self._clock.now()
+        self._gap_since = self._times.now()
         finish = "tool_calls" if reply.calls else (
             "length" if out.finish_reason == "length" and cut is None else "stop")
         return CallResult(reply, finish, ids, logprobs, len(begun.prompt_ids), turn)
@@ -254,20 +293,32 @@ class Session:
         ids, logprobs = list(out.output_ids), list(out.logprobs)
         if not stop and keep is None:
             return ids, logprobs, None
-        for i in range(len(ids)):
-            # The prefix decoded whole, as the reply's text is (a character may span
-            # tokens); quadratic, but only for calls that set stop strings.
-            text = forced + self.tokenizer.decode(ids[:i + 1])
+
+        def end_in(text: str) -> int | None:
             hits = [text.find(s, len(forced)) for s in stop if s in text[len(forced):]]
-            if keep is not None and keep in text:
-                hits.append(text.index(keep) + len(keep))
-            if hits:
-                return ids[:i + 1], logprobs[:i + 1], min(hits)
-        return ids, logprobs, None
+            if keep is not None and keep in text[len(forced):]:
+                hits.append(text.index(keep, len(forced)) + len(keep))
+            return min(hits) if hits else None
+
+        if end_in(forced + self.tokenizer.decode(ids)) is None:
+            return ids, logprobs, None
+        # The shortest prefix whose text holds a stop: prefixes' texts only grow, so a
+        # binary search decodes log2(n) prefixes, not n (whole, since a character may
+        # span tokens).
+        low, high = 1, len(ids)
+        while low < high:
+            mid = (low + high) // 2
+            if end_in(forced + self.tokenizer.decode(ids[:mid])) is None:
+                low = mid + 1
+            else:
+                high = mid
+        return ids[:low], logprobs[:low], end_in(forced + self.tokenizer.decode(ids[:low]))
 
     def finish(self, status: TrajectoryStatus, reason: str | None = None,
                stage: FailureStage | None = None) -> None:
-        """End it: the scheduler forgets it, the record is completed (not stored)."""
+        """End it: the record is completed (not stored) and the scheduler forgets it. A
+        call in flight in another task is cancelled first; the runner hears `ended`
+        once that call has unwound (its `finally`), so no event follows the end."""
         if self.ended:
             return
         self.ended = True
@@ -276,11 +327,20 @@ class Session:
         traj.segments = self.context.segments
         traj.prompt_tokens = len(traj.segments[0].prompt_ids) if traj.segments else 0
         traj.children = [c.spec.trajectory_id for c in self.children]
-        traj.timings.finished_at = self._clock.now()
+        traj.timings.finished_at = self._times.now()
         if self._gap_since is not None:
-            traj.timings.tool_s += self._clock.now() - self._gap_since
+            traj.timings.tool_s += self._times.now() - self._gap_since
             self._gap_since = None
-        self._runner.ended(reason or status.value)
+        task = self._call_task
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            task.cancel()
+        elif not self.busy:
+            self._tell_ended()
+
+    def _tell_ended(self) -> None:
+        if not self._told_ended:
+            self._told_ended = True
+            self._runner.ended(self.trajectory.reason or self.trajectory.status.value)
 
 
 class Sessions:
@@ -402,10 +462,9 @@ class Sessions:
         self._open.pop(session.spec.session_id, None)
         traj = session.trajectory
         for child in session.children:
-            if not child.ended:
+            if not child.ended:  # settled as any ended session is: its own children too
                 child.finish(TrajectoryStatus.ABORTED, "its parent session ended")
-                self._open.pop(child.spec.session_id, None)
-                await self._on_end(child.trajectory)
+                await self._settle(child)
         for child in self._held.pop(session.spec.session_id, []):
             child.trajectory.reward = traj.reward  # the parent's credit
             await self._on_end(child.trajectory)
@@ -422,7 +481,11 @@ class Sessions:
             now = self._clock.now()
             for session in list(self._open.values()):
                 idle = session.spec.limits.idle_timeout_s
-                if not session.busy and not session.ended and now - session.last_active >= idle:
+                # An orchestrator waits while its sub-agents work; a harness run ends
+                # its own session (its time limit is the harness's).
+                waiting = any(not c.ended for c in session.children) or not session.spec.swept
+                if not session.busy and not session.ended and not waiting \
+                        and now - session.last_active >= idle:
                     try:
                         await self.end(session.spec.session_id,
                                        status=TrajectoryStatus.TIMEOUT, reason="idle_timeout")

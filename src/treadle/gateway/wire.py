@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,7 +113,7 @@ def parse_chat(body: Any) -> tuple[CallRequest, ChatOptions]:
 
 
 def completion(result: CallResult, options: ChatOptions, call_id: str,
-               token_text: Any) -> dict[str, Any]:
+               token_text: Callable[[int], str]) -> dict[str, Any]:
     """The ``chat.completion`` object; `token_text(id)` spells a token for logprobs."""
     message: dict[str, Any] = {"role": "assistant", "content": result.reply.content,
                                "refusal": None}
@@ -126,7 +126,7 @@ def completion(result: CallResult, options: ChatOptions, call_id: str,
 
 
 def chunks(result: CallResult, options: ChatOptions, call_id: str,
-           token_text: Any) -> Iterator[bytes]:
+           token_text: Callable[[int], str]) -> Iterator[bytes]:
     """The reply as server-sent events, as OpenAI streams it."""
     head = {"id": call_id, "object": "chat.completion.chunk", "created": int(time.time()),
             "model": options.model}
@@ -136,12 +136,15 @@ def chunks(result: CallResult, options: ChatOptions, call_id: str,
         choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         return _sse({**head, "choices": [choice]})
 
+    logprobs = _logprobs(result, token_text) if options.logprobs else None
     yield event({"role": "assistant", "content": ""})
     if result.reply.content:
-        yield event({"content": result.reply.content}, logprobs=_logprobs(
-            result, token_text) if options.logprobs else None)
+        yield event({"content": result.reply.content}, logprobs=logprobs)
+        logprobs = None
     for k, call in enumerate(_tool_calls(result, call_id)):
-        yield event({"tool_calls": [{"index": k, **call}]})
+        # A reply of calls only carries its logprobs on its first call's chunk.
+        yield event({"tool_calls": [{"index": k, **call}]}, logprobs=logprobs)
+        logprobs = None
     yield event({}, result.finish_reason)
     if options.include_usage:
         yield _sse({**head, "choices": [], "usage": _usage(result)})
@@ -175,7 +178,7 @@ def _usage(result: CallResult) -> dict[str, int]:
             "total_tokens": result.prompt_tokens + n}
 
 
-def _logprobs(result: CallResult, token_text: Any) -> dict[str, Any]:
+def _logprobs(result: CallResult, token_text: Callable[[int], str]) -> dict[str, Any]:
     content = []
     for tid, lp in zip(result.output_ids, result.logprobs, strict=True):
         text = token_text(tid)
@@ -235,13 +238,18 @@ def _call(value: Any, where: str) -> Call:
         raise InvalidRequest(f"{where}: needs function.name", param=where)
     args = fn.get("arguments", "{}")
     try:
-        parsed = json.loads(args) if isinstance(args, str) else args
-    except json.JSONDecodeError:
+        parsed = json.loads(args, parse_constant=_not_a_number) if isinstance(args, str) \
+            else args
+    except (ValueError, RecursionError):  # not JSON (NaN included), or nested too deep
         parsed = None
     if not isinstance(parsed, dict):
         raise InvalidRequest(f"{where}.function.arguments: must be a JSON object (as a "
                              "string)", param=f"{where}.function.arguments")
     return Call(fn["name"], canonical_json(parsed))
+
+
+def _not_a_number(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def _tools(value: Any) -> list[dict[str, Any]]:

@@ -74,8 +74,8 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--harness-timeout", type=float, default=900.0, metavar="SECONDS",
                    help="a harness run's wall-clock limit")
     p.add_argument("--public-url", default=None,
-                   help="this service's URL as harnesses reach it (default "
-                        "http://HOST:PORT)")
+                   help="this service's URL as harnesses reach it (default: for harness "
+                        "jobs http://HOST:PORT; for sessions the URL each one was made at)")
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=run_serve)
 
@@ -94,8 +94,12 @@ def harnesses(specs: list[str], timeout_s: float) -> dict[str, Any]:
 
 
 def _reachable(host: str) -> str:
-    """An address a local harness reaches a service bound to `host` at."""
-    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    """An address a local harness reaches a service bound to `host` at (as a URL's host)."""
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -130,9 +134,10 @@ def run_serve(args: argparse.Namespace) -> int:
                                vllm_max_model_len=args.max_model_len,
                                data_roots=tuple(_data_roots(args.data_root)),
                                harnesses=harnesses(args.harness, args.harness_timeout),
-                               public_url=args.public_url or
-                               f"http://{_reachable(args.host)}:{args.port}")
+                               public_url=args.public_url)
         service = build_service(config)
+        if service.gateway.url is None:  # where harness jobs' commands reach it
+            service.gateway.url = f"http://{_reachable(args.host)}:{args.port}"
     except (ValueError, KeyError, OSError) as e:
         print(f"treadle serve: {str(e).strip(chr(39))}", file=sys.stderr)
         return 2

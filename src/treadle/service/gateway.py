@@ -23,6 +23,7 @@ trajectories for harnesses to take. A cancelled job's open sessions end at once
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Mapping
 
@@ -31,6 +32,7 @@ from treadle.agent.loop import Sampling
 from treadle.clock import MONOTONIC, Clock
 from treadle.envs.base import open_episode
 from treadle.errors import TreadleError
+from treadle.gateway.errors import SessionBusy
 from treadle.gateway.harness import Harness, HarnessEnv, Verdict, judge, run_harness
 from treadle.gateway.render import chat_format
 from treadle.gateway.session import (
@@ -54,10 +56,11 @@ from treadle.service.schemas import (
     SessionView,
 )
 from treadle.store.aio import AsyncStore
-from treadle.store.errors import NotFound, StoreConflict
+from treadle.store.errors import NotFound, RecordError, StoreConflict
 from treadle.store.jobs import PlannedTrajectory
 from treadle.types import FailureStage, GroupKey, Task, Trajectory, TrajectoryStatus
 
+log = logging.getLogger(__name__)
 MAX_CHILDREN = 1024  # sub-agent sessions of one session (their repetitions' stride)
 
 
@@ -125,7 +128,16 @@ class Gateway:
             metadata=request.metadata,
             parent_id=None if parent is None else parent.spec.session_id,
             trainable=request.trainable, chat_format=fmt)
-        sessions.create(spec)
+        try:
+            # The parent may have ended, or the sessions filled, during the awaits above.
+            sessions.create(spec)
+        except BaseException:
+            # Started in the store with no session to end it: its job must still end.
+            await self.rollouts.deliver(job_id, Trajectory(
+                planned.trajectory_id, spec.key, task_id=planned.task_id,
+                status=TrajectoryStatus.ERROR, failure_stage=FailureStage.RUNTIME,
+                reason="runtime: its session could not be opened"))
+            raise
         self._jobs[planned.trajectory_id] = job_id
         return SessionCreated(session_id=session_id, job_id=job_id,
                               trajectory_id=planned.trajectory_id,
@@ -138,6 +150,11 @@ class Gateway:
     async def end(self, session_id: str, request: SessionEndRequest) -> SessionView:
         sessions = self._open()
         session = sessions.get(session_id)
+        if session.spec.trajectory_id in self._harnessed:
+            # Its harness run judges and scores it: whatever the harness (or a command
+            # it runs) holds the token with must not set its own reward.
+            raise SessionBusy(f"session {session_id} belongs to a harness run, which ends "
+                              "it", param="session_id")
         status = TrajectoryStatus(request.status)
         stage = FailureStage.HARNESS if status is TrajectoryStatus.ERROR else None
         reason = request.reason
@@ -194,7 +211,9 @@ class Gateway:
         raise StoreConflict(f"job {job_id!r}: {where} has no session left to take")
 
     async def _child_slot(self, parent: Session) -> tuple[str, PlannedTrajectory]:
-        k = len(parent.children)
+        # Reserved before any await: sub-agents made at once get distinct slots.
+        k = parent.reserved_children
+        parent.reserved_children += 1
         if k >= MAX_CHILDREN:
             raise RequestRefused(f"parent_session_id: a session has at most {MAX_CHILDREN} "
                                  "sub-agent sessions")
@@ -214,7 +233,14 @@ class Gateway:
         job_id = self._jobs.pop(traj.trajectory_id)
         if traj.trajectory_id in self._harnessed:
             return  # its harness run hands it to the job runner, which stores it
-        await self.rollouts.deliver(job_id, traj)
+        try:
+            await self.rollouts.deliver(job_id, traj)
+        except RecordError as e:  # a record the store refuses must not leave it running
+            log.error("session trajectory %s: %s", traj.trajectory_id, e)
+            await self.rollouts.deliver(job_id, Trajectory(
+                traj.trajectory_id, traj.key, task_id=traj.task_id,
+                status=TrajectoryStatus.ERROR, failure_stage=FailureStage.RUNTIME,
+                reason=f"runtime: its record was refused: {e}"))
 
     # -- harness jobs -----------------------------------------------------------------
 
@@ -230,13 +256,14 @@ class Gateway:
             session_id=uuid.uuid4().hex[:16], trajectory_id=p.trajectory_id,
             job_id=work.job_id, key=GroupKey(p.group_id, p.repetition), task_id=p.task_id,
             sampling=work.sampling, chat_format=self.default_format,
-            limits=SessionLimits(lim.max_turns, lim.max_total_tokens, lim.max_tokens_per_turn,
-                                 idle_timeout_s=harness.timeout_s))
+            limits=SessionLimits(lim.max_turns, lim.max_total_tokens, lim.max_tokens_per_turn),
+            swept=False)
+        session = sessions.create(spec)  # (ServiceBusy: the job runner records the error)
         self._harnessed.add(p.trajectory_id)
         self._jobs[p.trajectory_id] = work.job_id
-        session = sessions.create(spec)
         try:
             verdict = await self._run(harness, work, session)
+            await session.interrupt()  # a call still in flight when the harness ended
             if not session.ended:
                 reward = verdict.reward
                 if verdict.verify:
@@ -274,7 +301,7 @@ class Gateway:
             return Verdict(TrajectoryStatus.ERROR, f"harness: cannot start "
                            f"{harness.command[0]!r}: {e}", FailureStage.HARNESS)
         session.final_answer = run.answer
-        return judge(run, work.score)  # type: ignore[arg-type]
+        return judge(run, work.score)
 
     async def _verify(self, work: Work, session: Session,
                       ) -> tuple[float | None, dict[str, float], str | None]:

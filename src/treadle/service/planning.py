@@ -24,6 +24,7 @@ from treadle.agent.loop import AgentLimits, Sampling
 from treadle.envs.base import Suite
 from treadle.envs.registry import file_options, get_suite
 from treadle.errors import TreadleError
+from treadle.gateway.harness import Score
 from treadle.sandbox.base import SandboxBackend
 from treadle.service.errors import RequestRefused
 from treadle.service.files import held_file
@@ -54,7 +55,7 @@ class Work:
     sampling: Sampling
     limits: AgentLimits
     harness: str | None = None  # run by this harness through the gateway (suite tasks)
-    score: str = "auto"  # how the harness's run is scored (gateway.harness.judge)
+    score: Score = "auto"  # how the harness's run is scored (gateway.harness.judge)
 
 
 class Planner:
@@ -109,6 +110,9 @@ class Planner:
         if harness is not None and harness.name not in self.harnesses:
             known = ", ".join(sorted(self.harnesses)) or "none (treadle serve --harness)"
             raise RequestRefused(f"harness.name: no harness {harness.name!r} here; it has {known}")
+        if harness is not None and request.limits.deadline_s is not None:
+            raise RequestRefused("limits.deadline_s: a harness run's time limit is the "
+                                 "harness's own (treadle serve --harness-timeout)")
         key, suite = self._suite(tasks)
         planned_tasks = _suite_tasks(suite, tasks)
         if self.sandbox_backend is None and any(suite.needs_sandbox(t) for t in planned_tasks):

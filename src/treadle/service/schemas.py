@@ -202,6 +202,16 @@ class JobRequest(_Strict):
         return job_id
 
     @model_validator(mode="after")
+    def _sessions_set_their_own(self) -> JobRequest:
+        # A sessions job runs nothing itself: each session has its own sampling and
+        # limits (POST /v1/sessions), so these would be silently ignored here.
+        given = {"sampling", "limits", "min_policy_version", "priority"} & self.model_fields_set
+        if isinstance(self.tasks, SessionTasks) and given:
+            raise ValueError(f"a sessions job takes no {', '.join(sorted(given))}: set "
+                             "them on each session")
+        return self
+
+    @model_validator(mode="after")
     def _harness_runs_suite_tasks(self) -> JobRequest:
         if self.harness is not None and not isinstance(self.tasks, SuiteTasks):
             raise ValueError("a harness runs suite tasks: give tasks.suite")
@@ -249,6 +259,8 @@ class SessionRequest(_Strict):
     def _slot(self) -> SessionRequest:
         if self.repetition is not None and self.group_id is None:
             raise ValueError("repetition needs group_id")
+        if self.group_id is not None and self.job_id is None:
+            raise ValueError("group_id names a group of a sessions job: it needs job_id")
         if self.parent_session_id is not None and (self.job_id or self.group_id):
             raise ValueError("a sub-agent joins its parent's job: no job_id or group_id")
         return self

@@ -59,8 +59,8 @@ def loads(body: bytes) -> Any:
         _well_formed(value)
     except json.JSONDecodeError:
         raise
-    except ValueError as e:
-        raise json.JSONDecodeError(str(e)[:200], text[:64], 0) from None
+    except (ValueError, RecursionError) as e:  # (the C parser's own depth limit)
+        raise json.JSONDecodeError(str(e)[:200] or "nested too deep", text[:64], 0) from None
     return value
 
 
