@@ -275,3 +275,30 @@ def test_cancelling_a_job_cuts_its_sessions_call_and_the_service_goes_on(
             again = client2.chat.completions.create(model="policy", messages=messages)
             assert again.choices[0].message.content == "still here"
             gw.http.close()
+
+
+def test_a_restart_fails_the_open_sessions_and_keeps_the_untaken_ones(tmp_path: Path) -> None:
+    tok = build_tokenizer(tmp_path / "tok")
+    fake = FakeVLLMServer()
+    with fake.serve() as engine:
+        config = ServiceConfig(db=str(tmp_path / "s.db"), token=TOKEN, policy="verl",
+                               engines=[EngineRequest(url=engine, model="m")],
+                               tokenizer=str(tmp_path / "tok"))
+        with running_service(config) as url:
+            gw = Gateway(url, fake, tok)
+            job = gw.http.post("/v1/jobs", json={"tasks": {"sessions": 1},
+                                                 "samples_per_task": 2, "job_id": "r1"})
+            assert job.status_code == 201, job.text
+            info, _ = gw.session(job_id="r1")
+            gw.http.close()
+        with running_service(config) as url:  # the same store, a new process's memory
+            gw = Gateway(url, fake, tok)
+            assert gw.http.get(f"/v1/sessions/{info['session_id']}").status_code == 404
+            second, _ = gw.session(job_id="r1")
+            assert second["trajectory_id"] == "r1/0/1"
+            gw.http.post(f"/v1/sessions/{second['session_id']}/end", json={"reward": 1.0})
+            got = {t.trajectory_id: t for t in gw.trajectories("r1")}
+            gw.http.close()
+    assert got["r1/0/0"].status is TrajectoryStatus.ERROR
+    assert got["r1/0/0"].failure_stage is FailureStage.RUNTIME
+    assert got["r1/0/1"].reward == 1.0

@@ -231,6 +231,9 @@ class Gateway:
 
     async def _ended(self, traj: Trajectory) -> None:
         job_id = self._jobs.pop(traj.trajectory_id)
+        taken = self._taken.get(job_id)
+        if taken is not None:  # a sessions job's slot, taken here and now done
+            taken.discard(traj.trajectory_id)
         if traj.trajectory_id in self._harnessed:
             return  # its harness run hands it to the job runner, which stores it
         try:

@@ -63,7 +63,7 @@ from treadle.service.schemas import (
 from treadle.service.wakeups import JobWakeups
 from treadle.store.aio import AsyncStore
 from treadle.store.errors import NotFound
-from treadle.store.jobs import Delivery, JobInfo
+from treadle.store.jobs import Delivery, JobInfo, TrajectoryState
 from treadle.types import FailureStage, GroupKey, Trajectory, TrajectoryStatus
 from treadle.workloads import TrajectorySpec
 
@@ -144,8 +144,13 @@ class Rollouts:
                 await self.store.fail(info.job_id,
                                       f"cannot resume after a restart: {e}")
                 continue
-            pending = {s.trajectory_id for s in
-                       await self.store.unfinished(info.job_id)}
+            unfinished = await self.store.unfinished(info.job_id)
+            pending = {s.trajectory_id for s in unfinished}
+            # Trajectories the plan does not make again (a harness run's sub-agent
+            # sessions, added while it ran) died with the process: their job must end.
+            planned = {w.planned.trajectory_id for w in work}
+            await self._interrupted(info.job_id, [s for s in unfinished
+                                                  if s.trajectory_id not in planned])
             self._admit_job(info.job_id, request, [w for w in work
                                                    if w.planned.trajectory_id in pending])
             recovered.append(info.job_id)
@@ -355,13 +360,16 @@ class Rollouts:
     async def _sessions_interrupted(self, job_id: str) -> None:
         """A sessions job after a restart: the trajectories of sessions that were open
         (they died with the process) end as errors; untaken ones stay pending."""
-        for state in await self.store.unfinished(job_id):
-            if state.attempts:
-                await self.deliver(job_id, Trajectory(
-                    state.trajectory_id, GroupKey(state.group_id, state.repetition),
-                    task_id=state.task_id, status=TrajectoryStatus.ERROR,
-                    failure_stage=FailureStage.RUNTIME, attempt=state.attempts,
-                    reason="runtime: the service restarted during the session"))
+        await self._interrupted(job_id, [s for s in await self.store.unfinished(job_id)
+                                         if s.attempts])
+
+    async def _interrupted(self, job_id: str, states: Sequence[TrajectoryState]) -> None:
+        for state in states:
+            await self.deliver(job_id, Trajectory(
+                state.trajectory_id, GroupKey(state.group_id, state.repetition),
+                task_id=state.task_id, status=TrajectoryStatus.ERROR,
+                failure_stage=FailureStage.RUNTIME, attempt=state.attempts,
+                reason="runtime: the service restarted during the session"))
 
     async def deliver(self, job_id: str, traj: Trajectory) -> None:
         """Store a finished trajectory (a duplicate is dropped), count it, and wake the

@@ -205,7 +205,11 @@ class JobRequest(_Strict):
     def _sessions_set_their_own(self) -> JobRequest:
         # A sessions job runs nothing itself: each session has its own sampling and
         # limits (POST /v1/sessions), so these would be silently ignored here.
-        given = {"sampling", "limits", "min_policy_version", "priority"} & self.model_fields_set
+        # (Compared with the defaults, not `model_fields_set`: a stored request, read
+        # back after a restart, names every field.)
+        given = [name for name in ("sampling", "limits", "min_policy_version", "priority")
+                 if getattr(self, name) != type(self).model_fields[name].get_default(
+                     call_default_factory=True)]
         if isinstance(self.tasks, SessionTasks) and given:
             raise ValueError(f"a sessions job takes no {', '.join(sorted(given))}: set "
                              "them on each session")
