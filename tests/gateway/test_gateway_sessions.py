@@ -13,7 +13,8 @@ from treadle.core.cost_model import CostModel
 from treadle.core.policies import build_policy, parse_policy
 from treadle.gateway.errors import SessionBusy, SessionEnded, UnknownSession
 from treadle.gateway.render import Message
-from treadle.gateway.session import CallRequest, SessionLimits, Sessions, SessionSpec
+from treadle.gateway.session import CallRequest, SessionLimits, SessionSpec
+from treadle.gateway.sessions import Sessions
 from treadle.runtime.driver import Runtime
 from treadle.testing import FakeClock
 from treadle.types import GroupKey, Trajectory, TrajectoryStatus

@@ -232,11 +232,18 @@ def test_a_second_call_while_one_runs_is_409_and_an_engine_failure_is_503(
                 while not fake.requests:  # the first call is inside the engine
                     assert not first.done(), first.result()
                     time.sleep(0.01)
-                with pytest.raises(openai.ConflictError):
+                with pytest.raises(openai.ConflictError):  # another request: 409
+                    client.chat.completions.create(
+                        model="policy", messages=[{"role": "user", "content": "other"}])
+                # The same request again (a client's retry) gets the running call's
+                # answer: here its engine failure.
+                with pytest.raises(openai.InternalServerError) as retried:
                     client.chat.completions.create(model="policy", messages=messages)
                 with pytest.raises(openai.InternalServerError) as failed:
                     first.result()
-            assert failed.value.status_code == 503
+            assert failed.value.status_code == retried.value.status_code == 503
+            assert len(fake.requests) >= 1 and gw.http.get(
+                f"/v1/sessions/{info['session_id']}").status_code == 404
             (traj,) = gw.trajectories(info["job_id"])
             gw.http.close()
     assert traj.status is TrajectoryStatus.ERROR and traj.failure_stage is FailureStage.ENGINE

@@ -44,15 +44,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from treadle.agent.chat import Tokenizer
 from treadle.agent.loop import Sampling, TurnOutput
-from treadle.clock import MONOTONIC, Clock
+from treadle.clock import Clock
 from treadle.engines.errors import EngineError, EngineRequestError
-from treadle.errors import ServiceBusy
 from treadle.gateway.context import SessionContext
 from treadle.gateway.errors import (
     ContextTooLong,
@@ -62,7 +61,6 @@ from treadle.gateway.errors import (
     SessionBusy,
     SessionEnded,
     SessionLimit,
-    UnknownSession,
 )
 from treadle.gateway.render import Message, ParsedReply, ToolChoice, chat_format
 from treadle.runtime.driver import Runtime
@@ -152,6 +150,8 @@ class Session:
         self.ended = False
         self.cut = False  # a call was cut mid-turn: no further call can run
         self._call_task: asyncio.Task[object] | None = None  # the call in flight
+        # The call in flight's request and its answer, for a client's retry of it.
+        self._running: tuple[CallRequest, asyncio.Future[CallResult]] | None = None
         self._told_ended = False  # the runner heard `ended`
         self._gap_since: float | None = None  # a reply was returned: the tool gap runs
         self.final_text: str | None = None  # the last reply's content
@@ -163,11 +163,36 @@ class Session:
             raise SessionEnded(f"session {self.spec.session_id} has ended "
                                f"({self.trajectory.status.value})")
         if self.busy:
+            running = self._running
+            if running is not None and running[0] == request:
+                # The same request again while it runs: a client that timed out and
+                # retried. It gets the running call's answer (never a second reply).
+                return await asyncio.shield(running[1])
             raise SessionBusy(f"session {self.spec.session_id} is running a call; a harness "
                               "that runs calls in parallel on one context needs a session "
                               "for each (parent_session_id)")
         self.busy = True
         self._call_task = asyncio.current_task()
+        answer: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
+        # Retrieved whether or not a retry waits on it (no "never retrieved" warning).
+        answer.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._running = (request, answer)
+        try:
+            result = await self._guarded(request)
+            answer.set_result(result)
+            return result
+        except BaseException as e:
+            if not answer.done():
+                if isinstance(e, asyncio.CancelledError):
+                    answer.cancel()
+                else:
+                    answer.set_exception(e)
+            raise
+        finally:
+            self._running = None
+
+    async def _guarded(self, request: CallRequest) -> CallResult:
+        """`_call`, its failures turned into the session's end (see `call`)."""
         try:
             return await self._call(request)
         except asyncio.CancelledError:
@@ -343,154 +368,4 @@ class Session:
             self._runner.ended(self.trajectory.reason or self.trajectory.status.value)
 
 
-class Sessions:
-    """The live sessions of one service (module docstring). `on_end` receives every
-    ended trajectory once (children before their parent); `clock` times idleness in
-    real seconds."""
-
-    def __init__(self, runtime: Runtime, tokenizer: Tokenizer, *,
-                 on_end: Callable[[Trajectory], Awaitable[None]], clock: Clock = MONOTONIC,
-                 max_sessions: int = 4096, sweep_s: float = 1.0) -> None:
-        self.runtime = runtime
-        self.tokenizer = tokenizer
-        self.max_sessions = max_sessions  # open sessions at once
-        self._on_end = on_end
-        self._clock = clock
-        self._sweep_s = sweep_s  # how often idle sessions are looked for
-        self._open: dict[str, Session] = {}
-        self._held: dict[str, list[Session]] = {}  # parent id -> children waiting for it
-        self._sweeper: asyncio.Task[None] | None = None
-
-    def __len__(self) -> int:
-        return len(self._open)
-
-    def create(self, spec: SessionSpec) -> Session:
-        """A new open session; ValueError for an unknown chat format, `open_parent`'s
-        errors for its parent, ServiceBusy when `max_sessions` are open."""
-        self.check_room()
-        parent = None if spec.parent_id is None else self.open_parent(spec.parent_id)
-        session = Session(spec, self.runtime, self.tokenizer, self._clock)
-        self._open[spec.session_id] = session
-        if parent is not None:
-            parent.children.append(session)
-            session.trajectory.parent_id = parent.spec.trajectory_id
-        if self._sweeper is None:
-            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
-        return session
-
-    def check_room(self) -> None:
-        """ServiceBusy when `max_sessions` sessions are open."""
-        if len(self._open) >= self.max_sessions:
-            raise ServiceBusy(f"{len(self._open)} sessions are open, the most this service "
-                              "keeps; end some or retry later")
-
-    def open_parent(self, session_id: str) -> Session:
-        """The open session a sub-agent would belong to: UnknownSession if there is
-        none, SessionEnded if it has ended (and waits to be handed on)."""
-        parent = self.get(session_id)
-        if parent.ended:
-            raise SessionEnded(f"parent session {session_id} has ended",
-                               param="parent_session_id")
-        return parent
-
-    def get(self, session_id: str) -> Session:
-        try:
-            return self._open[session_id]
-        except KeyError:
-            raise UnknownSession(f"no open session {session_id!r}") from None
-
-    async def call(self, session_id: str, request: CallRequest) -> CallResult:
-        """Run a call of an open session; a call that ended it (an engine failure, a
-        refused context) hands the session on before its error is raised."""
-        session = self.get(session_id)
-        try:
-            return await session.call(request)
-        finally:
-            if session.ended:
-                await self.settle(session)
-
-    async def end(self, session_id: str, *, status: TrajectoryStatus = TrajectoryStatus.COMPLETED,
-                  reason: str | None = None, reward: float | None = None,
-                  rewards: Mapping[str, float] | None = None,
-                  metadata: Mapping[str, Any] | None = None,
-                  stage: FailureStage | None = None) -> Trajectory:
-        """End an open session (a call in flight: SessionBusy) and hand it on."""
-        session = self.get(session_id)
-        if session.busy:
-            raise SessionBusy(f"session {session_id} is running a call; end it after")
-        traj = session.trajectory
-        if status is not TrajectoryStatus.ERROR:
-            traj.reward = reward
-            traj.metrics.update(rewards or {})
-        traj.metadata.update(metadata or {})
-        session.finish(status, reason, stage)
-        await self._settle(session)
-        return traj
-
-    async def close(self) -> None:
-        """Stop the sweeper; open sessions are forgotten unstored (a restart fails them)."""
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            await asyncio.gather(self._sweeper, return_exceptions=True)
-        for session in self._open.values():
-            session.finish(TrajectoryStatus.ABORTED, "service closed")
-        self._open.clear()
-
-    def forget(self, session_id: str) -> None:
-        """Drop an ended session unstored (its owner stores its trajectory)."""
-        self._open.pop(session_id, None)
-        self._held.pop(session_id, None)
-
-    def abort_job(self, job_id: str) -> list[Trajectory]:
-        """End the open sessions of a cancelled job, unstored (the store has aborted
-        them already); their trajectories."""
-        out = []
-        for session in [s for s in self._open.values() if s.spec.job_id == job_id]:
-            session.finish(TrajectoryStatus.ABORTED, "cancelled")
-            del self._open[session.spec.session_id]
-            out.append(session.trajectory)
-        for parent in [p for p in self._held if p not in self._open]:
-            del self._held[parent]
-        return out
-
-    async def settle(self, session: Session) -> None:
-        """Hand on a session that ended by itself (an engine failure, a refused context)."""
-        if session.spec.session_id in self._open and session.ended:
-            await self._settle(session)
-
-    async def _settle(self, session: Session) -> None:
-        self._open.pop(session.spec.session_id, None)
-        traj = session.trajectory
-        for child in session.children:
-            if not child.ended:  # settled as any ended session is: its own children too
-                child.finish(TrajectoryStatus.ABORTED, "its parent session ended")
-                await self._settle(child)
-        for child in self._held.pop(session.spec.session_id, []):
-            child.trajectory.reward = traj.reward  # the parent's credit
-            await self._on_end(child.trajectory)
-        parent = self._open.get(session.spec.parent_id or "")
-        if parent is not None and traj.reward is None and \
-                traj.status not in (TrajectoryStatus.ERROR, TrajectoryStatus.ABORTED):
-            self._held.setdefault(parent.spec.session_id, []).append(session)
-            return
-        await self._on_end(traj)
-
-    async def _sweep(self) -> None:
-        while True:
-            await self._clock.sleep(self._sweep_s)
-            now = self._clock.now()
-            for session in list(self._open.values()):
-                idle = session.spec.limits.idle_timeout_s
-                # An orchestrator waits while its sub-agents work; a harness run ends
-                # its own session (its time limit is the harness's).
-                waiting = any(not c.ended for c in session.children) or not session.spec.swept
-                if not session.busy and not session.ended and not waiting \
-                        and now - session.last_active >= idle:
-                    try:
-                        await self.end(session.spec.session_id,
-                                       status=TrajectoryStatus.TIMEOUT, reason="idle_timeout")
-                    except Exception:  # one bad session must not stop the sweep
-                        log.exception("ending idle session %s", session.spec.session_id)
-
-
-__all__ = ["CallRequest", "CallResult", "Session", "SessionLimits", "SessionSpec", "Sessions"]
+__all__ = ["CallRequest", "CallResult", "Session", "SessionLimits", "SessionSpec"]

@@ -35,14 +35,8 @@ from treadle.errors import TreadleError
 from treadle.gateway.errors import SessionBusy
 from treadle.gateway.harness import Harness, HarnessEnv, Verdict, judge, run_harness
 from treadle.gateway.render import chat_format
-from treadle.gateway.session import (
-    CallRequest,
-    CallResult,
-    Session,
-    SessionLimits,
-    Sessions,
-    SessionSpec,
-)
+from treadle.gateway.session import CallRequest, CallResult, Session, SessionLimits, SessionSpec
+from treadle.gateway.sessions import Sessions
 from treadle.runtime.driver import Runtime
 from treadle.service.errors import RequestRefused
 from treadle.service.jobs import Rollouts
