@@ -1,7 +1,6 @@
-"""Sessions: a harness's chat calls, run as one trajectory's scheduled turns.
+"""A session: a harness's chat calls, run as one trajectory's scheduled turns.
 
-    sessions = Sessions(runtime, tokenizer, on_end=store_it)
-    session = sessions.create(SessionSpec(...))
+    session = sessions.create(SessionSpec(...))      # gateway.sessions.Sessions
     result = await session.call(CallRequest(messages=[...], tools=[...]))
     traj = await sessions.end(session.spec.session_id, reward=1.0)
 
