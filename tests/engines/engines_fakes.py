@@ -81,12 +81,14 @@ class FakeVLLMServer(_FakeServer):
         # Replies in order, one per completion (then `reply_ids`, if set).
         self.script = list(script or [])
         self.replies: list[list[int]] = []  # the ids each completion returned
+        self.received = threading.Event()  # a completion request has arrived
 
         @self.app.post("/v1/completions")
         async def completions(request: Request) -> Response:
             body = await request.json()
             self.requests.append(body)
             self.headers.append(dict(request.headers))
+            self.received.set()
             if self.mode == "hang":
                 return await self._hang_until_disconnect(request)
             if self.mode == "error500":

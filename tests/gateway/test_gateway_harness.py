@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import select
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -70,55 +71,74 @@ def test_a_crashed_harness_is_an_infrastructure_failure(code: str, score: str) -
     assert "crashed" in verdict.reason
 
 
-SPAWNS = ("import os, subprocess, sys, time\n"
-          "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
-          "open(sys.argv[1] + '.tmp', 'w').write(str(p.pid))\n"
-          "os.rename(sys.argv[1] + '.tmp', sys.argv[1])\n"
-          "time.sleep(600)\n")
+# A harness that starts a child, says the child's pid through the FIFO named by its
+# argument, and then hangs (both wait for a signal: neither ever exits by itself).
+SPAWNS = ("import signal, subprocess, sys\n"
+          "p = subprocess.Popen([sys.executable, '-c', 'import signal; signal.pause()'])\n"
+          "with open(sys.argv[1], 'w') as f:\n"
+          "    f.write(str(p.pid))\n"
+          "signal.pause()\n")
 
 
-def _gone(pid: int) -> bool:
-    """Dead: no such process, or a zombie left for init to reap."""
+def _fifo(path: Path) -> int:
+    """A FIFO at `path`, opened for reading (before the harness writes to it)."""
+    os.mkfifo(path)
+    return os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+
+
+def _pid_from(fd: int, wait_s: float | None) -> int | None:
+    """The pid written to the FIFO: waited for up to `wait_s` (a bound for a hang),
+    or None when nothing was written."""
+    if wait_s is not None:
+        select.select([fd], [], [], wait_s)
     try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z"
-    except (OSError, IndexError):
+        data = os.read(fd, 64)
+    except BlockingIOError:
+        return None
+    return int(data) if data else None
+
+
+def _dies(pid: int) -> bool:
+    """Whether `pid` exits within a minute (a bound for a hang): waits on a pidfd,
+    which becomes readable when the process exits."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
         return True
-
-
-async def _until(predicate: object, timeout_s: float = 60.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.02)
-    return True
+    try:
+        return bool(select.select([fd], [], [], 60.0)[0])
+    finally:
+        os.close(fd)
 
 
 def test_a_run_past_its_time_is_a_timeout_and_leaves_nothing_running(tmp_path: Path) -> None:
-    flag = tmp_path / "child.pid"
-    harness = Harness("h", (sys.executable, "-c", SPAWNS, str(flag)), timeout_s=2.0)
+    fifo = _fifo(tmp_path / "child.pid")
+    harness = Harness("h", (sys.executable, "-c", SPAWNS, str(tmp_path / "child.pid")),
+                      timeout_s=2.0)
     run = asyncio.run(run_harness(harness, ENV))
     assert run.timed_out and run.exit_code is None
     assert judge(run, "auto").status is TrajectoryStatus.TIMEOUT
-    if flag.exists():  # (a machine too slow to start it in 2 s never spawned the child)
-        child = int(flag.read_text())
-        assert asyncio.run(_until(lambda: _gone(child))), "the harness's child survived"
+    child = _pid_from(fifo, None)  # (a machine too slow to start it in 2 s never did)
+    if child is not None:
+        assert _dies(child), "the harness's child survived"
 
 
 def test_a_cancelled_run_kills_the_harness_and_what_it_started(tmp_path: Path) -> None:
-    flag = tmp_path / "child.pid"
-    harness = Harness("h", (sys.executable, "-c", SPAWNS, str(flag)), timeout_s=600.0)
+    fifo = _fifo(tmp_path / "child.pid")
+    harness = Harness("h", (sys.executable, "-c", SPAWNS, str(tmp_path / "child.pid")),
+                      timeout_s=600.0)
 
-    async def main() -> int:
+    async def main() -> int | None:
         task = asyncio.ensure_future(run_harness(harness, ENV))
-        assert await _until(flag.exists), "the harness never started its child"
+        child = await asyncio.to_thread(_pid_from, fifo, 60.0)  # its child is running
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        return int(flag.read_text())
+        return child
 
     child = asyncio.run(main())
-    assert asyncio.run(_until(lambda: _gone(child))), "the harness's child survived"
+    assert child is not None, "the harness never started its child"
+    assert _dies(child), "the harness's child survived"
 
 
 def test_a_bad_reward_file_or_a_missing_one_is_the_harness_failing() -> None:

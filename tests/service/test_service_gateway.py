@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -55,14 +54,19 @@ class Gateway:
             return [d.trajectory for d in client.trajectories(job_id)]
 
 
+def _config(tmp_path: Path, engine: str, **more: Any) -> ServiceConfig:
+    """A service on the scripted engine at `engine`, with the tokenizer in tmp_path/tok."""
+    return ServiceConfig(db=str(tmp_path / "s.db"), token=TOKEN, policy="verl",
+                         engines=[EngineRequest(url=engine, model="m")],
+                         tokenizer=str(tmp_path / "tok"), **more)
+
+
 @pytest.fixture
 def gateway(tmp_path: Path) -> Iterator[Gateway]:
     tok = build_tokenizer(tmp_path / "tok")
     fake = FakeVLLMServer()
     with fake.serve() as engine:
-        config = ServiceConfig(db=str(tmp_path / "s.db"), token=TOKEN, policy="verl",
-                               engines=[EngineRequest(url=engine, model="m")],
-                               tokenizer=str(tmp_path / "tok"))
+        config = _config(tmp_path, engine)
         with running_service(config) as url:
             gw = Gateway(url, fake, tok)
             yield gw
@@ -218,10 +222,7 @@ def test_a_second_call_while_one_runs_is_409_and_an_engine_failure_is_503(
     fake = FakeVLLMServer()
     fake.mode = "hang"  # the first call waits inside the engine until it times out
     with fake.serve() as engine:
-        config = ServiceConfig(db=str(tmp_path / "s.db"), token=TOKEN, policy="verl",
-                               engines=[EngineRequest(url=engine, model="m")],
-                               tokenizer=str(tmp_path / "tok"), request_timeout_s=1.0,
-                               engine_wait_s=1.0)
+        config = _config(tmp_path, engine, request_timeout_s=1.0, engine_wait_s=1.0)
         with running_service(config) as url:
             gw = Gateway(url, fake, tok)
             info, client = gw.session()
@@ -229,9 +230,8 @@ def test_a_second_call_while_one_runs_is_409_and_an_engine_failure_is_503(
             with concurrent.futures.ThreadPoolExecutor(1) as pool:
                 first = pool.submit(client.chat.completions.create, model="policy",
                                     messages=messages)
-                while not fake.requests:  # the first call is inside the engine
-                    assert not first.done(), first.result()
-                    time.sleep(0.01)
+                # The first call is inside the engine (a minute bounds a hang).
+                assert fake.received.wait(60), f"no call reached the engine: {first}"
                 with pytest.raises(openai.ConflictError):  # another request: 409
                     client.chat.completions.create(
                         model="policy", messages=[{"role": "user", "content": "other"}])
@@ -255,9 +255,7 @@ def test_cancelling_a_job_cuts_its_sessions_call_and_the_service_goes_on(
     fake = FakeVLLMServer()
     fake.mode = "hang"
     with fake.serve() as engine:
-        config = ServiceConfig(db=str(tmp_path / "s.db"), token=TOKEN, policy="verl",
-                               engines=[EngineRequest(url=engine, model="m")],
-                               tokenizer=str(tmp_path / "tok"))
+        config = _config(tmp_path, engine)
         with running_service(config) as url:
             gw = Gateway(url, fake, tok)
             info, client = gw.session()
@@ -265,9 +263,7 @@ def test_cancelling_a_job_cuts_its_sessions_call_and_the_service_goes_on(
             with concurrent.futures.ThreadPoolExecutor(1) as pool:
                 first = pool.submit(client.chat.completions.create, model="policy",
                                     messages=messages)
-                while not fake.requests:
-                    assert not first.done(), first.result()
-                    time.sleep(0.01)
+                assert fake.received.wait(60), f"no call reached the engine: {first}"
                 cancelled = gw.http.post(f"/v1/jobs/{info['job_id']}/cancel")
                 assert cancelled.status_code == 200, cancelled.text
                 with pytest.raises(openai.APIError):
@@ -288,9 +284,7 @@ def test_a_restart_fails_the_open_sessions_and_keeps_the_untaken_ones(tmp_path: 
     tok = build_tokenizer(tmp_path / "tok")
     fake = FakeVLLMServer()
     with fake.serve() as engine:
-        config = ServiceConfig(db=str(tmp_path / "s.db"), token=TOKEN, policy="verl",
-                               engines=[EngineRequest(url=engine, model="m")],
-                               tokenizer=str(tmp_path / "tok"))
+        config = _config(tmp_path, engine)
         with running_service(config) as url:
             gw = Gateway(url, fake, tok)
             job = gw.http.post("/v1/jobs", json={"tasks": {"sessions": 1},
