@@ -296,6 +296,14 @@ def test_serve_refuses_a_time_scale_for_real_engines(capsys: pytest.CaptureFixtu
     assert "time_scale" in capsys.readouterr().err
 
 
+def test_serve_refuses_an_engine_url_that_is_not_one_in_one_line(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    for flag in ("--engine", "--frozen-engine"):
+        assert main(["serve", flag, "gpu-node:8000", "--db", ":memory:"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"treadle serve: {flag} gpu-node:8000: ") and err.count("\n") == 1
+
+
 # -- restarts ----------------------------------------------------------------------------------
 
 

@@ -94,6 +94,7 @@ class SessionSpec:
     trainable: bool = True  # False: a frozen sub-agent, every token at mask 0
     chat_format: str = "hermes"  # the model family's chat format (`render.chat_format`)
     swept: bool = True  # ends at its idle timeout (False: its owner always ends it)
+    engine_pool: str = "policy"  # the runtime serving its calls: policy | frozen
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,12 +52,13 @@ class Sessions:
     def __len__(self) -> int:
         return len(self._open)
 
-    def create(self, spec: SessionSpec) -> Session:
-        """A new open session; ValueError for an unknown chat format, `open_parent`'s
-        errors for its parent, ServiceBusy when `max_sessions` are open."""
+    def create(self, spec: SessionSpec, runtime: Runtime | None = None) -> Session:
+        """A new open session whose calls `runtime` serves (default: this registry's);
+        ValueError for an unknown chat format, `open_parent`'s errors for its parent,
+        ServiceBusy when `max_sessions` are open."""
         self.check_room()
         parent = None if spec.parent_id is None else self.open_parent(spec.parent_id)
-        session = Session(spec, self.runtime, self.tokenizer, self._clock)
+        session = Session(spec, runtime or self.runtime, self.tokenizer, self._clock)
         self._open[spec.session_id] = session
         if parent is not None:
             parent.children.append(session)

@@ -89,14 +89,16 @@ class Runtime:
     """Drives one `Scheduler` over a pool of engines. See the module docstring.
 
     Durations are seconds of `clock` except `request_timeout_s` (real seconds).
-    `relaunch=None` never replaces a failed engine.
+    `relaunch=None` never replaces a failed engine. `engine_ids` prefixes its engines'
+    ids, so that two runtimes of one service never hand out the same id.
     """
 
     def __init__(self, scheduler: Scheduler, *, launcher: EngineLauncher | None = None,
                  gpus: int = 0, clock: Clock | None = None,
                  request_timeout_s: float | None = 600.0, turn_retries: int = 3,
                  engine_wait_s: float = 60.0, health_interval_s: float = 5.0,
-                 relaunch: RelaunchPolicy | None = DEFAULT_RELAUNCH) -> None:
+                 relaunch: RelaunchPolicy | None = DEFAULT_RELAUNCH,
+                 engine_ids: str = "e") -> None:
         self.scheduler = scheduler
         self.launcher = launcher
         self.gpus = gpus  # GPUs the launcher may use (initial pool and AddEngine)
@@ -107,7 +109,8 @@ class Runtime:
         self.policy_version = 0  # stamped on every sampled token
         self.control = ControlStats()
         self.pool = EnginePool(self, self.clock, launcher=launcher, gpus=gpus,
-                               health_interval_s=health_interval_s, relaunch=relaunch)
+                               health_interval_s=health_interval_s, relaunch=relaunch,
+                               id_prefix=engine_ids)
         self._decisions = DecisionLoop(scheduler, self.clock, self.control, self._apply,
                                        wanted=lambda: bool(self._runners))
         self._runners: dict[str, Runner] = {}

@@ -112,8 +112,9 @@ class EnginePool:
 
     def __init__(self, owner: PoolOwner, clock: Clock, *, launcher: EngineLauncher | None,
                  gpus: int, health_interval_s: float,
-                 relaunch: RelaunchPolicy | None) -> None:
+                 relaunch: RelaunchPolicy | None, id_prefix: str = "e") -> None:
         self.launcher = launcher
+        self.id_prefix = id_prefix  # engine ids are this and a number (unique per service)
         self.gpus = gpus  # GPUs the launcher may use (0: no budget is kept)
         self.health_interval_s = health_interval_s  # clock seconds between idle checks
         self.relaunch = relaunch  # None: failed engines are not replaced
@@ -169,7 +170,7 @@ class EnginePool:
                  relaunches: int = 0) -> str:
         """Add a healthy engine; its id. Its client is closed on removal (and the
         engine stopped, if `launched`)."""
-        eid = f"e{self._next_id:03d}"
+        eid = f"{self.id_prefix}{self._next_id:03d}"
         self._next_id += 1
         self._slots[eid] = EngineSlot(eid, engine, tp, max_batch, kv_capacity_tokens,
                                       label or eid, launched, joined_at=self._clock.now(),

@@ -7,7 +7,10 @@
 Engines: `--engine URL` (repeatable; `--engine-kind`, `--served-model` apply to
 all), `--vllm MODEL_DIR` (vLLM engines started here, RL endpoints on), `--emulate N`
 (emulated engine processes laid out by the policy on N GPUs,
-for experiments without GPUs), or later `POST /v1/engines`. Suite tasks need
+for experiments without GPUs), or later `POST /v1/engines`. Frozen sub-agents'
+sessions go to `--frozen-engine URL` (repeatable: engines at a pinned version that
+weight updates never reach, `--frozen-served-model`, `--frozen-policy-version`) when
+given. Suite tasks need
 `--tokenizer`. Exits 2 with one line on stderr for bad input.
 """
 
@@ -18,7 +21,27 @@ import asyncio
 import logging
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import pydantic
+
+if TYPE_CHECKING:
+    from treadle.service.schemas import EngineRequest
+
+
+def _engines(flag: str, urls: list[str], kind: str, model: str) -> list[EngineRequest]:
+    """The engines `flag` names; ValueError in one line for a URL that is not one."""
+    from treadle.service.schemas import EngineRequest
+
+    pool = "frozen" if flag == "--frozen-engine" else "policy"
+    out = []
+    for url in urls:
+        try:
+            out.append(EngineRequest.model_validate(
+                {"url": url, "kind": kind, "model": model, "pool": pool}))
+        except pydantic.ValidationError as e:
+            raise ValueError(f"{flag} {url}: {e.errors()[0]['msg']}") from None
+    return out
 
 
 def add_serve_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -35,6 +58,13 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--engine-kind", choices=("vllm", "sglang", "emulated"), default="vllm")
     p.add_argument("--served-model", default="model",
                    help="the engines' served model name (vLLM --served-model-name)")
+    p.add_argument("--frozen-engine", action="append", default=[], metavar="URL",
+                   help="an engine of the frozen pool, serving frozen sub-agents' sessions "
+                        "at a pinned version (repeatable; same --engine-kind)")
+    p.add_argument("--frozen-served-model", default=None,
+                   help="the frozen engines' served model name (default --served-model)")
+    p.add_argument("--frozen-policy-version", type=int, default=0,
+                   help="the version the frozen engines serve, stamped on their tokens")
     p.add_argument("--emulate", type=int, default=0, metavar="GPUS",
                    help="start emulated engines on this many (modelled) GPUs")
     p.add_argument("--time-scale", type=float, default=1.0,
@@ -106,7 +136,6 @@ def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from treadle.service.app import create_app
-    from treadle.service.schemas import EngineRequest
     from treadle.service.state import ServiceConfig, build_service
 
     try:
@@ -116,8 +145,9 @@ def run_serve(args: argparse.Namespace) -> int:
             raise ValueError("--time-scale must be > 0, --emulate >= 0, --max-live >= 1")
         if args.sandbox_rate <= 0 or args.sandbox_max_live < 1:
             raise ValueError("--sandbox-rate must be > 0, --sandbox-max-live >= 1")
-        engines = [EngineRequest(url=u, kind=args.engine_kind, model=args.served_model)
-                   for u in args.engine]
+        engines = _engines("--engine", args.engine, args.engine_kind, args.served_model)
+        frozen = _engines("--frozen-engine", args.frozen_engine, args.engine_kind,
+                          args.frozen_served_model or args.served_model)
         sandbox = None if args.sandbox == "none" else _sandbox(args.sandbox)
         if args.vllm and not os.path.exists(args.vllm_python):
             raise ValueError(f"--vllm-python {args.vllm_python}: no such interpreter "
@@ -134,7 +164,8 @@ def run_serve(args: argparse.Namespace) -> int:
                                vllm_max_model_len=args.max_model_len,
                                data_roots=tuple(_data_roots(args.data_root)),
                                harnesses=harnesses(args.harness, args.harness_timeout),
-                               public_url=args.public_url)
+                               public_url=args.public_url, frozen_engines=frozen,
+                               frozen_policy_version=args.frozen_policy_version)
         service = build_service(config)
         if service.gateway.url is None:  # where harness jobs' commands reach it
             service.gateway.url = f"http://{_reachable(args.host)}:{args.port}"

@@ -13,6 +13,11 @@ NDJSON stream like any other:
   to the plan, in group ``<parent's group>/sub`` with repetition
   ``parent's repetition × 1024 + its index among the parent's children``.
 
+A session's calls run on the policy's runtime, or on the *frozen pool*'s (a second
+runtime over engines at a pinned version, which weight updates never reach, whose
+tokens carry that version) when it is not trainable and the service has one, or
+when it asks for it (`SessionRequest.engine_pool`).
+
 A session's trajectory is marked started in the store when the session is created
 and stored when it ends (`gateway.session` says how a session ends). A service
 that restarts forgets its open sessions: `Rollouts.start` finishes their
@@ -65,8 +70,9 @@ class Gateway:
                  tokenizer: Tokenizer | None, *, default_format: str = "hermes",
                  clock: Clock = MONOTONIC, max_sessions: int = 4096,
                  harnesses: Mapping[str, Harness] | None = None, url: str | None = None,
-                 token: str | None = None) -> None:
+                 token: str | None = None, frozen: Runtime | None = None) -> None:
         self.store = store
+        self.frozen = frozen  # the frozen pool's runtime (None: the service has none)
         self.rollouts = rollouts
         self.default_format = default_format  # the served model's chat format
         self.harnesses = dict(harnesses or {})  # the harness commands jobs may name
@@ -93,6 +99,7 @@ class Gateway:
             chat_format(fmt)
         except ValueError as e:
             raise RequestRefused(f"chat_format: {e}") from None
+        pool, runtime = self._pool(request)
         session_id = uuid.uuid4().hex[:16]
         parent = None
         if request.parent_session_id is not None:
@@ -121,10 +128,10 @@ class Gateway:
                                  limits.max_tokens_per_turn, limits.idle_timeout_s),
             metadata=request.metadata,
             parent_id=None if parent is None else parent.spec.session_id,
-            trainable=request.trainable, chat_format=fmt)
+            trainable=request.trainable, chat_format=fmt, engine_pool=pool)
         try:
             # The parent may have ended, or the sessions filled, during the awaits above.
-            sessions.create(spec)
+            sessions.create(spec, runtime)
         except BaseException:
             # Started in the store with no session to end it: its job must still end.
             await self.rollouts.deliver(job_id, Trajectory(
@@ -137,6 +144,20 @@ class Gateway:
                               trajectory_id=planned.trajectory_id,
                               base_url=f"{base_url.rstrip('/')}/v1/sessions/{session_id}"
                                        "/openai/v1")
+
+    def _pool(self, request: SessionRequest) -> tuple[str, Runtime | None]:
+        """The engine pool a new session's calls go to, and its runtime (None: the
+        policy's); RequestRefused for a frozen pool the service does not have."""
+        frozen = self.frozen
+        has_frozen = frozen is not None and bool(frozen.engines())
+        if request.engine_pool == "frozen" and not has_frozen:
+            raise RequestRefused("engine_pool: this service has no frozen engines "
+                                 "(treadle serve --frozen-engine, or POST /v1/engines with "
+                                 "pool frozen)")
+        if request.engine_pool == "frozen" or (request.engine_pool is None and has_frozen
+                                                and not request.trainable):
+            return "frozen", frozen
+        return "policy", None
 
     async def call(self, session_id: str, request: CallRequest) -> CallResult:
         return await self._open().call(session_id, request)
@@ -321,7 +342,8 @@ def view(session: Session) -> SessionView:
                        trajectory_id=traj.trajectory_id, status=traj.status.value,
                        turns=len(traj.turns), segments=len(session.context.segments),
                        reward=traj.reward, children=[c.spec.trajectory_id
-                                                     for c in session.children])
+                                                     for c in session.children],
+                       engine_pool=session.spec.engine_pool)
 
 
 

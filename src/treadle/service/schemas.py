@@ -258,6 +258,12 @@ class SessionRequest(_Strict):
     chat_format: str | None = Field(default=None, min_length=1, max_length=64,
                                     description="the model family's chat format (default: "
                                                 "the service's)")
+    engine_pool: Literal["policy", "frozen"] | None = Field(
+        default=None, description="the engines that serve its calls: the policy's (weight "
+                                  "updates reach them), or the frozen pool (a pinned "
+                                  "version, `--frozen-engine`); default: frozen for a "
+                                  "session that is not trainable when the service has a "
+                                  "frozen pool, else the policy's")
 
     @model_validator(mode="after")
     def _slot(self) -> SessionRequest:
@@ -267,6 +273,10 @@ class SessionRequest(_Strict):
             raise ValueError("group_id names a group of a sessions job: it needs job_id")
         if self.parent_session_id is not None and (self.job_id or self.group_id):
             raise ValueError("a sub-agent joins its parent's job: no job_id or group_id")
+        if self.engine_pool == "frozen" and self.trainable:
+            # Tokens sampled by another policy are off-policy for the trainer.
+            raise ValueError("engine_pool frozen serves sessions that are not trainable "
+                             "(trainable: false)")
         return self
 
 
@@ -302,6 +312,7 @@ class SessionView(BaseModel):
     segments: int  # token segments so far
     reward: float | None
     children: list[str]  # sub-agent sessions' trajectory ids
+    engine_pool: str  # policy | frozen: the engines that serve its calls
 
 
 class RolloutRequest(_Strict):
@@ -351,6 +362,9 @@ class EngineRequest(_Strict):
     tp: int = Field(default=1, ge=1, le=64)
     max_batch: int = Field(default=256, ge=1, le=65_536)
     kv_capacity_tokens: int = Field(default=1 << 20, ge=1, le=1 << 40)
+    pool: Literal["policy", "frozen"] = Field(
+        default="policy", description="policy: the engines weight updates reach; frozen: "
+                                      "engines at a pinned version, for frozen sub-agents")
 
     @field_validator("url")
     @classmethod
@@ -374,6 +388,7 @@ class EngineView(BaseModel):
     kv_capacity_tokens: int
     calls_in_flight: int
     draining: bool
+    pool: str = "policy"  # policy | frozen (EngineRequest.pool)
 
 
 class PauseRequest(_Strict):
@@ -398,8 +413,9 @@ class WeightUpdateRequest(_Strict):
 
 
 class WeightsView(BaseModel):
-    policy_version: int
+    policy_version: int  # what the policy's engines serve, stamped on their tokens
     paused: bool
+    frozen_policy_version: int | None = None  # the frozen pool's pinned version, if any
 
 
 class FieldError(BaseModel):

@@ -89,6 +89,11 @@ class ServiceConfig:
     public_url: str | None = None
     # Harness commands jobs may name (`JobRequest.harness`), by name.
     harnesses: dict[str, Harness] = field(default_factory=dict)
+    # The frozen pool: engines serving a pinned policy version for frozen sub-agents
+    # (sessions with trainable false), scheduled by a runtime of their own that weight
+    # updates never reach; their tokens carry `frozen_policy_version`.
+    frozen_engines: list[EngineRequest] = field(default_factory=list)
+    frozen_policy_version: int = 0
 
 
 class Service:
@@ -96,9 +101,10 @@ class Service:
 
     def __init__(self, config: ServiceConfig, runtime: Runtime, store: AsyncStore,
                  rollouts: Rollouts, gateway: Gateway, *,
-                 restart_s: float = _RESTART_BASE_S) -> None:
+                 restart_s: float = _RESTART_BASE_S, frozen: Runtime | None = None) -> None:
         self.config = config
         self.runtime = runtime
+        self.frozen = frozen  # the frozen pool's runtime (ServiceConfig.frozen_engines)
         self.store = store
         self.rollouts = rollouts
         self.gateway = gateway
@@ -112,7 +118,9 @@ class Service:
         # layout the policy would plan for GPUs it does not have.
         pool = [1] * self.config.vllm_engines if self.config.vllm_model else None
         await self.runtime.start(pool)
-        for request in self.config.engines:
+        if self.frozen is not None:
+            await self.frozen.start()
+        for request in [*self.config.engines, *self.config.frozen_engines]:
             engine = engine_client(request)
             if not await engine.health():
                 log.warning("engine %s is not healthy; registering it anyway (the runtime "
@@ -120,10 +128,11 @@ class Service:
             elif (problem := await engine.model_problem()) is not None:
                 # Every turn on it would fail: refuse to start rather than serve errors.
                 await engine.aclose()
-                raise ValueError(f"--engine {request.url}: {problem} (--served-model)")
-            self.runtime.register_engine(engine, tp=request.tp, max_batch=request.max_batch,
-                                         kv_capacity_tokens=request.kv_capacity_tokens,
-                                         label=request.url)
+                flag = "--engine" if request.pool == "policy" else "--frozen-engine"
+                raise ValueError(f"{flag} {request.url}: {problem} (--served-model)")
+            self.pool_runtime(request.pool).register_engine(
+                engine, tp=request.tp, max_batch=request.max_batch,
+                kv_capacity_tokens=request.kv_capacity_tokens, label=request.url)
         recovered = await self.rollouts.start()
         if recovered:
             log.info("resumed %d unfinished job(s): %s", len(recovered), ", ".join(recovered))
@@ -132,12 +141,28 @@ class Service:
         await self.gateway.close()
         await self.rollouts.close()
         await self.runtime.close()
+        if self.frozen is not None:
+            await self.frozen.close()
         await self.store.aclose()
+
+    def pool_runtime(self, pool: str) -> Runtime:
+        """The runtime of engine pool `pool` (policy | frozen)."""
+        if pool == "policy":
+            return self.runtime
+        if self.frozen is None:
+            raise ValueError(f"no engine pool {pool!r}")
+        return self.frozen
+
+    def pools(self) -> list[tuple[str, Runtime]]:
+        """Every engine pool of the service, by name."""
+        return [("policy", self.runtime)] + ([] if self.frozen is None
+                                              else [("frozen", self.frozen)])
 
     def metrics_text(self) -> str:
         m = self.rollouts.metrics
         return m.render(active=self.rollouts.live, queued=self.rollouts.queued,
-                        engines={s.label: s.calls for s in self.runtime.engines()},
+                        engines={s.label: s.calls for _, rt in self.pools()
+                                 for s in rt.engines()},
                         policy_version=self.runtime.policy_version)
 
     async def check_engine(self, engine: Engine, request: EngineRequest,
@@ -152,8 +177,11 @@ class Service:
         return None
 
     def weights_view(self) -> WeightsView:
+        frozen = self.frozen
         return WeightsView(policy_version=self.runtime.policy_version,
-                           paused=self.runtime.paused)
+                           paused=self.runtime.paused,
+                           frozen_policy_version=None if frozen is None or not frozen.engines()
+                           else frozen.policy_version)
 
 
 def build_service(config: ServiceConfig) -> Service:
@@ -199,10 +227,18 @@ def build_service(config: ServiceConfig) -> Service:
                         sandbox_rate_per_s=config.sandbox_rate_per_s)
     runtime.control.observer = rollouts.metrics.decisions.observe
     restart_s = _RESTART_BASE_S + (launcher.startup_s(1) if launcher is not None else 0.0)
+    if any(e.pool != "frozen" for e in config.frozen_engines):
+        raise ValueError("frozen_engines: every engine of the frozen pool has pool frozen")
+    # Always there (empty unless configured), so that `POST /v1/engines` can add to it.
+    frozen = Runtime(build_policy(parse_policy(config.policy), cost, batch_size=1024),
+                     clock=clock, request_timeout_s=config.request_timeout_s,
+                     engine_wait_s=config.engine_wait_s, engine_ids="f")
+    frozen.policy_version = config.frozen_policy_version
     gateway = Gateway(runtime, store, rollouts, tokenizer, default_format=config.chat_format,
                       max_sessions=config.max_sessions, harnesses=config.harnesses,
-                      url=config.public_url, token=config.token)
-    return Service(config, runtime, store, rollouts, gateway, restart_s=restart_s)
+                      url=config.public_url, token=config.token, frozen=frozen)
+    return Service(config, runtime, store, rollouts, gateway, restart_s=restart_s,
+                   frozen=frozen)
 
 
 def engine_client(request: EngineRequest) -> Engine:

@@ -1,4 +1,5 @@
-"""`/v1/engines`: the engine pool — list, register, drain, remove."""
+"""`/v1/engines`: the engine pools (the policy's, and the frozen one for frozen
+sub-agents) — list, register, drain, remove. Engine ids are unique across pools."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ router = APIRouter(prefix="/v1/engines", route_class=StrictJSONRoute, tags=["eng
 
 @router.get("")
 async def engines(service: ServiceDep) -> list[EngineView]:
-    return [engine_view(s) for s in service.runtime.engines()]
+    return [engine_view(s, pool) for pool, rt in service.pools() for s in rt.engines()]
 
 
 @router.post("", status_code=201, responses=documented(422))
@@ -28,36 +29,38 @@ async def register(request: EngineRequest, service: ServiceDep) -> EngineView:
     if problem is not None:
         await engine.aclose()
         raise RequestRefused(f"{problem[0]}: {problem[1]}")
-    eid = service.runtime.register_engine(
+    eid = service.pool_runtime(request.pool).register_engine(
         engine, tp=request.tp, max_batch=request.max_batch,
         kv_capacity_tokens=request.kv_capacity_tokens, label=request.url)
-    return engine_view(_slot(service, eid))
+    return engine_view(*_slot(service, eid))
 
 
 @router.post("/{engine_id}/drain", responses=documented(404))
 async def drain(engine_id: str, service: ServiceDep) -> EngineView:
-    slot = _slot(service, engine_id)
-    service.runtime.drain_engine(engine_id)
-    return engine_view(slot)
+    slot, pool = _slot(service, engine_id)
+    service.pool_runtime(pool).drain_engine(engine_id)
+    return engine_view(slot, pool)
 
 
 @router.delete("/{engine_id}", status_code=204, responses=documented(404))
 async def remove(engine_id: str, service: ServiceDep) -> Response:
-    _slot(service, engine_id)
-    service.runtime.remove_engine(engine_id, "removed through the API")
+    _, pool = _slot(service, engine_id)
+    service.pool_runtime(pool).remove_engine(engine_id, "removed through the API")
     return Response(status_code=204)
 
 
-def engine_view(slot: EngineSlot) -> EngineView:
+def engine_view(slot: EngineSlot, pool: str = "policy") -> EngineView:
     url = getattr(slot.engine, "base_url", None)
     return EngineView(engine_id=slot.engine_id, label=slot.label,
                       url=str(url) if url is not None else None, tp=slot.tp,
                       max_batch=slot.max_batch, kv_capacity_tokens=slot.kv_capacity_tokens,
-                      calls_in_flight=slot.calls, draining=slot.draining)
+                      calls_in_flight=slot.calls, draining=slot.draining, pool=pool)
 
 
-def _slot(service: Service, engine_id: str) -> EngineSlot:
-    for slot in service.runtime.engines():
-        if slot.engine_id == engine_id:
-            return slot
+def _slot(service: Service, engine_id: str) -> tuple[EngineSlot, str]:
+    """The engine and the name of its pool; NotFound."""
+    for pool, rt in service.pools():
+        for slot in rt.engines():
+            if slot.engine_id == engine_id:
+                return slot, pool
     raise NotFound(f"no engine {engine_id!r}")
