@@ -153,4 +153,5 @@ def test_without_a_token_the_schema_declares_no_auth(tmp_path: Path) -> None:
         schema = httpx.get(f"{url}/openapi.json").json()
         assert "securitySchemes" not in schema.get("components", {})
         assert httpx.get(f"{url}/v1/weights").json() == {"policy_version": 0, "paused": False,
+                                                         "trainer_run": None,
                                                          "frozen_policy_version": None}

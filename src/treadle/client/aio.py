@@ -72,11 +72,13 @@ class AsyncRolloutClient:
                      samples_per_task: int | None = None,
                      sampling: Mapping[str, float] | None = None,
                      limits: Mapping[str, Any] | None = None,
-                     min_policy_version: int | None = None, priority: int | None = None,
-                     job_id: str | None = None) -> SubmittedJob:
+                     min_policy_version: int | None = None,
+                     max_policy_version: int | None = None, trainer_run: str | None = None,
+                     priority: int | None = None, job_id: str | None = None) -> SubmittedJob:
         return await self._do(wire.submit_call(request, dict(
             tasks=tasks, samples_per_task=samples_per_task, sampling=sampling,
-            limits=limits, min_policy_version=min_policy_version, priority=priority,
+            limits=limits, min_policy_version=min_policy_version,
+            max_policy_version=max_policy_version, trainer_run=trainer_run, priority=priority,
             job_id=job_id)))
 
     async def job(self, job_id: str) -> JobState:
@@ -84,6 +86,9 @@ class AsyncRolloutClient:
 
     async def cancel(self, job_id: str) -> JobState:
         return await self._do(wire.cancel_call(job_id))
+
+    async def report(self, job_id: str, metrics: Mapping[str, float]) -> JobState:
+        return await self._do(wire.report_call(job_id, metrics))
 
     async def rollout(self, suite: str, task: Mapping[str, Any], *,
                       options: Mapping[str, Any] | None = None,
@@ -171,13 +176,15 @@ class AsyncRolloutClient:
     async def pause(self, mode: str = "wait", *, timeout_s: float | None = None) -> WeightsState:
         return await self._do(wire.pause_call(mode, timeout_s))
 
-    async def resume(self, policy_version: int) -> WeightsState:
-        return await self._do(wire.resume_call(policy_version))
+    async def resume(self, policy_version: int, *,
+                     trainer_run: str | None = None) -> WeightsState:
+        return await self._do(wire.resume_call(policy_version, trainer_run))
 
     async def update_weights(self, weights_path: str, policy_version: int, *,
-                             mode: str = "wait", timeout_s: float | None = None) -> WeightsState:
+                             mode: str = "wait", timeout_s: float | None = None,
+                             trainer_run: str | None = None) -> WeightsState:
         return await self._do(wire.update_weights_call(weights_path, policy_version, mode,
-                                                       timeout_s))
+                                                       timeout_s, trainer_run))
 
     # -- the service ----------------------------------------------------------------------
 

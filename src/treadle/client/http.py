@@ -91,16 +91,21 @@ class RolloutClient:
                tasks: Mapping[str, Any] | None = None, samples_per_task: int | None = None,
                sampling: Mapping[str, float] | None = None,
                limits: Mapping[str, Any] | None = None, min_policy_version: int | None = None,
+               max_policy_version: int | None = None, trainer_run: str | None = None,
                priority: int | None = None, job_id: str | None = None) -> SubmittedJob:
         """Submit a job: `request` (a JobRequest-shaped dict) and/or the keywords, which
         win. `tasks` from `suite_tasks` or `replay_tasks`; `samples_per_task` is the
         GRPO group size of suite tasks; `sampling` {temperature, top_p, seed}; `limits`
         {max_turns, max_total_tokens, max_tokens_per_turn, deadline_s}; trajectories
-        start once the engines serve `min_policy_version`; higher `priority` first.
-        ServiceError 422 names each bad field, 409 a `job_id` already taken."""
+        start once the engines serve `min_policy_version`, and the job is refused
+        (ServiceError 409) when they serve a version past `max_policy_version` or
+        weights of a run other than `trainer_run` (min = max: exactly one version);
+        higher `priority` first. ServiceError 422 names each bad field, 409 a `job_id`
+        already taken."""
         return self._do(wire.submit_call(request, dict(
             tasks=tasks, samples_per_task=samples_per_task, sampling=sampling,
-            limits=limits, min_policy_version=min_policy_version, priority=priority,
+            limits=limits, min_policy_version=min_policy_version,
+            max_policy_version=max_policy_version, trainer_run=trainer_run, priority=priority,
             job_id=job_id)))
 
     def job(self, job_id: str) -> JobState:
@@ -110,6 +115,11 @@ class RolloutClient:
     def cancel(self, job_id: str) -> JobState:
         """Cancel the job: its unfinished trajectories are delivered as aborted."""
         return self._do(wire.cancel_call(job_id))
+
+    def report(self, job_id: str, metrics: Mapping[str, float]) -> JobState:
+        """Keep numbers the trainer measured on the job's data (e.g. the logprob gap
+        `logprob_gap_max`) in the job's view (`JobState.trainer_metrics`)."""
+        return self._do(wire.report_call(job_id, metrics))
 
     def rollout(self, suite: str, task: Mapping[str, Any], *,
                 options: Mapping[str, Any] | None = None,
@@ -208,14 +218,18 @@ class RolloutClient:
         turns resume afterwards). Returns once none is in flight."""
         return self._do(wire.pause_call(mode, timeout_s))
 
-    def resume(self, policy_version: int) -> WeightsState:
-        """The engines serve `policy_version` now: new tokens carry it."""
-        return self._do(wire.resume_call(policy_version))
+    def resume(self, policy_version: int, *, trainer_run: str | None = None) -> WeightsState:
+        """The engines serve `policy_version` (of `trainer_run`) now: new tokens carry it."""
+        return self._do(wire.resume_call(policy_version, trainer_run))
 
     def update_weights(self, weights_path: str, policy_version: int, *, mode: str = "wait",
-                       timeout_s: float | None = None) -> WeightsState:
-        """The whole barrier: pause, every engine loads `weights_path`, resume."""
-        return self._do(wire.update_weights_call(weights_path, policy_version, mode, timeout_s))
+                       timeout_s: float | None = None,
+                       trainer_run: str | None = None) -> WeightsState:
+        """The whole barrier: pause, every engine loads `weights_path`, resume. Name the
+        `trainer_run`, so that jobs of another run are refused rather than trained on
+        these weights."""
+        return self._do(wire.update_weights_call(weights_path, policy_version, mode, timeout_s,
+                                                 trainer_run))
 
     # -- the service ----------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ and retrying calls is `treadle.client.stream`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
@@ -69,6 +69,10 @@ class JobState:
     finished_at: float | None
     running: int  # in flight in the service process now
     queued: int  # waiting for a slot in the service process now
+    min_policy_version: int = 0  # the weights the job is for (its request's window)
+    max_policy_version: int | None = None
+    trainer_run: str | None = None
+    trainer_metrics: dict[str, float] = field(default_factory=dict)  # its trainer's reports
 
     @property
     def terminal(self) -> bool:
@@ -100,6 +104,8 @@ class WeightsState:
 
     policy_version: int  # stamped on tokens sampled from now on
     paused: bool  # new engine calls are held
+    trainer_run: str | None = None  # whose weights the engines serve (None: unnamed)
+    frozen_policy_version: int | None = None  # the frozen pool's pinned version, if any
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,11 +121,13 @@ def read_view(cls: type[_V], value: Any, what: str) -> _V:
     """`cls` (a dataclass) from a JSON object; extra keys are ignored."""
     if not isinstance(value, dict):
         raise ServiceProtocolError(f"{what}: expected a JSON object, got {type(value).__name__}")
-    names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
-    missing = [n for n in names if n not in value]
+    declared = fields(cls)  # type: ignore[arg-type]
+    # Fields with defaults are newer than the oldest service this client reads.
+    missing = [f.name for f in declared if f.name not in value
+               and f.default is MISSING and f.default_factory is MISSING]
     if missing:
         raise ServiceProtocolError(f"{what}: the answer lacks {', '.join(missing)}")
-    return cls(**{n: value[n] for n in names})
+    return cls(**{f.name: value[f.name] for f in declared if f.name in value})
 
 
 def json_of(response: httpx.Response, what: str) -> Any:
@@ -302,14 +310,20 @@ def pause_call(mode: str, timeout_s: float | None) -> Call[WeightsState]:
     return _weights("pause", {"mode": mode}, timeout_s)
 
 
-def resume_call(policy_version: int) -> Call[WeightsState]:
-    return _weights("resume", {"policy_version": policy_version})
+def resume_call(policy_version: int, trainer_run: str | None = None) -> Call[WeightsState]:
+    return _weights("resume", given(policy_version=policy_version, trainer_run=trainer_run))
 
 
 def update_weights_call(weights_path: str, policy_version: int, mode: str,
-                        timeout_s: float | None) -> Call[WeightsState]:
-    return _weights("update", {"weights_path": weights_path,
-                               "policy_version": policy_version, "mode": mode}, timeout_s)
+                        timeout_s: float | None,
+                        trainer_run: str | None = None) -> Call[WeightsState]:
+    return _weights("update", given(weights_path=weights_path, policy_version=policy_version,
+                                    mode=mode, trainer_run=trainer_run), timeout_s)
+
+
+def report_call(job_id: str, metrics: Mapping[str, float]) -> Call[JobState]:
+    path = f"/v1/jobs/{_seg(job_id)}/metrics"
+    return Call("POST", path, _one(JobState, f"POST {path}"), {"metrics": dict(metrics)})
 
 
 def _weights(route: str, body: dict[str, Any],

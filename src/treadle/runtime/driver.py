@@ -107,6 +107,7 @@ class Runtime:
         self.turn_retries = turn_retries  # calls repeated on a live engine before giving up
         self.engine_wait_s = engine_wait_s  # a waiting turn's grace while no engine is live
         self.policy_version = 0  # stamped on every sampled token
+        self.trainer_run: str | None = None  # the run whose weights the engines serve
         self.control = ControlStats()
         self.pool = EnginePool(self, self.clock, launcher=launcher, gpus=gpus,
                                health_interval_s=health_interval_s, relaunch=relaunch,
@@ -226,7 +227,8 @@ class Runtime:
         await self.pool.idle.wait()
 
     async def update_weights(self, weights_path: str, policy_version: int,
-                             mode: Literal["wait", "abort"] = "wait") -> None:
+                             mode: Literal["wait", "abort"] = "wait", *,
+                             trainer_run: str | None = None) -> None:
         """The weight-update barrier: pause (`mode`), load `weights_path` into every
         engine, resume stamping `policy_version`. ValueError (before pausing) if an
         engine cannot load weights; an engine that fails to load them is failed (its
@@ -248,16 +250,19 @@ class Runtime:
                 if isinstance(result, BaseException):
                     self.pool.fail(slot, f"weight update failed: {result}", replace=False)
         finally:
-            self.resume(policy_version)
+            self.resume(policy_version, trainer_run=trainer_run)
 
     @property
     def paused(self) -> bool:
         return not self._gate.is_set()
 
-    def resume(self, policy_version: int | None = None) -> None:
-        """Let calls go again, stamping `policy_version` (if given) from now on."""
+    def resume(self, policy_version: int | None = None, *,
+               trainer_run: str | None = None) -> None:
+        """Let calls go again, stamping `policy_version` (if given: the weights of
+        `trainer_run`, None for an unnamed run) from now on."""
         if policy_version is not None:
             self.policy_version = policy_version
+            self.trainer_run = trainer_run
         self._gate.set()
 
     # -- what a runner may ask (contract.RunnerHost) ---------------------------------

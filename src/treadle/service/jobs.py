@@ -27,9 +27,13 @@ job's submission does not stall the trajectories already running.
 Cancel: the job's unfinished trajectories are stored as aborted (and delivered),
 queued ones are dropped and running ones cancelled.
 
-`min_policy_version`: a job's trajectories start only once the runtime's policy
-version has reached it (set by a weight update), so a trainer may submit the next
-step's job before its weights are live.
+Policy versions (`service.versions`): a job's trajectories start only once the
+runtime's policy version has reached `min_policy_version` (set by a weight update),
+so a trainer may submit the next step's job before its weights are live. A job whose
+window the served weights are past (`max_policy_version`), or another trainer run's
+(`trainer_run`), is refused with PolicyMismatch; when a weight update moves the
+engines out of a job's window, its trajectories not started yet end as engine
+failures (excluded) with the reason.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ import heapq
 import itertools
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +64,7 @@ from treadle.service.schemas import (
     SessionTasks,
     SuiteTasks,
 )
+from treadle.service.versions import PolicyMismatch, PolicyWindow, ServedPolicy
 from treadle.service.wakeups import JobWakeups
 from treadle.store.aio import AsyncStore
 from treadle.store.errors import NotFound
@@ -68,6 +73,8 @@ from treadle.types import FailureStage, GroupKey, Trajectory, TrajectoryStatus
 from treadle.workloads import TrajectorySpec
 
 log = logging.getLogger(__name__)
+POLICY_WINDOW = "policy_window"  # the event kind of a job's window (when not the default)
+TRAINER_METRICS = "trainer_metrics"  # the event kind of a trainer's reports
 
 
 @dataclass(slots=True)
@@ -76,7 +83,7 @@ class _Job:
 
     priority: int
     order: int  # submission order (ties of priority: oldest first)
-    min_version: int  # its trajectories start once this policy version is live
+    window: PolicyWindow  # the weights its trajectories may be sampled from
     queue: collections.deque[Work]  # its trajectories not started yet, in plan order
     running: dict[str, asyncio.Task[None]]  # trajectory id -> its task
 
@@ -121,6 +128,7 @@ class Rollouts:
         self.cancel_hooks: list[Callable[[str], None]] = []
         # Runs a harness job's trajectory (the gateway sets it): (work, attempt) -> it.
         self.harness_runner: Callable[[Work, int], Awaitable[Trajectory]] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()  # deliveries of dropped work
         self._closed = False
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -164,6 +172,8 @@ class Rollouts:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        # Dropped work's deliveries finish: they are results, not work to resume.
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         await asyncio.gather(*(p.close() for p in self._pools.values()), return_exceptions=True)
 
     # -- jobs ---------------------------------------------------------------------------
@@ -177,6 +187,9 @@ class Rollouts:
             planned = planned_sessions(job_id, request.tasks, request.samples_per_task)
             return await self.store.create_job(job_id, {"request": request.model_dump(
                 mode="json")}, planned)
+        verdict = window(request).verdict(self.served())
+        if verdict not in ("run", "wait"):
+            raise PolicyMismatch(f"job {job_id}: {verdict}")
         work, stored = await asyncio.to_thread(
             lambda: (self.planner.resolve(job_id, request), request.model_dump(mode="json")))
         if self.queued + len(work) > self.max_queued:
@@ -185,6 +198,12 @@ class Rollouts:
         info = await self.store.create_job(job_id,
                                      {"request": stored},
                                      [w.planned for w in work])
+        if window(request) != PolicyWindow():
+            # Read back by every status request: kept apart from the (large) spec.
+            await self.store.add_event(job_id, POLICY_WINDOW, {
+                "min_policy_version": request.min_policy_version,
+                "max_policy_version": request.max_policy_version,
+                "trainer_run": request.trainer_run})
         self._admit_job(job_id, request, work)
         return info
 
@@ -206,6 +225,16 @@ class Rollouts:
         info = await self.store.job(job_id)
         job = self._jobs.get(job_id)
         return info, len(job.running) if job else 0, job.queued if job else 0
+
+    async def job_policy(self, job_id: str) -> tuple[dict[str, Any], dict[str, float]]:
+        """The job's policy window (JobRequest's fields, those given) and what its
+        trainer reported (`report`); NotFound for an unknown job."""
+        merged = await self.store.merged_events(job_id, (POLICY_WINDOW, TRAINER_METRICS))
+        return merged[POLICY_WINDOW], merged[TRAINER_METRICS]
+
+    async def report(self, job_id: str, metrics: dict[str, float]) -> None:
+        """Keep numbers a trainer measured on the job's data (latest per name)."""
+        await self.store.add_event(job_id, TRAINER_METRICS, metrics)
 
     async def results(self, job_id: str, after: int = 0, *, follow: bool = False,
                       heartbeat_s: float = 15.0) -> AsyncIterator[Delivery | None]:
@@ -260,21 +289,37 @@ class Rollouts:
     def queued(self) -> int:
         return sum(job.queued for job in self._jobs.values())
 
+    def served(self) -> ServedPolicy:
+        """What the policy's engines serve now."""
+        return ServedPolicy(self.runtime.policy_version, self.runtime.trainer_run)
+
     def policy_version_changed(self) -> None:
-        """Call after a weight update: jobs waiting for the version may start."""
-        for job_id, job in list(self._waiting.items()):
-            if job.min_version <= self.runtime.policy_version:
+        """Call after a weight update: jobs waiting for the version may start; jobs
+        whose window the new weights are out of end their queued trajectories."""
+        served = self.served()
+        for job_id, job in list(self._jobs.items()):
+            verdict = job.window.verdict(served)
+            if verdict == "run" and job_id in self._waiting:
                 del self._waiting[job_id]
                 heapq.heappush(self._ready, (-job.priority, job.order, job_id))
+            elif verdict not in ("run", "wait") and job.queue:
+                self._waiting.pop(job_id, None)
+                dropped = list(job.queue)
+                job.queue.clear()
+                if not job.running:
+                    del self._jobs[job_id]
+                self._spawn(self._out_of_window(job_id, dropped, verdict))
         self._dispatch()
 
     def _admit_job(self, job_id: str, request: JobRequest, work: list[Work]) -> None:
-        job = _Job(request.priority, next(self._order), request.min_policy_version,
+        job = _Job(request.priority, next(self._order), window(request),
                    collections.deque(work), {})
         self._jobs[job_id] = job
         if not work:
             return
-        if job.min_version > self.runtime.policy_version:
+        if job.window.verdict(self.served()) != "run":
+            # Waiting (or, after a restart, out of its window: the next weight update
+            # or its trainer ends it).
             self._waiting[job_id] = job
         else:
             heapq.heappush(self._ready, (-job.priority, job.order, job_id))
@@ -363,6 +408,19 @@ class Rollouts:
         await self._interrupted(job_id, [s for s in await self.store.unfinished(job_id)
                                          if s.attempts])
 
+    async def _out_of_window(self, job_id: str, work: Sequence[Work], why: str) -> None:
+        for w in work:
+            p = w.planned
+            await self.deliver(job_id, Trajectory(
+                p.trajectory_id, GroupKey(p.group_id, p.repetition), task_id=p.task_id,
+                status=TrajectoryStatus.ERROR, failure_stage=FailureStage.ENGINE,
+                reason=f"engine: not started: {why}"))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     async def _interrupted(self, job_id: str, states: Sequence[TrajectoryState]) -> None:
         for state in states:
             await self.deliver(job_id, Trajectory(
@@ -388,4 +446,11 @@ class Rollouts:
         self._wakeups.wake(job_id)
 
 
-__all__ = ["Rollouts"]
+
+def window(request: JobRequest) -> PolicyWindow:
+    """The weights a job is for, from its request."""
+    return PolicyWindow(request.min_policy_version, request.max_policy_version,
+                        request.trainer_run)
+
+
+__all__ = ["Rollouts", "window"]

@@ -23,6 +23,7 @@ from treadle.errors import ServiceBusy
 from treadle.gateway.errors import GatewayError
 from treadle.service.errors import RequestRefused
 from treadle.service.schemas import ErrorReply
+from treadle.service.versions import PolicyMismatch
 from treadle.store.errors import NotFound, StoreConflict
 
 MAX_FIELD_ERRORS = 32  # entries of a 422's detail
@@ -34,6 +35,7 @@ RETRY_AFTER_S = 5  # what a 503 for a full queue tells the client to wait
 STATUS: dict[type[Exception], int] = {
     NotFound: 404,
     StoreConflict: 409,
+    PolicyMismatch: 409,
     ServiceBusy: 503,
 }
 
@@ -42,7 +44,8 @@ _TEXT = {
     401: "missing or wrong bearer token",
     404: "no such job, engine or session",
     408: "the request body did not arrive in time",
-    409: "the job id is taken, or the session is busy or taken",
+    409: "the job id is taken, the session is busy or taken, or the engines serve "
+         "weights the job is not for",
     413: "request body over the service's max_body_bytes",
     422: "bad input: one entry per bad field",
     503: "too many requests at once, or too many trajectories queued: retry after "

@@ -20,6 +20,7 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    StringConstraints,
     Tag,
     field_validator,
     model_validator,
@@ -27,6 +28,7 @@ from pydantic import (
 
 MAX_TRAJECTORIES_PER_JOB = 65_536  # planned trajectories in one job, samples included
 MAX_INT64 = (1 << 63) - 1  # the store's and the exports' integers
+TRAINER_RUN = r"^[A-Za-z0-9._:/-]+$"  # a trainer run's name (shown in errors and views)
 
 
 class _Strict(BaseModel):
@@ -183,6 +185,15 @@ class JobRequest(_Strict):
         default=0, ge=0, le=MAX_INT64,
         description="start no trajectory before the engines serve "
                                      "this policy version (set by a weight update)")
+    max_policy_version: int | None = Field(
+        default=None, ge=0, le=MAX_INT64,
+        description="refuse the job (409) if the engines serve a later version, and end "
+                    "its queued trajectories if they move past it; equal to "
+                    "min_policy_version: exactly that version")
+    trainer_run: str | None = Field(default=None, min_length=1, max_length=128,
+                                    pattern=TRAINER_RUN,
+                                    description="only weights this trainer run pushed "
+                                                "(POST /v1/weights/update's trainer_run)")
     harness: HarnessParams | None = Field(
         default=None, description="run each trajectory with this harness through the "
                                   "gateway (suite tasks only)")
@@ -207,12 +218,20 @@ class JobRequest(_Strict):
         # limits (POST /v1/sessions), so these would be silently ignored here.
         # (Compared with the defaults, not `model_fields_set`: a stored request, read
         # back after a restart, names every field.)
-        given = [name for name in ("sampling", "limits", "min_policy_version", "priority")
+        given = [name for name in ("sampling", "limits", "min_policy_version",
+                                   "max_policy_version", "trainer_run", "priority")
                  if getattr(self, name) != type(self).model_fields[name].get_default(
                      call_default_factory=True)]
         if isinstance(self.tasks, SessionTasks) and given:
             raise ValueError(f"a sessions job takes no {', '.join(sorted(given))}: set "
                              "them on each session")
+        return self
+
+    @model_validator(mode="after")
+    def _window(self) -> JobRequest:
+        if self.max_policy_version is not None and \
+                self.max_policy_version < self.min_policy_version:
+            raise ValueError("max_policy_version is below min_policy_version")
         return self
 
     @model_validator(mode="after")
@@ -350,6 +369,21 @@ class JobView(BaseModel):
     finished_at: float | None
     running: int  # trajectories in flight in this process now
     queued: int  # trajectories waiting for a slot in this process now
+    # The weights the job is for (JobRequest's min/max_policy_version, trainer_run).
+    min_policy_version: int = 0
+    max_policy_version: int | None = None
+    trainer_run: str | None = None
+    # What its trainer reported (POST /v1/jobs/{id}/metrics), latest value per name:
+    # e.g. logprob_gap_max, the largest |trainer − engine| logprob on its tokens.
+    trainer_metrics: dict[str, float] = Field(default_factory=dict)
+
+
+class TrainerMetrics(_Strict):
+    """`POST /v1/jobs/{id}/metrics`: numbers a trainer measured on the job's data
+    (e.g. the logprob gap between its recomputed logprobs and the engines')."""
+
+    metrics: dict[Annotated[str, StringConstraints(min_length=1, max_length=128)],
+                  Annotated[float, Field(allow_inf_nan=False)]] = Field(max_length=64)
 
 
 class EngineRequest(_Strict):
@@ -401,6 +435,9 @@ class ResumeRequest(_Strict):
     """`POST /v1/weights/resume`: the engines now serve `policy_version`."""
 
     policy_version: int = Field(ge=0, le=MAX_INT64)
+    trainer_run: str | None = Field(default=None, min_length=1, max_length=128,
+                                    pattern=TRAINER_RUN,
+                                    description="the trainer run whose weights these are")
 
 
 class WeightUpdateRequest(_Strict):
@@ -410,10 +447,15 @@ class WeightUpdateRequest(_Strict):
     policy_version: int = Field(ge=0, le=MAX_INT64)
     weights_path: str = Field(min_length=1, max_length=4096)
     mode: Literal["wait", "abort"] = "wait"
+    trainer_run: str | None = Field(default=None, min_length=1, max_length=128,
+                                    pattern=TRAINER_RUN,
+                                    description="the trainer run whose weights these are "
+                                                "(jobs naming another run are refused)")
 
 
 class WeightsView(BaseModel):
     policy_version: int  # what the policy's engines serve, stamped on their tokens
+    trainer_run: str | None = None  # whose weights those are (None: unnamed, or initial)
     paused: bool
     frozen_policy_version: int | None = None  # the frozen pool's pinned version, if any
 

@@ -179,7 +179,7 @@ class Service:
     def weights_view(self) -> WeightsView:
         frozen = self.frozen
         return WeightsView(policy_version=self.runtime.policy_version,
-                           paused=self.runtime.paused,
+                           trainer_run=self.runtime.trainer_run, paused=self.runtime.paused,
                            frozen_policy_version=None if frozen is None or not frozen.engines()
                            else frozen.policy_version)
 

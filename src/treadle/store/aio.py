@@ -110,6 +110,10 @@ class AsyncStore:
                         trajectory_id: str | None = None) -> int:
         return await self.call(self.store.add_event, job_id, kind, payload, trajectory_id)
 
+    async def merged_events(self, job_id: str, kinds: Sequence[str]
+                            ) -> dict[str, dict[str, Any]]:
+        return await self.call(self.store.merged_events, job_id, kinds)
+
     async def events(self, job_id: str, after: int = 0, limit: int = 100) -> list[Event]:
         return await self.call(self.store.events, job_id, after, limit)
 

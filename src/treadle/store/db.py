@@ -349,6 +349,20 @@ class Store:
         return [Event(int(r[0]), r[1], r[2], r[3], json.loads(r[4]), float(r[5]))
                 for r in found]
 
+    def merged_events(self, job_id: str, kinds: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """For each of `kinds`, the payloads of the job's events of that kind merged,
+        later keys winning (kinds of few events a job: a trainer's metric reports)."""
+        with self._read():
+            rows.require_job(self._conn, job_id)
+            found = self._conn.execute(
+                "SELECT kind, payload FROM events WHERE job_id = ? AND kind IN "
+                f"({', '.join('?' * len(kinds))}) ORDER BY event_id",
+                (job_id, *kinds)).fetchall()
+        merged: dict[str, dict[str, Any]] = {kind: {} for kind in kinds}
+        for kind, payload in found:
+            merged[kind].update(json.loads(payload))
+        return merged
+
     # -- internals ----------------------------------------------------------------------
 
     @contextlib.contextmanager

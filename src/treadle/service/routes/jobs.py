@@ -1,4 +1,4 @@
-"""`/v1/jobs`: submit, read, stream and cancel jobs."""
+"""`/v1/jobs`: submit, read, stream and cancel jobs; a trainer's reports on one."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from fastapi.responses import StreamingResponse
 
 from treadle.service.deps import ServiceDep
 from treadle.service.replies import documented
-from treadle.service.schemas import MAX_INT64, JobCreated, JobRequest, JobView
+from treadle.service.schemas import MAX_INT64, JobCreated, JobRequest, JobView, TrainerMetrics
 from treadle.service.strict_json import StrictJSONRoute
 from treadle.store.jobs import JobInfo, JobStatus
 from treadle.types import TrajectoryStatus
@@ -26,7 +26,17 @@ async def submit(request: JobRequest, service: ServiceDep) -> JobCreated:
 @router.get("/{job_id}", responses=documented(404))
 async def job(job_id: str, service: ServiceDep) -> JobView:
     info, running, queued = await service.rollouts.job(job_id)
-    return job_view(info, running, queued)
+    window, metrics = await service.rollouts.job_policy(job_id)
+    return job_view(info, running, queued).model_copy(update={**window,
+                                                            "trainer_metrics": metrics})
+
+
+@router.post("/{job_id}/metrics", responses=documented(404, 422))
+async def report(job_id: str, body: TrainerMetrics, service: ServiceDep) -> JobView:
+    """Numbers the trainer measured on the job's data (e.g. `logprob_gap_max`),
+    shown in the job's view from then on."""
+    await service.rollouts.report(job_id, body.metrics)
+    return await job(job_id, service)
 
 
 @router.get("/{job_id}/trajectories", response_class=StreamingResponse,

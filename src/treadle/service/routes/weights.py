@@ -33,7 +33,7 @@ async def pause(request: PauseRequest, service: ServiceDep) -> WeightsView:
 async def update(request: WeightUpdateRequest, service: ServiceDep) -> WeightsView:
     try:
         await service.runtime.update_weights(request.weights_path, request.policy_version,
-                                             request.mode)
+                                             request.mode, trainer_run=request.trainer_run)
     except ValueError as e:
         raise RequestRefused(f"weights_path: {e}") from None
     service.rollouts.policy_version_changed()
@@ -42,6 +42,6 @@ async def update(request: WeightUpdateRequest, service: ServiceDep) -> WeightsVi
 
 @router.post("/resume", responses=documented(422))
 async def resume(request: ResumeRequest, service: ServiceDep) -> WeightsView:
-    service.runtime.resume(request.policy_version)
+    service.runtime.resume(request.policy_version, trainer_run=request.trainer_run)
     service.rollouts.policy_version_changed()
     return service.weights_view()
