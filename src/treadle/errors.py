@@ -27,6 +27,9 @@ escaping treadle is a bug. Each package owns a branch::
     │   └── GatewayInternalError        session ends, stage runtime)
     ├── ServiceBusy                     treadle.service.errors: too many trajectories
     │                                   queued to take the job now (the API's 503)
+    ├── PolicyMismatch                  treadle.service.versions: the engines serve
+    │                                   weights a job is not for (past its version, or
+    │                                   another trainer run's; the API's 409)
     ├── SandboxError                    anything from treadle.sandbox
     │   ├── SandboxStartError           a sandbox could not be created (may be retried)
     │   │   └── SandboxUnavailable      the backend cannot run on this host at all
@@ -47,6 +50,8 @@ escaping treadle is a bug. Each package owns a branch::
     │   ├── TaskFormatError             treadle.envs.errors): a malformed task record,
     │   ├── EnvConfigError              an environment set up wrongly by its caller,
     │   ├── ResourcesServerError        an external resources server that failed;
+    │   │   └── MaskedSampleError       treadle.envs.adapters.nemo_gym: its verify
+    │   │                               masked the sample (a judge failure: excluded)
     │   ├── ToolInputError              treadle.envs.tools.base: a tool call the model
     │   │                               got wrong, raised inside a tool and turned into
     │   │                               an error observation (never escapes Tool.call)

@@ -31,6 +31,7 @@ from treadle.client import (
     treadle_reward,
 )
 from treadle.client.skyrl import stop_reason
+from treadle.client.verl import plan_step, rows_in_order, step_records
 from treadle.types import Trajectory, TrajectoryStatus
 
 
@@ -100,6 +101,59 @@ def test_verl_keeps_failures_masked_when_asked() -> None:
     assert failed[0].extra_fields["treadle_excluded"].startswith("infra_failure")
 
 
+def test_verl_step_plan_is_one_task_per_uid_with_the_rows_repetitions() -> None:
+    # verl's batch: each prompt repeated rollout.n times (interleaved), all with one uid;
+    # records as dicts or as JSON text (a parquet column).
+    record = {"id": "q7", "question": "What is 2 + 2?", "answer": "4"}
+    plan = plan_step(["u1", "u1", "u2", "u2"],
+                     [record, record, '{"id": "q7", "question": "1 + 1?", "answer": "2"}',
+                      '{"id": "q7", "question": "1 + 1?", "answer": "2"}'])
+    assert [t["id"] for t in plan.tasks] == ["u1", "u2"]  # ids unique even if a task repeats
+    assert plan.tasks[0]["question"] == "What is 2 + 2?" and record["id"] == "q7"
+    assert plan.samples_per_task == 2
+    assert plan.slots == [("u1", 0), ("u1", 1), ("u2", 0), ("u2", 1)]
+    # A validation batch padded to a divisor repeats its first rows: their group samples more.
+    padded = plan_step(["u1", "u1", "u2", "u2", "u1"], [record] * 5)
+    assert padded.samples_per_task == 3 and padded.slots[-1] == ("u1", 2)
+    with pytest.raises(ValueError, match="row 1: uid 'u1' carries a task record other"):
+        plan_step(["u1", "u1"], [record, {**record, "answer": "5"}])
+    with pytest.raises(ValueError, match="row 0: the task record must be a JSON object"):
+        plan_step(["u1"], ["[1, 2]"])
+    with pytest.raises(ValueError, match="row 0: the task record is not JSON"):
+        plan_step(["u1"], ["{"])
+
+
+def test_verl_rows_in_order_finds_each_rows_sample_and_skips_sub_agents() -> None:
+    plan = plan_step(["u1", "u1", "u2", "u2"], [{"id": "x"}] * 4)
+    delivered = [traj("j/u2/1", "j/u2", 1), traj("j/u1/0", "j/u1", 0),
+                 traj("j/u1/0/sub/0", "j/u1/sub", 0),  # a sub-agent: its own group
+                 traj("j/u2/0", "j/u2", 0), traj("j/u1/1", "j/u1", 1)]
+    rows = rows_in_order(plan, "j", delivered)
+    assert [t.trajectory_id for t in rows] == ["j/u1/0", "j/u1/1", "j/u2/0", "j/u2/1"]
+    with pytest.raises(ConversionError, match=r"no trajectory for row 1 \(uid 'u1', rep"):
+        rows_in_order(plan, "j", delivered[:-1])
+
+
+def test_verl_step_records_a_row_per_segment_and_the_groups_mean_for_the_excluded() -> None:
+    rows = [traj("j/u1/0", "j/u1", 0, 1.0, segments=2), traj("j/u1/1", "j/u1", 1, 0.0),
+            error("j/u1/2", "j/u1", 2), error("j/u2/0", "j/u2", 0, with_tokens=False)]
+    step = step_records(rows)
+    assert step.rows == [0, 0, 1, 2, 3]  # the two-segment trajectory: two rows of row 0
+    outputs = [FakeAgentLoopOutput(**r) for r in step.records]
+    assert [o.reward_score for o in outputs] == [1.0, 1.0, 0.0, 0.5, 0.0]
+    # The excluded: no loss, the mean of their group's trained rewards (none: 0.0), so
+    # that a GRPO over the rows of a uid keeps the trained members' mean.
+    for o in outputs[3:]:
+        assert set(o.response_mask) <= {0} and o.extra_fields["treadle_excluded"]
+    assert [e.trajectory_id for e in step.exclusions] == ["j/u1/2", "j/u2/0"]
+    last = step_records(rows, segments="last")
+    assert last.rows == [0, 1, 2, 3]
+    assert last.records[0]["extra_fields"]["treadle_segment_index"] == 1
+    dropped = step_records(rows, drop_group_on_failure=True)
+    assert {r["extra_fields"]["treadle_excluded"] is not None for r in dropped.records} == {True}
+    assert [r["reward_score"] for r in dropped.records] == [0.0] * 5
+
+
 # -- SkyRL ---------------------------------------------------------------------------
 
 
@@ -133,13 +187,16 @@ def skyrl_validate(num_prompts: int, out: dict[str, Any], step_wise: bool) -> No
             assert last[i] == (keys[i] != keys[i + 1])
 
 
-# The keys of SkyRL's GeneratorOutput TypedDict, and the keys TRL's rollout_func must
-# return (it raises without them), as those trainers define them.
+# The keys of SkyRL's GeneratorOutput TypedDict in skyrl 0.3.0 (the release treadle[skyrl]
+# pins), plus rollout_sample_support, a later release's key (None here: its
+# validate_generator_output and merge_stepwise_output pass a None through); and the
+# keys TRL's rollout_func must return (it raises without them), as those trainers
+# define them. tests/trainers/test_trainers_skyrl.py checks the set against SkyRL's own.
 SKYRL_GENERATOR_OUTPUT_KEYS = {
     "prompt_token_ids", "response_ids", "rewards", "loss_masks", "stop_reasons",
     "rollout_metrics", "rollout_logprobs", "trajectory_ids", "trajectory_generation_times",
-    "trajectory_time_splits", "rollout_expert_indices", "is_last_step", "env_metrics",
-    "pixel_values", "image_grid_thw"}
+    "rollout_expert_indices", "is_last_step", "env_metrics", "pixel_values",
+    "image_grid_thw", "rollout_sample_support"}
 TRL_ROLLOUT_FUNC_KEYS = {"prompt_ids", "completion_ids", "logprobs"}
 
 
@@ -179,7 +236,8 @@ def test_skyrl_step_wise_output_validates_and_broadcasts_our_advantages() -> Non
     assert out.data["trajectory_ids"][0] == SkyRLTrajectoryID("a", 0)
     assert out.data["trajectory_ids"][0].to_string() == "a_0"
     assert out.data["trajectory_generation_times"] == [2.5] * 8
-    assert out.data["trajectory_time_splits"] == {"llm": [1.5] * 8, "env": [0.25] * 8}
+    assert out.data["rollout_sample_support"] is None
+    assert out.data["rollout_metrics"]["treadle/mean_llm_s"] == 1.5
     assert out.data["rollout_metrics"]["treadle/num_infra_failures"] == 1.0
     assert [e.trajectory_id for e in out.exclusions] == ["a3"]
 
@@ -196,6 +254,23 @@ def test_skyrl_plain_mode_is_one_row_per_prompt() -> None:
         to_skyrl([traj("a0", "a", 0, 1.0, segments=2)])
     with pytest.raises(ConversionError, match="no trajectory to train"):
         to_skyrl([error("a0", "a", 0)], step_wise=True)
+
+
+def test_skyrl_rows_carry_the_ids_skyrl_sent() -> None:
+    # SkyRL groups rows by trajectory_ids[i].instance_id: its uid, not treadle's group id.
+    batch = [traj("j/q7/0", "j/q7", 0, 1.0, segments=2), traj("j/q7/1", "j/q7", 1, 0.0),
+             error("j/q7/2", "j/q7", 2)]
+    sent = {"j/q7/0": SkyRLTrajectoryID("7", 1), "j/q7/1": SkyRLTrajectoryID("7", 0),
+            "j/q7/2": SkyRLTrajectoryID("7", 2)}
+    out = to_skyrl(batch, step_wise=True, trajectory_ids=sent)
+    skyrl_validate(len(batch), out.data, step_wise=True)
+    assert [t is sent[tid] for t, tid in zip(out.data["trajectory_ids"],
+                                             ["j/q7/0", "j/q7/0", "j/q7/1"],
+                                             strict=True)] == [True] * 3
+    with pytest.raises(ConversionError, match="no SkyRL trajectory id"):
+        to_skyrl(batch[:2], trajectory_ids={"j/q7/0": sent["j/q7/0"]}, step_wise=True)
+    # One that is left out needs none.
+    to_skyrl(batch, step_wise=True, trajectory_ids={k: sent[k] for k in ("j/q7/0", "j/q7/1")})
 
 
 def test_skyrl_stop_reasons() -> None:

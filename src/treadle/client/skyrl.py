@@ -1,9 +1,15 @@
-"""SkyRL: a `GeneratorOutput` dict (skyrl/train/generators/base.py).
+"""SkyRL: a `GeneratorOutput` dict (skyrl/train/generators/base.py, skyrl==0.3.0).
 
-    out = to_skyrl(trajectories, step_wise=True, trajectory_id_type=TrajectoryID)
+    out = to_skyrl(trajectories, step_wise=True, trajectory_ids=ids_skyrl_sent)
     return out.data            # from a custom GeneratorInterface.generate
 
-Keys, one entry per row (a row is one segment):
+`treadle.client.skyrl_generator.TreadleGenerator` is such a generator, ready made: it
+runs each batch SkyRL asks for as one treadle job and calls this. This module does
+not import SkyRL.
+
+Keys, one entry per row (a row is one segment): every key of SkyRL 0.3.0's
+GeneratorOutput TypedDict, and ``rollout_sample_support``, a key of later SkyRL
+releases that 0.3.0 lacks:
 
     prompt_token_ids     list[list[int]]
     response_ids         list[list[int]]
@@ -12,19 +18,32 @@ Keys, one entry per row (a row is one segment):
     stop_reasons         list[str]         "stop" (completed), "length" (truncated),
                                            else the status: "max_turns", "timeout"
     rollout_logprobs     list[list[float]]
-    trajectory_ids       list[TrajectoryID]  instance_id = group id (SkyRL's GRPO uid),
-                                           repetition_id = repetition
+    trajectory_ids       list[TrajectoryID]  the id SkyRL gave the sample (its uid and
+                                           repetition) when `trajectory_ids` maps it,
+                                           else instance_id = group id, repetition_id
+                                           = repetition
     is_last_step         list[bool] | None   step-wise mode only
     rollout_metrics      dict              treadle/* means and counts for the batch
+                                           (treadle/mean_llm_s and mean_tool_s: the
+                                           engine and tool time)
     trajectory_generation_times  list[float] | None   finished_at - started_at per
                                            row; None unless every row has both
-    trajectory_time_splits       {"llm": [...], "env": [...]}  seconds per row
     env_metrics          list[dict]        the reward parts, `Trajectory.metrics`
     rollout_expert_indices, pixel_values, image_grid_thw   None
+    rollout_sample_support   None          treadle records no sampler top-k support
 
-`trajectory_id_type` builds the ids; pass SkyRL's own ``TrajectoryID`` (the default
-is a look-alike with the same fields and ``to_string``, as treadle does not import
-SkyRL).
+No ``trajectory_time_splits``: SkyRL 0.3.0 declares none, and its step-wise merging
+(`merge_stepwise_output`, generator.merge_stepwise_output=true) indexes every key
+that is not None row by row, which a dict of lists fails (KeyError). Validation
+(`validate_generator_output`) ignores keys it does not check, so the extra None is
+harmless there.
+
+Whose ids. SkyRL groups rows for GRPO by ``trajectory_ids[i].instance_id``, which must
+be the uid it put in its GeneratorInput; pass `trajectory_ids` (treadle trajectory id
+-> the TrajectoryID SkyRL sent for that sample) and every row carries SkyRL's own
+object. Without it the ids are built with `trajectory_id_type` from treadle's group
+id and repetition: pass SkyRL's own ``TrajectoryID`` (the default is a look-alike with
+the same fields and ``to_string``).
 
 Which mode. Without step-wise training (``step_wise=False``) SkyRL wants exactly one
 row per input prompt, in input order, and takes its GRPO groups from the input
@@ -39,7 +58,7 @@ kept as a row here (there is no ``drop_failed=False``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,8 +90,13 @@ def stop_reason(status: TrajectoryStatus) -> str:
 def to_skyrl(trajectories: Sequence[Trajectory], *, step_wise: bool = False,
              drop_group_on_failure: bool = False,
              trajectory_id_type: Callable[[str, int], Any] = SkyRLTrajectoryID,
+             trajectory_ids: Mapping[str, Any] | None = None,
              ) -> Converted[dict[str, Any]]:
-    """A GeneratorOutput for `trajectories` (input order). See the module docstring."""
+    """A GeneratorOutput for `trajectories` (input order). See the module docstring.
+
+    `trajectory_ids` maps treadle trajectory ids to the ids SkyRL gave those samples;
+    when given, a trajectory that trains and is missing from it is a ConversionError
+    (its row would fall into a GRPO group SkyRL does not know)."""
     batch = training_sequences(trajectories, drop_failed=True,
                                drop_group_on_failure=drop_group_on_failure)
     rows = batch.sequences
@@ -91,6 +115,15 @@ def to_skyrl(trajectories: Sequence[Trajectory], *, step_wise: bool = False,
             raise ConversionError(
                 f"trajectory {multi[0]!r} has several segments: SkyRL without step-wise "
                 f"training takes one row per prompt; use step_wise=True")
+    if trajectory_ids is not None:
+        unknown = sorted({s.trajectory_id for s in rows} - trajectory_ids.keys())
+        if unknown:
+            raise ConversionError(f"{len(unknown)} trajectories have no SkyRL trajectory id "
+                                  f"({', '.join(unknown[:5])}, ...): trajectory_ids must map "
+                                  f"every trajectory that trains")
+        row_ids = [trajectory_ids[s.trajectory_id] for s in rows]
+    else:
+        row_ids = [trajectory_id_type(s.group_id, s.repetition) for s in rows]
     by_id = {t.trajectory_id: t for t in trajectories}
     trained = [by_id[s.trajectory_id] for s in rows]
     times = [None if t.timings.started_at is None or t.timings.finished_at is None
@@ -103,15 +136,14 @@ def to_skyrl(trajectories: Sequence[Trajectory], *, step_wise: bool = False,
         "stop_reasons": [stop_reason(s.status) for s in rows],
         "rollout_metrics": _rollout_metrics(trajectories, len(batch.exclusions)),
         "rollout_logprobs": [s.logprobs for s in rows],
-        "trajectory_ids": [trajectory_id_type(s.group_id, s.repetition) for s in rows],
+        "trajectory_ids": row_ids,
         "trajectory_generation_times": None if None in times else times,
-        "trajectory_time_splits": {"llm": [t.timings.llm_s for t in trained],
-                                   "env": [t.timings.tool_s for t in trained]},
         "rollout_expert_indices": None,
         "is_last_step": [s.is_last_segment for s in rows] if step_wise else None,
         "env_metrics": [dict(t.metrics) for t in trained],
         "pixel_values": None,
         "image_grid_thw": None,
+        "rollout_sample_support": None,
     }
     return Converted(data, batch.exclusions)
 

@@ -35,15 +35,22 @@ Excluded trajectories (see `treadle.client.samples`) are dropped by default. Wit
 ``reward_score`` None, for an agent loop that must return one output per sample;
 verl's reward manager scores a record whose ``reward_score`` is None, so filter on
 ``extra_fields["treadle_excluded"]`` before computing advantages.
+
+`plan_step`, `rows_in_order` and `step_records` are the pure part of
+`treadle.client.verl_manager.TreadleAgentLoopManager` (which needs verl): one verl
+step's prompts as one treadle job, and its trajectories back in the step's row order.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
 
-from treadle.client.samples import Converted, TrainingSequence, training_sequences
+from treadle.client.errors import ConversionError
+from treadle.client.samples import Converted, Exclusion, TrainingSequence, training_sequences
 from treadle.types import Trajectory
 
 
@@ -83,3 +90,123 @@ def _record(s: TrainingSequence, t: Trajectory, parts: list[str]) -> dict[str, A
             "treadle_excluded": s.excluded,
         },
     }
+
+
+# -- one verl step as one treadle job (verl_manager's pure part) -------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """A verl step's prompts as one job of suite tasks: one task per GRPO group (verl's
+    ``uid``), the record's ``id`` replaced by that uid, so the job's groups are the
+    step's prompts even where the dataset repeats a task; and for every input row the
+    (uid, repetition) that is its sample. `samples_per_task` is the largest group (a
+    validation batch padded to a divisor repeats its first rows: their groups take
+    more samples and the unused ones are left out)."""
+
+    tasks: list[dict[str, Any]]  # suite records, ids = uids, in first-row order
+    samples_per_task: int
+    slots: list[tuple[str, int]]  # per input row: (uid, repetition)
+
+
+def plan_step(uids: Sequence[str], records: Sequence[Mapping[str, Any] | str]) -> StepPlan:
+    """The job for rows with these `uids` and task `records` (the suite's JSONL record,
+    a dict or its JSON text; every row of a uid must carry the same one). ValueError
+    naming the row for a record that is not a JSON object or that differs within a
+    uid."""
+    if len(uids) != len(records):
+        raise ValueError(f"{len(uids)} uids for {len(records)} task records")
+    tasks: dict[str, dict[str, Any]] = {}
+    counts: dict[str, int] = {}
+    slots: list[tuple[str, int]] = []
+    for row, (uid, raw) in enumerate(zip(uids, records, strict=True)):
+        record = _record_of(raw, row)
+        uid = str(uid)
+        task = {**record, "id": uid}
+        if uid not in tasks:
+            tasks[uid] = task
+        elif tasks[uid] != task:
+            raise ValueError(f"row {row}: uid {uid!r} carries a task record other than its "
+                             f"first row's; the rows of one GRPO group sample one task")
+        slots.append((uid, counts.get(uid, 0)))
+        counts[uid] = counts.get(uid, 0) + 1
+    return StepPlan(list(tasks.values()), max(counts.values(), default=1), slots)
+
+
+def _record_of(raw: Mapping[str, Any] | str, row: int) -> dict[str, Any]:
+    # Parquet stores records of differing fields as structs padded with nulls, which a
+    # suite refuses (unknown or mistyped fields); JSON text keeps a record as written.
+    if isinstance(raw, str):
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"row {row}: the task record is not JSON: {e}") from None
+    else:
+        value = raw
+    if not isinstance(value, Mapping):
+        raise ValueError(f"row {row}: the task record must be a JSON object (the suite's "
+                         f"JSONL record), got {type(value).__name__}")
+    return dict(value)
+
+
+def rows_in_order(plan: StepPlan, job_id: str,
+                  trajectories: Sequence[Trajectory]) -> list[Trajectory]:
+    """The trajectory of every input row, in row order: the row's (uid, repetition) in
+    group ``{job_id}/{uid}``. Sub-agent trajectories (groups of their own) and samples
+    no row asked for are left out. ConversionError for a row without a trajectory."""
+    by_slot = {(t.key.group_id, t.key.repetition): t for t in trajectories}
+    out = []
+    for row, (uid, repetition) in enumerate(plan.slots):
+        t = by_slot.get((f"{job_id}/{uid}", repetition))
+        if t is None:
+            raise ConversionError(f"job {job_id!r} delivered no trajectory for row {row} "
+                                  f"(uid {uid!r}, repetition {repetition})")
+        out.append(t)
+    return out
+
+
+Segments = Literal["all", "last"]
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecords:
+    """A step's AgentLoopOutput-shaped records and the input row each belongs to."""
+
+    records: list[dict[str, Any]]  # as `to_verl`, excluded rows' reward filled in
+    rows: list[int]  # per record: its input row
+    exclusions: list[Exclusion]
+
+
+def step_records(rows: Sequence[Trajectory], *, segments: Segments = "all",
+                 drop_group_on_failure: bool = False) -> StepRecords:
+    """`to_verl` of the rows' trajectories (one per input row, in order): a record per
+    segment (``segments="all"``) or only each trajectory's last (``"last"``: exactly
+    one record per row), excluded trajectories kept as masked records.
+
+    verl's batch is positional, so an excluded trajectory cannot be dropped, and its
+    GRPO (mean over the rows of a uid) has no row mask: its reward (None from
+    `to_verl`) becomes the mean reward of its group's trained trajectories, which
+    leaves the group's mean as it is (0.0 when none trained). Its loss mask is 0, so
+    it trains nothing; ``extra_fields["treadle_excluded"]`` says why.
+    """
+    out = to_verl(rows, drop_failed=False, drop_group_on_failure=drop_group_on_failure)
+    row_of = {t.trajectory_id: i for i, t in enumerate(rows)}
+    excluded = {e.trajectory_id for e in out.exclusions}
+    trained: dict[str, list[float]] = {}
+    for t in rows:
+        if t.trajectory_id not in excluded and t.reward is not None:
+            trained.setdefault(t.key.group_id, []).append(t.reward)
+    group_of = {t.trajectory_id: t.key.group_id for t in rows}
+    records, where = [], []
+    for record in out.data:
+        extra = record["extra_fields"]
+        if segments == "last" and extra["treadle_segment_index"] != \
+                extra["treadle_num_segments"] - 1:
+            continue
+        trajectory_id = extra["treadle_trajectory_id"]
+        if record["reward_score"] is None:
+            scores = trained.get(group_of[trajectory_id], [])
+            record = {**record, "reward_score": sum(scores) / len(scores) if scores else 0.0}
+        records.append(record)
+        where.append(row_of[trajectory_id])
+    return StepRecords(records, where, out.exclusions)
