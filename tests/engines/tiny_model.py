@@ -4,14 +4,17 @@ Run with the python of `.venv-vllm` (it has torch, transformers, tokenizers):
 
     .venv-vllm/bin/python tests/engines/tiny_model.py OUT_DIR
 
-Writes `config.json`, safetensors weights and a fast tokenizer with a chat template
-to OUT_DIR, which vLLM serves. Deterministic: the corpus, the BPE merges and the
-weights depend only on the seed. Random weights: the text is gibberish, but token
-ids, logprobs and finish reasons are real engine output. A few seconds on 2 cores.
+Writes `config.json`, safetensors weights and a tokenizer (`tokenizer.json`, a
+`tokenizer_config.json` like `treadle.train.model.tokenizer_config`'s, a chat
+template) to OUT_DIR, which vLLM serves. Deterministic: the corpus, the BPE merges
+and the weights depend only on the seed. Random weights: the text is gibberish, but
+token ids, logprobs and finish reasons are real engine output. A few seconds on 2
+cores.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import sys
 from pathlib import Path
@@ -21,6 +24,17 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+# What `treadle.train.model.tokenizer_config` writes (this script runs in .venv-vllm,
+# which lacks treadle); its docstring says why: without `trust_remote_code`,
+# transformers 5.x loads a qwen2 checkpoint's tokenizer as a Qwen2Tokenizer rebuilt
+# with Qwen's own pre-tokenizer and normalizer, which encodes differently from
+# tokenizer.json (what treadle encodes prompts with).
+TOKENIZER_CONFIG = {
+    "tokenizer_class": "PreTrainedTokenizerFast", "trust_remote_code": True,
+    "bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+    "unk_token": None, "additional_special_tokens": ["<|im_start|>", "<|im_end|>"],
+    "clean_up_tokenization_spaces": False,
+}
 WORDS = ["the", "agent", "tool", "call", "returns", "a", "result", "model", "token", "reward",
          "rollout", "step", "sandbox", "runs", "tests", "and", "then", "writes", "code", "file",
          "search", "query", "answer", "is", "not", "ok", "error", "retry", "done", "math"]
@@ -37,7 +51,7 @@ def build(out: Path, *, seed: int = 0, vocab_size: int = 512) -> Path:
     rejects head_dim 16: "Unsupported CPU attention configuration")."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     out.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(models.BPE())
@@ -47,10 +61,9 @@ def build(out: Path, *, seed: int = 0, vocab_size: int = 512) -> Path:
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
     tok.train_from_iterator(corpus(seed), trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
-                                   pad_token="<|endoftext|>", bos_token=None)
-    fast.chat_template = CHAT_TEMPLATE
-    fast.save_pretrained(out)
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps(TOKENIZER_CONFIG, indent=2) + "\n")
+    (out / "chat_template.jinja").write_text(CHAT_TEMPLATE)
 
     torch.manual_seed(seed)
     config = Qwen2Config(

@@ -18,6 +18,7 @@ from service_helpers import running_service
 from agent.agent_helpers import build_tokenizer
 from engines.engines_fakes import FakeVLLMServer
 from treadle.agent.chat import HFTokenizer
+from treadle.agent.fingerprint import tokenizer_fingerprint
 from treadle.client import RolloutClient
 from treadle.service.schemas import EngineRequest
 from treadle.service.state import ServiceConfig
@@ -303,3 +304,15 @@ def test_a_restart_fails_the_open_sessions_and_keeps_the_untaken_ones(tmp_path: 
     assert got["r1/0/0"].status is TrajectoryStatus.ERROR
     assert got["r1/0/0"].failure_stage is FailureStage.RUNTIME
     assert got["r1/0/1"].reward == 1.0
+
+
+def test_sessions_jobs_and_health_name_the_served_tokenizer(gateway: Gateway) -> None:
+    # A trainer tokenizing on its own side compares this with its tokenizer's.
+    expected = tokenizer_fingerprint(gateway.tok)
+    info, _ = gateway.session()
+    assert info["tokenizer_fingerprint"] == expected
+    view = gateway.http.get(f"/v1/sessions/{info['session_id']}").json()
+    assert view["tokenizer_fingerprint"] == expected
+    with RolloutClient(gateway.url, token=TOKEN) as client:
+        assert client.job(info["job_id"]).tokenizer_fingerprint == expected
+        assert client.health().tokenizer_fingerprint == expected

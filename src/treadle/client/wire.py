@@ -73,6 +73,7 @@ class JobState:
     max_policy_version: int | None = None
     trainer_run: str | None = None
     trainer_metrics: dict[str, float] = field(default_factory=dict)  # its trainer's reports
+    tokenizer_fingerprint: str | None = None  # the served model's tokenizer's
 
     @property
     def terminal(self) -> bool:
@@ -115,6 +116,7 @@ class Health:
     status: str  # "ok"
     engines: int  # engines in the pool
     policy_version: int
+    tokenizer_fingerprint: str | None = None  # the served model's tokenizer's
 
 
 def read_view(cls: type[_V], value: Any, what: str) -> _V:

@@ -33,6 +33,7 @@ import uuid
 from collections.abc import Mapping
 
 from treadle.agent.chat import Tokenizer
+from treadle.agent.fingerprint import tokenizer_fingerprint
 from treadle.agent.loop import Sampling
 from treadle.clock import MONOTONIC, Clock
 from treadle.envs.base import open_episode
@@ -72,6 +73,9 @@ class Gateway:
                  harnesses: Mapping[str, Harness] | None = None, url: str | None = None,
                  token: str | None = None, frozen: Runtime | None = None) -> None:
         self.store = store
+        # What trainers compare their tokenizer with (`agent.fingerprint`).
+        self.tokenizer_fingerprint = (None if tokenizer is None
+                                      else tokenizer_fingerprint(tokenizer))
         self.frozen = frozen  # the frozen pool's runtime (None: the service has none)
         self.rollouts = rollouts
         self.default_format = default_format  # the served model's chat format
@@ -142,6 +146,7 @@ class Gateway:
         self._jobs[planned.trajectory_id] = job_id
         return SessionCreated(session_id=session_id, job_id=job_id,
                               trajectory_id=planned.trajectory_id,
+                              tokenizer_fingerprint=self.tokenizer_fingerprint,
                               base_url=f"{base_url.rstrip('/')}/v1/sessions/{session_id}"
                                        "/openai/v1")
 
@@ -177,10 +182,15 @@ class Gateway:
             reason = "ended by its owner"
         await sessions.end(session_id, status=status, reason=reason, reward=request.reward,
                            rewards=request.rewards, metadata=request.metadata, stage=stage)
-        return view(session)
+        return self.viewed(session)
 
     def view(self, session_id: str) -> SessionView:
-        return view(self._open().get(session_id))
+        return self.viewed(self._open().get(session_id))
+
+    def viewed(self, session: Session) -> SessionView:
+        """`view` with the service's tokenizer fingerprint."""
+        return view(session).model_copy(
+            update={"tokenizer_fingerprint": self.tokenizer_fingerprint})
 
     def session(self, session_id: str) -> Session:
         return self._open().get(session_id)

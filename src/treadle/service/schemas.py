@@ -304,6 +304,7 @@ class SessionCreated(BaseModel):
     base_url: str  # the harness's OpenAI base URL
     job_id: str  # whose stream delivers its trajectory
     trajectory_id: str
+    tokenizer_fingerprint: str | None = None  # the served model's tokenizer's
 
 
 class SessionEndRequest(_Strict):
@@ -332,6 +333,7 @@ class SessionView(BaseModel):
     reward: float | None
     children: list[str]  # sub-agent sessions' trajectory ids
     engine_pool: str  # policy | frozen: the engines that serve its calls
+    tokenizer_fingerprint: str | None = None  # the served model's tokenizer's
 
 
 class RolloutRequest(_Strict):
@@ -373,6 +375,9 @@ class JobView(BaseModel):
     min_policy_version: int = 0
     max_policy_version: int | None = None
     trainer_run: str | None = None
+    # The served model's tokenizer (`agent.fingerprint`): a trainer that tokenizes on
+    # its own side compares its tokenizer's with it (None: the service has none).
+    tokenizer_fingerprint: str | None = None
     # What its trainer reported (POST /v1/jobs/{id}/metrics), latest value per name:
     # e.g. logprob_gap_max, the largest |trainer − engine| logprob on its tokens.
     trainer_metrics: dict[str, float] = Field(default_factory=dict)

@@ -105,6 +105,8 @@ class Service:
         self.config = config
         self.runtime = runtime
         self.frozen = frozen  # the frozen pool's runtime (ServiceConfig.frozen_engines)
+        # The served model's tokenizer (None without one), shown in job and session views.
+        self.tokenizer_fingerprint = gateway.tokenizer_fingerprint
         self.store = store
         self.rollouts = rollouts
         self.gateway = gateway

@@ -436,7 +436,8 @@ def copy_tokenizer(checkpoint: Path, out: Path) -> None:
     """The tokenizer files (and generation config) of `checkpoint`, copied to `out`."""
     for f in checkpoint.iterdir():
         if f.name.startswith("tokenizer") or f.name in ("special_tokens_map.json",
-                                                        "generation_config.json"):
+                                                        "generation_config.json",
+                                                        "chat_template.jinja"):
             shutil.copy2(f, out / f.name)
 
 

@@ -23,9 +23,11 @@ transcripts near 0.5 s on 2 cores (docs/training.md has the measurements).
 
 A checkpoint directory holds `config.json`, `model.safetensors`,
 `generation_config.json` (eos ``<|im_end|>``), `tokenizer.json`,
-`tokenizer_config.json` (eos ``<|im_end|>``, pad ``<|endoftext|>``) and a chat
-template that renders conversations exactly as `HermesFormat` does. Both
-`treadle.agent.chat.HFTokenizer(dir)` and vLLM load it.
+`tokenizer_config.json` (eos ``<|im_end|>``, pad ``<|endoftext|>``; see
+`tokenizer_config`) and `chat_template.jinja`, a chat template that renders
+conversations exactly as `HermesFormat` does. `treadle.agent.chat.HFTokenizer(dir)`,
+`transformers.AutoTokenizer.from_pretrained(dir)` and vLLM all load it to the same
+encoding (`save_tokenizer` checks the installed transformers does).
 """
 
 from __future__ import annotations
@@ -159,20 +161,74 @@ def build_model(config: ModelConfig, vocab_size: int, seed: int) -> Qwen2ForCaus
 
 def save_checkpoint(model: Qwen2ForCausalLM, tokenizer: Tokenizer, out: str | Path) -> Path:
     """Write the model and the tokenizer (with eos, pad and chat template) to `out`."""
-    from transformers import PreTrainedTokenizerFast
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model.generation_config.eos_token_id = IM_END_ID
     model.generation_config.pad_token_id = PAD_ID
-    model.save_pretrained(out)
-    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
-        tokenizer_object=tokenizer, eos_token=SPECIAL_TOKENS[IM_END_ID],
-                                   pad_token=SPECIAL_TOKENS[PAD_ID], bos_token=None,
-                                   model_max_length=model.config.max_position_embeddings)
-    fast.chat_template = CHAT_TEMPLATE
-    fast.save_pretrained(out)
+    model.save_pretrained(out)  # first: AutoTokenizer reads config.json (save_tokenizer checks)
+    save_tokenizer(tokenizer, out, model.config.max_position_embeddings)
     return out
+
+
+def tokenizer_config(model_max_length: int) -> dict[str, Any]:
+    """The `tokenizer_config.json` of a checkpoint: transformers' view of the tokenizer.
+
+    Written here rather than by `PreTrainedTokenizerFast.save_pretrained`, because what
+    that writes loads as a *different* tokenizer: transformers 5.x maps model_type
+    ``qwen2`` to `Qwen2Tokenizer` whatever class this file names (qwen2 is in
+    `MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS`), and `Qwen2Tokenizer.__init__` rebuilds
+    the pipeline from the vocabulary and merges alone, with Qwen's regex word split
+    and an NFC normalizer in place of ours (no split, digits apart): a math question
+    became 24 tokens instead of 14. Checked: 4.57, 5.8, 5.10, 5.19 and 5.24 load it as
+    written (`save_tokenizer` checks the installed one)."""
+    return {
+        # 4.x: the generic fast class, which loads tokenizer.json as written (5.x writes
+        # "TokenizersBackend", a name 4.x does not have, so its checkpoints fail there).
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        # 5.x: `TokenizersBackend.convert_to_native_format` keeps tokenizer.json as written
+        # (instead of handing only vocab/merges to Qwen2Tokenizer) when it is called with
+        # trust_remote_code, and `_from_pretrained` calls it with this file's keys. No code
+        # is trusted or run by it: there is no `auto_map`, so there is none to run.
+        "trust_remote_code": True,
+        "bos_token": None,  # Qwen2 chat models prepend nothing
+        "eos_token": IM_END,
+        "pad_token": SPECIAL_TOKENS[PAD_ID],
+        "unk_token": None,  # byte-level: every text encodes, nothing is unknown
+        # As Qwen's own tokenizers list them, so all three count as special tokens (e.g.
+        # `all_special_ids`) on the Hugging Face side; the name 4.x and 5.x both read.
+        "additional_special_tokens": [IM_START, IM_END],
+        "clean_up_tokenization_spaces": False,  # decode exactly as tokenizers does
+        "model_max_length": model_max_length,
+    }
+
+
+def save_tokenizer(tokenizer: Tokenizer, out: str | Path, model_max_length: int) -> None:
+    """Write `tokenizer.json` (`tokenizer` exactly), `tokenizer_config.json`
+    (`tokenizer_config`) and `chat_template.jinja` (`CHAT_TEMPLATE`) to `out`, which
+    must already hold the model's `config.json`. Then load it back with
+    `AutoTokenizer`: RuntimeError if the installed transformers would not encode as
+    `tokenizer` does, or names other special tokens (the files stay, for a look)."""
+    from transformers import AutoTokenizer
+
+    from treadle.agent.fingerprint import section_digests, tokenizer_fingerprint
+
+    out = Path(out)
+    tokenizer.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(tokenizer_config(model_max_length), indent=2) + "\n", encoding="utf-8")
+    (out / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
+    hf = AutoTokenizer.from_pretrained(str(out))
+    if tokenizer_fingerprint(hf) != tokenizer_fingerprint(tokenizer):
+        ours, theirs = section_digests(tokenizer), section_digests(hf)
+        differ = [name for name in ours if ours[name] != theirs[name]]
+        raise RuntimeError(f"transformers loads {out} as a {type(hf).__name__} that encodes "
+                           f"differently from tokenizer.json ({', '.join(differ)} differ); "
+                           "see treadle.train.model.tokenizer_config")
+    specials = (hf.pad_token_id, hf.convert_tokens_to_ids(IM_START), hf.eos_token_id)
+    if specials != (PAD_ID, IM_START_ID, IM_END_ID) or hf.bos_token_id is not None:
+        raise RuntimeError(f"transformers loads {out} with pad/im_start/eos ids {specials} "
+                           f"and bos {hf.bos_token_id}, not {(PAD_ID, IM_START_ID, IM_END_ID)}"
+                           " and None")
 
 
 def load_model(path: str | Path) -> Qwen2ForCausalLM:

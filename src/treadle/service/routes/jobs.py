@@ -27,8 +27,9 @@ async def submit(request: JobRequest, service: ServiceDep) -> JobCreated:
 async def job(job_id: str, service: ServiceDep) -> JobView:
     info, running, queued = await service.rollouts.job(job_id)
     window, metrics = await service.rollouts.job_policy(job_id)
-    return job_view(info, running, queued).model_copy(update={**window,
-                                                            "trainer_metrics": metrics})
+    return job_view(info, running, queued).model_copy(update={
+        **window, "trainer_metrics": metrics,
+        "tokenizer_fingerprint": service.tokenizer_fingerprint})
 
 
 @router.post("/{job_id}/metrics", responses=documented(404, 422))

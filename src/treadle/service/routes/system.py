@@ -19,6 +19,7 @@ router = APIRouter(tags=["service"])
 async def healthz(service: ServiceDep) -> dict[str, Any]:
     return {"status": "ok", "engines": len(service.runtime.engines()),
             "policy_version": service.runtime.policy_version,
+            "tokenizer_fingerprint": service.tokenizer_fingerprint,
             "restart_s": service.restart_s}
 
 
