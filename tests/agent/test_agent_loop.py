@@ -279,3 +279,19 @@ def test_a_seeded_sampling_gives_each_turn_a_seed_of_its_task_sample_and_index(
     assert again.samplings == runner.samplings
     _traj, unseeded = play(tok, replies)
     assert [s.seed for s in unseeded.samplings] == [None, None]
+
+
+class BadPromptSuite(EchoSuite):
+    """A task whose prompt the chat format cannot render: a role it has no turn for."""
+
+    def tasks(self, n: int | None = None, seed: int = 0) -> list[Task]:
+        return [Task("q1", [{"role": "critic", "content": "Say 42."}], suite=self.name,
+                     metadata={"answer": "42"})]
+
+
+def test_a_prompt_that_cannot_be_rendered_is_an_init_failure_not_a_crash(
+        tok: HFTokenizer) -> None:
+    traj, runner = play(tok, [], suite=BadPromptSuite())
+    assert traj.status is TrajectoryStatus.ERROR and traj.failure_stage is FailureStage.INIT
+    assert "prompt message 0" in (traj.reason or "") and traj.reward is None
+    assert runner.events == [("ended", traj.reason)] and not traj.turns

@@ -245,7 +245,17 @@ async def run_agent(episode: Episode, tokenizer: Tokenizer, runner: TurnRunner, 
     deadline = None if limits.deadline_s is None else start + limits.deadline_s
     stop_ids = [tokenizer.token_id(IM_END)]
     prompt = _with_observation(task.prompt, episode.initial_observation)
-    prompt_ids = tokenizer.encode(fmt.prompt_text(prompt, episode.tool_specs))
+    try:
+        prompt_ids = tokenizer.encode(fmt.prompt_text(prompt, episode.tool_specs))
+    except ValueError as e:
+        # A task whose prompt the chat format cannot render (an unknown role, a
+        # system message mid-conversation) is a failure of the task's setup, not of
+        # the policy: excluded, and attributed.
+        traj.status, traj.failure_stage = TrajectoryStatus.ERROR, FailureStage.INIT
+        traj.reason = f"init: the task's prompt cannot be rendered: {e}"
+        runner.ended(traj.reason)
+        traj.timings.finished_at = clock.now()
+        return traj
     state = _State(traj, TokenSegment(prompt_ids=prompt_ids), list(prompt_ids))
     traj.prompt_tokens = len(prompt_ids)
     traj.segments.append(state.segment)
