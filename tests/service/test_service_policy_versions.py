@@ -113,3 +113,30 @@ def test_a_trainers_reports_are_kept_in_the_jobs_view(client: RolloutClient) -> 
     with pytest.raises(ServiceError) as inverted:
         client.submit(tasks=TASKS, min_policy_version=3, max_policy_version=2)
     assert inverted.value.status == 422
+
+
+def test_a_windowed_job_starts_nothing_while_weights_change(client: RolloutClient) -> None:
+    # Started during the pause, a trajectory would sample on whatever comes next.
+    _push(client, 5, "run-a")
+    client.pause()
+    job = client.submit(tasks=TASKS, min_policy_version=5, max_policy_version=5,
+                        trainer_run="run-a")
+    view = client.job(job.job_id)
+    assert (view.running, view.queued) == (0, 4)
+    client.resume(6, trainer_run="run-a")  # the update went past the job's version
+    trajs = [d.trajectory for d in client.trajectories(job.job_id)]
+    assert {t.status for t in trajs} == {TrajectoryStatus.ERROR} and not any(
+        t.turns for t in trajs)
+
+
+def test_a_job_below_its_window_again_waits_again(client: RolloutClient) -> None:
+    # run-b restarts at version 0 while run-a's version-5 job waits for a slot: it
+    # must not start on run-b's weights, nor below its version.
+    _push(client, 5, "run-a")
+    client.pause()
+    job = client.submit(tasks=TASKS, min_policy_version=5)  # no run named: any run's
+    client.resume(0, trainer_run="run-b")
+    assert client.job(job.job_id).queued == 4
+    _push(client, 5, "run-b")
+    assert {d.trajectory.status for d in client.trajectories(job.job_id)} == {
+        TrajectoryStatus.COMPLETED}

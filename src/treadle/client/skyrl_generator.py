@@ -117,9 +117,11 @@ class BatchPlan:
     records: list[dict[str, Any]]  # one task record per uid, "id" = the uid
     samples: int  # rows per uid: the job's samples_per_task
 
-    def row_of(self, t: Trajectory) -> int | None:
-        """The input row a trajectory of this plan answers (None: not of this plan)."""
-        rows = self.rows.get(t.task_id)
+    def row_of(self, t: Trajectory, job_id: str) -> int | None:
+        """The input row a trajectory of this plan answers (None: not of this plan —
+        a harness's sub-agent, whose group is `<group>/sub`, answers none)."""
+        uid = t.key.group_id.removeprefix(f"{job_id}/")
+        rows = self.rows.get(uid) if t.key.group_id == f"{job_id}/{uid}" else None
         if rows is None or not 0 <= t.key.repetition < len(rows):
             return None
         return rows[t.key.repetition]
@@ -246,13 +248,19 @@ class TreadleGenerator(GeneratorInterface):  # type: ignore[misc, unused-ignore]
                trajectories: Sequence[Trajectory]) -> GeneratorOutput:
         """The GeneratorOutput of the job's `trajectories` (see the module docstring, 4)."""
         row: dict[str, int] = {}
+        planned = []
         for t in trajectories:
-            i = plan.row_of(t)
+            i = plan.row_of(t, job_id)
             if i is None:
+                if t.parent_id is not None:
+                    continue  # a sub-agent: its parent's row carries the sample
                 raise ServiceProtocolError(
-                    f"job {job_id}: trajectory {t.trajectory_id!r} (task {t.task_id!r}, "
-                    f"repetition {t.key.repetition}) is none the job planned")
+                    f"job {job_id}: trajectory {t.trajectory_id!r} (group "
+                    f"{t.key.group_id!r}, repetition {t.key.repetition}) is none the job "
+                    "planned")
             row[t.trajectory_id] = i
+            planned.append(t)
+        trajectories = planned
         n = len(input_batch["prompts"])
         if not self.step_wise and len(row) < n:
             missing = sorted(set(range(n)) - set(row.values()))

@@ -39,7 +39,7 @@ main one only — not built here).
 
 from __future__ import annotations
 
-import json
+import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -52,12 +52,14 @@ from treadle.client.http import RolloutClient
 from treadle.client.samples import in_group_order
 from treadle.client.trl import to_trl
 from treadle.client.wire import suite_tasks
+from treadle.errors import TreadleError
 
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, TrainerControl, TrainerState, TrainingArguments
 
 Record = dict[str, Any]
+log = logging.getLogger(__name__)
 
 
 def question(record: Record) -> str:
@@ -85,13 +87,17 @@ class TreadleRollouts:
         self.check_gap = check_gap  # recompute logprobs and measure the gap
         self.last_job: str | None = None  # the latest call's job id
         self.last_gap: tuple[float, float] | None = None  # its (max, mean) |gap|
+        # The job's group ids are `{job}/{id}`: the records' own ids when each has a
+        # distinct one, else one per prompt.
+        ids = [r.get("id") for r in records]
+        own = None not in ids and len(set(map(str, ids))) == len(ids)
         self._records: dict[str, Record] = {}
-        for record in records:
+        for i, record in enumerate(records):
             text = prompt(record)
             if text in self._records:
                 raise ValueError(f"two task records have the prompt {text[:80]!r}: TRL "
                                  "hands rollout_func prompts only, so each must be unique")
-            self._records[text] = record
+            self._records[text] = {**record, "id": str(record["id"]) if own else f"p{i}"}
 
     def rows(self) -> list[dict[str, str]]:
         """The training dataset: one ``{"prompt": ...}`` row per task record."""
@@ -118,12 +124,17 @@ class TreadleRollouts:
         if self.check_gap:
             self.last_gap = logprob_gap(trainer.model, rows)
             gap_max, gap_mean = self.last_gap
+            mode = "train" if trainer.model.training else "eval"
             metrics = getattr(trainer, "_metrics", None)  # TRL's per-mode metric lists
-            if isinstance(metrics, dict) and "train" in metrics:
-                metrics["train"]["treadle/logprob_gap_max"].append(gap_max)
-                metrics["train"]["treadle/logprob_gap_mean"].append(gap_mean)
-            self.client.report(job.job_id, {"logprob_gap_max": gap_max,
-                                            "logprob_gap_mean": gap_mean})
+            if isinstance(metrics, dict) and mode in metrics:
+                metrics[mode]["treadle/logprob_gap_max"].append(gap_max)
+                metrics[mode]["treadle/logprob_gap_mean"].append(gap_mean)
+            try:
+                self.client.report(job.job_id, {"logprob_gap_max": gap_max,
+                                                "logprob_gap_mean": gap_mean})
+            except TreadleError:  # the step's data is good; the report is a record of it
+                log.warning("could not report the logprob gap of job %s", job.job_id,
+                            exc_info=True)
         return rows
 
     def _blocks(self, prompts: list[Any]) -> list[str]:
@@ -161,11 +172,12 @@ class TreadleRollouts:
 
 
 def _key(prompt: Any) -> str:
-    """A prompt as the map's key: text as is, a message list as its content (TRL's
-    conversational datasets; rows() makes text ones)."""
-    if isinstance(prompt, str):
-        return prompt
-    return json.dumps(prompt, sort_keys=True)
+    """A prompt as the map's key. Text only: rows() makes text prompts, and TRL
+    passes the dataset's prompts through unchanged."""
+    if not isinstance(prompt, str):
+        raise ConversionError(f"a {type(prompt).__name__} prompt: TreadleRollouts trains "
+                              "on its rows(), whose prompts are text")
+    return prompt
 
 
 def logprob_gap(model: PreTrainedModel, rows: Mapping[str, list[Any]]) -> tuple[float, float]:
@@ -213,7 +225,7 @@ class TreadleWeightSync(TrainerCallback):
         self.client = client
         self.directory = Path(directory)  # where each version is saved (engines read it)
         self.trainer_run = trainer_run
-        self.keep = keep  # versions kept on disk (older ones are removed)
+        self.keep = max(1, keep)  # versions kept on disk (older ones are removed)
         self.pushed: list[int] = []  # the versions pushed so far
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState,
@@ -232,7 +244,8 @@ class TreadleWeightSync(TrainerCallback):
                                f"service serves {served.policy_version} of "
                                f"{served.trainer_run!r}")
         self.pushed.append(version)
-        for old in self.pushed[:-self.keep]:
+        on_disk = sorted(set(self.pushed))
+        for old in on_disk[:-self.keep]:
             _remove(self.directory / f"v{old}")
 
 

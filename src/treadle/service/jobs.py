@@ -56,6 +56,7 @@ from treadle.runtime.driver import Runtime
 from treadle.runtime.rollout import replay_task, run_task
 from treadle.sandbox.base import SandboxBackend
 from treadle.sandbox.pool import SandboxPool
+from treadle.service.errors import RequestRefused
 from treadle.service.metrics import Metrics
 from treadle.service.planning import Planner, Work, planned_sessions
 from treadle.service.schemas import (
@@ -75,6 +76,7 @@ from treadle.workloads import TrajectorySpec
 log = logging.getLogger(__name__)
 POLICY_WINDOW = "policy_window"  # the event kind of a job's window (when not the default)
 TRAINER_METRICS = "trainer_metrics"  # the event kind of a trainer's reports
+MAX_TRAINER_METRICS = 256  # names a job keeps (each GET of the job merges them)
 
 
 @dataclass(slots=True)
@@ -233,7 +235,12 @@ class Rollouts:
         return merged[POLICY_WINDOW], merged[TRAINER_METRICS]
 
     async def report(self, job_id: str, metrics: dict[str, float]) -> None:
-        """Keep numbers a trainer measured on the job's data (latest per name)."""
+        """Keep numbers a trainer measured on the job's data (latest per name);
+        RequestRefused past `MAX_TRAINER_METRICS` names a job."""
+        _, known = await self.job_policy(job_id)
+        if len(known.keys() | metrics.keys()) > MAX_TRAINER_METRICS:
+            raise RequestRefused(f"metrics: a job keeps at most {MAX_TRAINER_METRICS} "
+                                 "names; report fewer")
         await self.store.add_event(job_id, TRAINER_METRICS, metrics)
 
     async def results(self, job_id: str, after: int = 0, *, follow: bool = False,
@@ -294,22 +301,32 @@ class Rollouts:
         return ServedPolicy(self.runtime.policy_version, self.runtime.trainer_run)
 
     def policy_version_changed(self) -> None:
-        """Call after a weight update: jobs waiting for the version may start; jobs
-        whose window the new weights are out of end their queued trajectories."""
+        """Call after a weight update (or a resume): jobs whose window the served
+        weights are in may start, jobs below it wait again, and jobs whose window the
+        weights are out of end their queued trajectories."""
         served = self.served()
         for job_id, job in list(self._jobs.items()):
             verdict = job.window.verdict(served)
-            if verdict == "run" and job_id in self._waiting:
-                del self._waiting[job_id]
-                heapq.heappush(self._ready, (-job.priority, job.order, job_id))
-            elif verdict not in ("run", "wait") and job.queue:
-                self._waiting.pop(job_id, None)
-                dropped = list(job.queue)
-                job.queue.clear()
-                if not job.running:
-                    del self._jobs[job_id]
-                self._spawn(self._out_of_window(job_id, dropped, verdict))
+            if verdict == "run":
+                if job_id in self._waiting:
+                    del self._waiting[job_id]
+                    heapq.heappush(self._ready, (-job.priority, job.order, job_id))
+            elif verdict == "wait":
+                # Back below its window (a new run restarting from version 0): its
+                # heap entry goes stale, _dispatch skips jobs that wait.
+                self._waiting[job_id] = job
+            elif job.queue:
+                self._drop_queued(job_id, job, verdict)
         self._dispatch()
+
+    def _drop_queued(self, job_id: str, job: _Job, why: str) -> None:
+        """End the job's trajectories not started yet as engine failures (`why`)."""
+        self._waiting.pop(job_id, None)
+        dropped = list(job.queue)
+        job.queue.clear()
+        if not job.running:
+            del self._jobs[job_id]
+        self._spawn(self._out_of_window(job_id, dropped, why))
 
     def _admit_job(self, job_id: str, request: JobRequest, work: list[Work]) -> None:
         job = _Job(request.priority, next(self._order), window(request),
@@ -317,9 +334,12 @@ class Rollouts:
         self._jobs[job_id] = job
         if not work:
             return
-        if job.window.verdict(self.served()) != "run":
-            # Waiting (or, after a restart, out of its window: the next weight update
-            # or its trainer ends it).
+        verdict = job.window.verdict(self.served())
+        if verdict not in ("run", "wait"):
+            # The weights moved past its window while it was planned (or, after a
+            # restart, before it resumed): nothing of it can run now.
+            self._drop_queued(job_id, job, verdict)
+        elif verdict == "wait":
             self._waiting[job_id] = job
         else:
             heapq.heappush(self._ready, (-job.priority, job.order, job_id))
@@ -330,9 +350,17 @@ class Rollouts:
     def _dispatch(self) -> None:
         """Start queued trajectories while there are slots (and their version is live)."""
         while self._ready and self._live < self.max_live and not self._closed:
-            job = self._jobs.get(self._ready[0][2])
-            if job is None or not job.queue:
-                heapq.heappop(self._ready)  # cancelled, or all started
+            job_id = self._ready[0][2]
+            job = self._jobs.get(job_id)
+            if job is None or not job.queue or job_id in self._waiting:
+                heapq.heappop(self._ready)  # cancelled, all started, or waiting again
+                continue
+            if self.runtime.paused and job.window.bounded:
+                # Weights are changing: a trajectory started now would sample on
+                # whatever comes next, which may be outside its window. The resume
+                # (policy_version_changed) looks at it again.
+                heapq.heappop(self._ready)
+                self._waiting[job_id] = job
                 continue
             work = job.queue.popleft()
             self._live += 1

@@ -47,6 +47,12 @@ class PolicyWindow:
     max_version: int | None = None  # a served version past this is a mismatch
     trainer_run: str | None = None  # only weights this run pushed (None: any)
 
+    @property
+    def bounded(self) -> bool:
+        """Whether a weight update can put the served weights outside the window."""
+        return (self.min_version > 0 or self.max_version is not None
+                or self.trainer_run is not None)
+
     def verdict(self, served: ServedPolicy) -> Literal["run", "wait"] | str:
         """"run", "wait", or the mismatch's message (module docstring)."""
         initial = served.version == 0 and served.trainer_run is None
