@@ -91,6 +91,28 @@ def test_lpt_layout_returns_a_candidate() -> None:
     assert layout in candidate_layouts(64, COST.min_tp())
 
 
+def _pool_scores(lengths: list[float], context: float) -> dict[int, float]:
+    reduced, weight = reduce_lengths(lengths)
+    items = [(f"q{i:04d}-{k}", x, context) for i, x in enumerate(reduced)
+             for k in range(weight)]
+    return {tp: lpt_makespan(items, _engines((tp,) * (64 // tp)), COST) for tp in (1, 2, 4, 8)}
+
+
+def test_lpt_layout_never_picks_a_pool_the_model_scores_below_another_pool() -> None:
+    """A flat batch of 1,024 (7,000 tokens each): the model scores TP-4 ahead of TP-8
+    by about 3%, within the mixed-layout tolerance; the search must still return the
+    better pool (it used to return TP-8, the fewest engines within the tolerance)."""
+    flat = [7000.0] * 1024
+    scores = _pool_scores(flat, 3500.0)
+    assert scores[4] < scores[8]
+    assert lpt_layout(64, flat, COST, 3500.0, 1024) == (4,) * 16
+    # Few long trajectories per engine: TP-8 scores best and is kept.
+    few = [20_000.0] * 64
+    scores = _pool_scores(few, 10_000.0)
+    assert scores[8] == min(scores.values())
+    assert lpt_layout(64, few, COST, 10_000.0, 1024) == (8,) * 8
+
+
 def test_lpt_placement_spreads_the_longest_one_per_engine() -> None:
     engines = _engines((8,) * 6)
     items = [(f"t{i:03d}", float(10_000 - i), 2000.0) for i in range(60)]

@@ -5,7 +5,10 @@ paper-configured baselines (slime, verl, verl-star), the same baselines on every
 homogeneous TP degree (the TP-tuned baselines), heddle, treadle and the oracle,
 and reports rollout token throughput, makespan and the ratio to the lower bound.
 It adds the predictor's accuracy per workload, the placement time, and the
-simulator's own speed. Ratios are throughput ratios (higher is better for the
+simulator's own speed. After the built-in workloads it runs the seeded shapes of
+`treadle.workloads.shapes` (Pareto-tailed, bimodal, flat, short: shapes nothing was
+tuned on) at the smallest size, as a robustness check (`shapes` in the report).
+Ratios are throughput ratios (higher is better for the
 first-named policy). The report is deterministic except for the wall-clock
 fields (`*_wall_s`, `placement`), which are medians on the machine that ran it.
 """
@@ -27,8 +30,9 @@ from treadle.core.lower_bound import lower_bound
 from treadle.core.placement import bench_placement
 from treadle.core.predictor import Outcome, Predictor
 from treadle.core.predictor_eval import evaluate
-from treadle.sim.runner import PolicyReport, compare, history_for, report_dict
-from treadle.workloads import Workload, generate
+from treadle.sim.runner import PolicyReport, compare, history_for, outcomes, report_dict
+from treadle.workloads import WORKLOADS, Workload, generate
+from treadle.workloads.shapes import SHAPES, generate_shape
 
 PAPER = ("slime", "verl", "verl-star")
 TUNED = tuple(f"{p}@tp{tp}" for p in ("slime", "verl") for tp in (2, 4, 8))
@@ -69,6 +73,19 @@ def summarise(rows: list[PolicyReport], long_tailed: bool) -> dict[str, Any]:
             "targets": targets}
 
 
+def workload_and_history(name: str, n: int, seed: int,
+                         max_context: int) -> tuple[Workload, list[Outcome]]:
+    """A built-in workload or a shape (`treadle.workloads.shapes`) and the outcomes of
+    its previous step (the same generator, seed + 1), which warm-start predictors."""
+    if name in WORKLOADS:
+        return (generate(name, n, seed=seed, max_context=max_context),
+                history_for(name, n, seed, max_context=max_context))
+    if name in SHAPES:
+        return (generate_shape(name, n, seed=seed, max_context=max_context),
+                outcomes(generate_shape(name, n, seed=seed + 1, max_context=max_context)))
+    raise ValueError(f"unknown workload {name!r}; choose of {', '.join(WORKLOADS + SHAPES)}")
+
+
 def predictor_accuracy(workload: Workload, history: Sequence[Outcome]) -> dict[str, Any]:
     trajs = [(t.traj_id, t.group_id, t.prompt_tokens,
               [(turn.output_tokens, turn.tool_latency_s) for turn in t.turns])
@@ -96,28 +113,32 @@ def run_bench(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str,
         "runs": [],
     }
     started = time.perf_counter()
-    for name in workloads:
-        for n in sizes:
-            workload = generate(name, n, seed=args.seed, max_context=cost.model.max_context)
-            history = history_for(name, n, args.seed, max_context=cost.model.max_context)
-            stats = workload.stats()
-            tail = stats.output_tokens.p99 / max(1.0, stats.output_tokens.p50)
-            log(f"{name} x {n}: {len(policies)} policies "
-                f"({time.perf_counter() - started:.0f}s elapsed)")
-            bound = lower_bound(workload.trajectories, cost, GPUS)
-            rows, _ = compare(workload, policies, cost, GPUS, history=history, seed=args.seed,
-                              bound=bound)
-            run: dict[str, Any] = {
-                "workload": name, "trajectories": n,
-                "lower_bound": {"makespan_s": bound.makespan_s, **asdict(bound)},
-                "p50_p90_p99_output_tokens": [stats.output_tokens.p50, stats.output_tokens.p90,
-                                              stats.output_tokens.p99],
-                "summary": summarise(rows, tail >= LONG_TAIL_RATIO),
-                "results": report_dict(rows),
-            }
-            if n == sizes[0]:
-                run["predictor_accuracy"] = predictor_accuracy(workload, history)
-            report["runs"].append(run)
+    # The robustness shapes run once, at the smallest size, unless the caller names
+    # none (`shapes=""`); the CLI does not set it, so `treadle bench sim` runs all.
+    shapes = [w for w in str(getattr(args, "shapes", ",".join(SHAPES))).split(",") if w]
+    plan = [(name, n, "runs") for name in workloads for n in sizes]
+    plan += [(name, sizes[0], "shapes") for name in shapes if name not in workloads]
+    report["shapes"] = []
+    for name, n, section in plan:
+        workload, history = workload_and_history(name, n, args.seed, cost.model.max_context)
+        stats = workload.stats()
+        tail = stats.output_tokens.p99 / max(1.0, stats.output_tokens.p50)
+        log(f"{name} x {n}: {len(policies)} policies "
+            f"({time.perf_counter() - started:.0f}s elapsed)")
+        bound = lower_bound(workload.trajectories, cost, GPUS)
+        rows, _ = compare(workload, policies, cost, GPUS, history=history, seed=args.seed,
+                          bound=bound)
+        run: dict[str, Any] = {
+            "workload": name, "trajectories": n,
+            "lower_bound": {"makespan_s": bound.makespan_s, **asdict(bound)},
+            "p50_p90_p99_output_tokens": [stats.output_tokens.p50, stats.output_tokens.p90,
+                                          stats.output_tokens.p99],
+            "summary": summarise(rows, tail >= LONG_TAIL_RATIO),
+            "results": report_dict(rows),
+        }
+        if n == sizes[0] and section == "runs":
+            run["predictor_accuracy"] = predictor_accuracy(workload, history)
+        report[section].append(run)
     walls = [r["sim_wall_s"] for run in report["runs"] if run["trajectories"] == max(sizes)
              for r in run["results"]]
     report["sim_wall_s_median_at_largest_size"] = statistics.median(walls) if walls else None
@@ -153,10 +174,26 @@ def markdown_report(report: dict[str, Any]) -> str:
             f"| {s['best_tp_tuned_baseline']} | {s['treadle_over_best_tp_tuned']:.3f} "
             f"| {s['oracle_over_treadle']:.3f} | {s['treadle_ratio_to_lower_bound']:.2f} "
             f"| {oracle['ratio_to_lower_bound']:.2f} |")
+    if report.get("shapes"):
+        lines += ["", "## Robustness: shapes nothing was tuned on (`workloads/shapes.py`)", "",
+                  "| shape | n | p50/p90/p99 output | heddle/slime | heddle/verl "
+                  "| heddle/best paper | best TP-tuned | treadle/best | treadle layout "
+                  "| treadle x LB |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for run in report["shapes"]:
+            s = run["summary"]
+            rows = {r["policy"]: r for r in run["results"]}
+            paper = max(rows[p]["tokens_per_s"] for p in PAPER)
+            p50, p90, p99 = run["p50_p90_p99_output_tokens"]
+            lines.append(
+                f"| {run['workload']} | {run['trajectories']} | {p50:,.0f}/{p90:,.0f}/{p99:,.0f} "
+                f"| {s['heddle_over_slime']:.2f} | {s['heddle_over_verl']:.2f} "
+                f"| {rows['heddle']['tokens_per_s'] / paper:.2f} "
+                f"| {s['best_tp_tuned_baseline']} | {s['treadle_over_best_tp_tuned']:.3f} "
+                f"| {rows['treadle']['layout']} | {s['treadle_ratio_to_lower_bound']:.2f} |")
     lines += ["", "## Lower bound (`core/lower_bound.py`): its three terms, seconds", "",
               "| workload | n | critical path | total work | co-location | heavy set | "
               "GPU price λ·G | bound |", "|---|---|---|---|---|---|---|---|"]
-    for run in report["runs"]:
+    for run in [*report["runs"], *report.get("shapes", [])]:
         b = run.get("lower_bound")
         if b:
             lines.append(
@@ -165,7 +202,7 @@ def markdown_report(report: dict[str, Any]) -> str:
                 f"| {b['colocation_heavy']} | {b['colocation_gpu_price']:.2f} "
                 f"| {b['makespan_s']:.1f} |")
     lines += ["", "## Every policy", ""]
-    for run in report["runs"]:
+    for run in [*report["runs"], *report.get("shapes", [])]:
         lines += [f"### {run['workload']}, {run['trajectories']} trajectories", "",
                   "| policy | makespan s | tokens/s | x LB | util | longest queued s "
                   "| preempt | evict | migrate | layout | sim wall s |",
