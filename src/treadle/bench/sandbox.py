@@ -2,11 +2,17 @@
 
     treadle bench sandbox --json --out benchmarks/sandbox.json
 
-Per backend (`bwrap`, `local`, and `remote`: the HTTP client over loopback to a
-`treadle sandbox-server` process with bwrap behind it):
+Per backend (`bwrap`: calls served by each sandbox's resident executor;
+`bwrap-per-call`: the same backend with `executor="per-call"`, one bwrap launch per
+exec, so that one run compares both paths; `local`; and `remote`: the HTTP client
+over loopback to a `treadle sandbox-server` process with bwrap behind it):
 
 - `cold_call`: `samples` sequential start + exec(["true"]) + close; p50/p99/mean
   of each one's wall time. What a trajectory pays for a fresh sandbox per call.
+- `warm_call`: `samples` sequential exec(["true"]) in one sandbox started (and
+  called once) beforehand: one call alone, no contention.
+- `python_call`: the same with the python tool's command, `python3 -u -` running
+  `pass` from stdin: a python tool call that imports nothing.
 - `pooled`: `concurrency` workers, each holding one sandbox started beforehand,
   run `echo ok` back to back for `duration_s`; tool calls/s (overall, and the
   median of per-second counts after the first completion), latency p50/p99.
@@ -46,12 +52,13 @@ from treadle.errors import SandboxError
 from treadle.reports import log, write_report
 from treadle.sandbox.base import Limits, Sandbox, SandboxBackend
 
-BACKEND_CHOICES = ("bwrap", "local", "remote")
+BACKEND_CHOICES = ("bwrap", "bwrap-per-call", "local", "remote")
 EXEC_TIMEOUT_S = 10.0
 # Small limits: 64 live sandboxes must fit a small host.
 BENCH_LIMITS = Limits(cpu_s=5, memory_mb=256, max_processes=32, max_output_bytes=64 * 1024,
                       wall_timeout_s=EXEC_TIMEOUT_S)
 _ECHO = ["echo", "ok"]
+_PYTHON = ["python3", "-u", "-"]  # the python tool's command
 
 
 def percentile(values: Sequence[float], p: float) -> float:
@@ -92,6 +99,30 @@ async def cold_call(backend: SandboxBackend, samples: int, budget_s: float) -> d
             times.append(time.perf_counter() - started)
         else:
             errors += 1
+    return {"samples": len(times), "errors": errors, **_latency(times)}
+
+
+async def warm_call(backend: SandboxBackend, samples: int, budget_s: float, argv: list[str],
+                    stdin: bytes | None) -> dict[str, Any]:
+    """Sequential execs of `argv` in one sandbox (its first call not counted)."""
+    times: list[float] = []
+    errors = 0
+    deadline = time.monotonic() + budget_s
+    async with await backend.start(BENCH_LIMITS) as sb:
+        await sb.exec(argv, timeout_s=EXEC_TIMEOUT_S, stdin=stdin)  # starts any executor
+        for _ in range(samples):
+            if time.monotonic() > deadline:
+                break
+            started = time.perf_counter()
+            try:
+                result = await sb.exec(argv, timeout_s=EXEC_TIMEOUT_S, stdin=stdin)
+                ok = result.ok
+            except SandboxError:
+                ok = False
+            if ok:
+                times.append(time.perf_counter() - started)
+            else:
+                errors += 1
     return {"samples": len(times), "errors": errors, **_latency(times)}
 
 
@@ -158,6 +189,9 @@ def _backend(name: str, concurrency: int) -> Iterator[SandboxBackend]:
     """The backend to measure; for `remote`, a loopback server process hosting bwrap."""
     from treadle.sandbox.registry import get_backend
 
+    if name == "bwrap-per-call":
+        yield get_backend("bwrap", executor="per-call")
+        return
     if name != "remote":
         yield get_backend(name)
         return
@@ -221,11 +255,15 @@ async def _measure(backend: SandboxBackend, samples: int, concurrency: int, dura
                    log: Callable[[str], None], name: str) -> dict[str, Any]:
     log(f"sandbox bench: {name}: cold start+exec+close x{samples}")
     cold = await cold_call(backend, samples, max(10.0, 3 * duration_s))
+    log(f"sandbox bench: {name}: one call alone (true, then python3 -u -) x{samples}")
+    warm = await warm_call(backend, samples, max(10.0, 3 * duration_s), ["true"], None)
+    python = await warm_call(backend, samples, max(10.0, 3 * duration_s), _PYTHON, b"pass\n")
     log(f"sandbox bench: {name}: pooled echo at concurrency {concurrency} for {duration_s:g}s")
     pooled = await throughput(backend, concurrency, duration_s, fresh=False)
     log(f"sandbox bench: {name}: fresh sandbox per call at concurrency {concurrency}")
     fresh = await throughput(backend, concurrency, duration_s, fresh=True)
-    return {"cold_call": cold, "pooled": pooled, "fresh": fresh}
+    return {"cold_call": cold, "warm_call": warm, "python_call": python, "pooled": pooled,
+            "fresh": fresh}
 
 
 def run_sandbox_bench(backends: Sequence[str], samples: int, concurrency: int,
@@ -250,6 +288,7 @@ def run_sandbox_bench(backends: Sequence[str], samples: int, concurrency: int,
                    "limits": {name: getattr(BENCH_LIMITS, name)
                               for name in BENCH_LIMITS.__slots__},
                    "cold_command": ["true"], "call_command": _ECHO,
+                   "python_command": [*_PYTHON, "<<< pass"],
                    "remote": "sandbox-server process on 127.0.0.1, bwrap behind it"},
         "backends": {},
     }
@@ -261,6 +300,9 @@ def run_sandbox_bench(backends: Sequence[str], samples: int, concurrency: int,
                 isolation = getattr(backend, "isolation", None)
                 if isolation is not None:
                     result["isolation"] = isolation
+                executor = getattr(backend, "executor", None)
+                if executor is not None:
+                    result["executor"] = executor
         except (SandboxError, RuntimeError) as e:
             log(f"sandbox bench: {name}: cannot run here: {e}")
             result = {"error": str(e)}

@@ -32,6 +32,16 @@ it. Default action: allow. Denied (the call fails, the process lives on):
   bits, as the kernel reads the argument), and `socket(AF_VSOCK)`: vsock reaches
   the hypervisor of a VM and is not confined by the network namespace.
 
+The resident executor's launch (see _resident.py) adds, with `resident=True`:
+changing another process's scheduling, nice value, I/O priority or rlimits:
+`prlimit64` with a pid other than 0 and a new limit, `setpriority` other than
+(PRIO_PROCESS, 0), `ioprio_set` other than (IOPRIO_WHO_PROCESS, 0), and
+`sched_setscheduler`, `sched_setparam`, `sched_setattr`, `sched_setaffinity` with a
+pid other than 0. There pid 1 and the python zygote outlive a call, and what a call
+set on them would hold for the calls after it. Setting one's own (pid 0, as libc's
+setrlimit, nice and the gate's `prlimit -- CMD` do) and reading anyone's stay allowed;
+so does naming oneself by pid, the only loss (`renice -p $$` fails with EPERM).
+
 System calls of another ABI (i386 via int 0x80, x32 on x86_64) kill the process:
 libseccomp's architecture check, kept at its default.
 
@@ -61,7 +71,8 @@ _ACT_KILL_PROCESS = 0x80000000
 _ATTR_ACT_BADARCH = 2  # enum scmp_filter_attr
 _ATTR_CTL_OPTIMIZE = 8
 _OPTIMIZE_BINARY_TREE = 2
-_CMP_MASKED_EQ = 7  # enum scmp_compare
+_CMP_NE = 1  # enum scmp_compare
+_CMP_MASKED_EQ = 7
 _LOW32 = 0xFFFFFFFF
 
 # libseccomp's architecture tokens (the AUDIT_ARCH_* values) of the machines bwrap runs on.
@@ -177,6 +188,13 @@ class _Compiler:
             rc = self.lib.seccomp_rule_add_array(self.ctx, action, nr, 1, cmp)
         self._check(rc, f"seccomp_rule_add({nr})")
 
+    def deny_unless_zero(self, nr: int, err: int, *args: int) -> None:
+        """Fail call `nr` with `err` when every one of arguments `args` is non-zero."""
+        cmps = (_ArgCmp * len(args))(*(_ArgCmp(arg, _CMP_NE, 0, 0) for arg in args))
+        action = 0x00050000 | err  # SCMP_ACT_ERRNO(err)
+        self._check(self.lib.seccomp_rule_add_array(self.ctx, action, nr, len(args), cmps),
+                    f"seccomp_rule_add({nr})")
+
     def export(self) -> bytes:
         fd = os.memfd_create("treadle-seccomp-build", os.MFD_CLOEXEC)
         try:
@@ -205,7 +223,7 @@ def _load_libseccomp() -> ctypes.CDLL | None:
     return None
 
 
-def compile_filter(lib: ctypes.CDLL) -> SyscallFilter:
+def compile_filter(lib: ctypes.CDLL, *, resident: bool = False) -> SyscallFilter:
     """The program described in the module docstring, for this machine's architecture.
 
     OSError if libseccomp refuses a rule.
@@ -240,10 +258,47 @@ def compile_filter(lib: ctypes.CDLL) -> SyscallFilter:
         clone3 = compiler.number("clone3")
         if clone3 is not None:
             compiler.deny(clone3, errno.ENOSYS)
+        if resident:
+            _deny_other_processes_settings(compiler)
         return SyscallFilter(program=compiler.export(), arch=compiler.arch,
                              denied=tuple(denied), unknown=tuple(unknown))
     finally:
         compiler.release()
+
+
+# (name, rules): each rule a tuple of argument indexes; the call fails when all of
+# one rule's arguments are non-zero. prlimit64(pid, resource, new, old);
+# setpriority(which, who, prio): PRIO_PROCESS is 0; ioprio_set(which, who, prio):
+# `who` must be 0, and `which` IOPRIO_WHO_PROCESS (1; 2 and 3 refused below).
+_OTHER_PROCESS_SETTINGS = (("prlimit64", ((0, 2),)), ("setpriority", ((0,), (1,))),
+                           ("sched_setscheduler", ((0,),)), ("sched_setparam", ((0,),)),
+                           ("sched_setattr", ((0,),)), ("sched_setaffinity", ((0,),)),
+                           ("ioprio_set", ((1,),)))
+
+
+def _deny_other_processes_settings(compiler: _Compiler) -> None:
+    for name, rules in _OTHER_PROCESS_SETTINGS:
+        nr = compiler.number(name)
+        if nr is None:
+            continue
+        for args in rules:
+            compiler.deny_unless_zero(nr, errno.EPERM, *args)
+    ioprio_set = compiler.number("ioprio_set")
+    if ioprio_set is not None:  # which other than IOPRIO_WHO_PROCESS (pgrp, user)
+        for which in (2, 3):
+            compiler.deny(ioprio_set, errno.EPERM, arg=0, mask=_LOW32, value=which)
+
+
+@functools.cache
+def resident_filter() -> SyscallFilter | None:
+    """The filter with `resident=True`, compiled once; None where there is none."""
+    lib = _load_libseccomp()
+    if lib is None:
+        return None
+    try:
+        return compile_filter(lib, resident=True)
+    except (OSError, AttributeError):
+        return None
 
 
 @functools.cache

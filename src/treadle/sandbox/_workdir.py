@@ -38,6 +38,7 @@ import secrets
 import stat
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 from treadle.errors import SandboxStartError, SandboxUnavailable
 
@@ -349,4 +350,35 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
+    return True
+
+
+def source_checkout() -> str | None:
+    """The source tree treadle is imported from, if it is a checkout (it may hold secrets)."""
+    here = Path(__file__).resolve().parent
+    for parent in list(here.parents)[:5]:
+        if parent != Path("/") and ((parent / ".git").exists() or
+                                    (parent / "pyproject.toml").exists()):
+            return str(parent)
+    return None
+
+
+def traversable(path: str, uid: int, gid: int) -> bool:
+    """Whether uid/gid (no supplementary groups) can reach `path` through its parents."""
+    current = Path(path)
+    for directory in [*reversed(current.parents), current]:
+        try:
+            st = os.stat(directory)
+        except OSError:
+            return False
+        if not stat.S_ISDIR(st.st_mode):
+            continue
+        if st.st_uid == uid:
+            bit = stat.S_IXUSR
+        elif st.st_gid == gid:
+            bit = stat.S_IXGRP
+        else:
+            bit = stat.S_IXOTH
+        if not st.st_mode & bit:
+            return False
     return True

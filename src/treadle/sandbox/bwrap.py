@@ -40,6 +40,10 @@ Each exec is one fresh `bwrap` process tree:
 - Supervision: bwrap writes the command's exit status to `--json-status-fd`; a
   bwrap killed from outside, or one that exits without having started the
   command, makes `exec` raise SandboxSupervisorError (see _process.py).
+- Executor (default `executor="resident"`): one bwrap launch per sandbox, built
+  as above, whose command (pid 1, `--as-pid-1`) runs every call in the namespaces
+  already built; see _resident.py for what that changes. `executor="per-call"`
+  (or a bwrap without `--as-pid-1`, or no python3 under /usr) launches bwrap per exec.
 - Teardown: killing the outer bwrap makes the namespace's init die
   (PR_SET_PDEATHSIG), and the kernel then kills every process in the pid
   namespace, whatever it forked or daemonised; no process inside can reach pid 1
@@ -62,18 +66,16 @@ import os
 import resource
 import shutil
 import signal
-import stat
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from treadle.errors import SandboxError, SandboxUnavailable
-from treadle.sandbox import _process, _workdir
+from treadle.sandbox import _process, _resident, _seccomp, _workdir
 from treadle.sandbox._cgroup import CgroupV1, detect_cgroups
 from treadle.sandbox._host import BASE_LANG, HostSandbox
 from treadle.sandbox._seccomp import SyscallFilter, syscall_filter
-from treadle.sandbox.base import MIB, Limits, Sandbox, SandboxBackend
+from treadle.sandbox.base import MIB, ExecResult, Limits, Sandbox, SandboxBackend
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +120,7 @@ class _Setup:
     json_status: bool  # this bwrap supports --json-status-fd (reports the command's status)
     masks: tuple[str, ...]  # host paths covered with an empty tmpfs
     seccomp: SyscallFilter | None  # the system-call filter; None without libseccomp
+    resident_python: str | None = None  # python3 for the resident executor; None: per-call
 
 
 class BwrapSandbox(HostSandbox):
@@ -128,6 +131,8 @@ class BwrapSandbox(HostSandbox):
         super().__init__(host_dir=host_dir, limits=limits, cgroups=cgroups, owner=setup.run_as)
         self._backend = backend
         self._setup = setup
+        self._resident = None if setup.resident_python is None else _resident.ResidentExecutor(
+            launch=self._launch_resident, limits=limits, cgroups=cgroups)
 
     @property
     def workdir(self) -> str:
@@ -142,7 +147,30 @@ class BwrapSandbox(HostSandbox):
         return {"PATH": SANDBOX_PATH, "HOME": self.workdir, "LANG": BASE_LANG,
                 "TMPDIR": "/tmp"}
 
-    def _launch(self, argv: list[str], env: dict[str, str]) -> _process.Launch:
+    async def _run(self, argv: list[str], env: dict[str, str], timeout_s: float,
+                   stdin: bytes | None) -> ExecResult:
+        resident = self._resident
+        if resident is not None and not resident.broken and not resident.busy:
+            result = await resident.run(argv, env, timeout_s, stdin)
+            if result is not None:
+                return result
+        return await super()._run(argv, env, timeout_s, stdin)  # concurrent, or no executor
+
+    async def _finish_close(self, running: list[asyncio.Task[ExecResult]]) -> None:
+        if self._resident is not None:
+            await asyncio.gather(*running, return_exceptions=True)
+            await self._resident.close()
+        await super()._finish_close(running)
+
+    def _launch_resident(self, sock_fd: int) -> _process.Launch:
+        assert self._setup.resident_python is not None
+        return self._launch([self._setup.resident_python, "-I", "-S", "-c",
+                             _resident.agent_source(), str(sock_fd),
+                             _resident.zygote_source()], self._base_env(),
+                            extra_fds=(sock_fd,), resident=True)
+
+    def _launch(self, argv: list[str], env: dict[str, str], *, extra_fds: tuple[int, ...] = (),
+                resident: bool = False) -> _process.Launch:
         prlimit = [self._setup.prlimit, *(f"{_PRLIMIT_OPTION[name]}={soft}:{hard}"
                                           for name, soft, hard in self.limits.rlimits())]
         outer = tuple((getattr(resource, f"RLIMIT_{name}"), soft, hard)
@@ -151,15 +179,20 @@ class BwrapSandbox(HostSandbox):
         opened: list[int] = []
         status_read = status_write = None
         try:
-            if self._setup.json_status:
+            if self._setup.json_status and not resident:  # the agent reports statuses
                 status_read, status_write = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
                 opened += (status_read, status_write)
             seccomp_fd = None
             if self._setup.seccomp is not None:
-                seccomp_fd = self._setup.seccomp.open_fd()
+                # The resident launch: also no changing another process's rlimits,
+                # nice or scheduling (pid 1 and the zygote outlive a call).
+                program = (_seccomp.resident_filter() or self._setup.seccomp) if resident \
+                    else self._setup.seccomp
+                seccomp_fd = program.open_fd()
                 opened.append(seccomp_fd)
             options = self._backend.bwrap_options(self._setup, self.host_dir, env, self.limits,
-                                                  seccomp_fd=seccomp_fd, status_fd=status_write)
+                                                  seccomp_fd=seccomp_fd, status_fd=status_write,
+                                                  as_pid_1=resident)
             args_fd = os.memfd_create("treadle-bwrap-args", os.MFD_CLOEXEC)
             opened.append(args_fd)
             payload = b"".join(opt.encode() + b"\0" for opt in options)
@@ -176,7 +209,7 @@ class BwrapSandbox(HostSandbox):
             env={"PATH": SANDBOX_PATH},
             cwd="/",
             user=self._setup.run_as,
-            pass_fds=tuple(fd for fd in opened if fd != status_read),
+            pass_fds=(*(fd for fd in opened if fd != status_read), *extra_fds),
             signalled_by_status=True,
             kill_tree=_kill_bwrap,
             outer_rlimits=outer,
@@ -223,7 +256,11 @@ class BwrapBackend(SandboxBackend):
         sandbox_user: tuple[int, int] | None = NOBODY,
         use_cgroups: bool = True,
         bounded_workdirs: bool = False,
+        executor: str = "resident",
     ) -> None:
+        if executor not in ("resident", "per-call"):
+            raise ValueError(f"executor must be 'resident' or 'per-call', got {executor!r}")
+        self.executor = executor
         if not mount_point.startswith("/") or mount_point.count("/") != 1 or mount_point == "/":
             raise ValueError(f"mount_point must be one top-level path like '/work', got "
                              f"{mount_point!r}")
@@ -313,6 +350,7 @@ class BwrapBackend(SandboxBackend):
                 json_status="--json-status-fd" in help_text,
                 masks=self._masks(run_as),
                 seccomp=seccomp,
+                resident_python=self._resident_python(help_text),
             )
             failure = await self._self_test(setup)
             if failure and seccomp is not None and "seccomp" in failure.lower():
@@ -334,6 +372,13 @@ class BwrapBackend(SandboxBackend):
         raise SandboxUnavailable("bwrap cannot start a sandbox on this host: "
                                  + "; ".join(failures))
 
+    def _resident_python(self, help_text: str) -> str | None:
+        python = shutil.which("python3", path=SANDBOX_PATH)
+        if self.executor != "resident" or "--as-pid-1" not in help_text or python is None \
+                or not python.startswith(("/usr/", "/bin/")):
+            return None
+        return python
+
     async def _self_test(self, setup: _Setup) -> str:
         """'' if a trivial command runs in a sandbox with this setup, else bwrap's complaint."""
         host_dir = _workdir.create_workdir(self.work_root, setup.run_as, None)
@@ -354,7 +399,7 @@ class BwrapBackend(SandboxBackend):
 
     def _masks(self, run_as: tuple[int, int] | None) -> tuple[str, ...]:
         """Visible host paths to cover: the caller's cwd, treadle's checkout, the hides."""
-        candidates = [os.getcwd(), *filter(None, [_source_checkout()]), *DEFAULT_HIDE,
+        candidates = [os.getcwd(), *filter(None, [_workdir.source_checkout()]), *DEFAULT_HIDE,
                       *self.hide]
         out: list[str] = []
         for raw in candidates:
@@ -365,7 +410,7 @@ class BwrapBackend(SandboxBackend):
                                   for e in _ESSENTIAL):
                 log.warning("not hiding %s from sandboxes: the system needs it", path)
                 continue
-            if run_as is not None and not _traversable(path, *run_as):
+            if run_as is not None and not _workdir.traversable(path, *run_as):
                 continue  # the sandbox uid cannot reach it anyway
             if path not in out:
                 out.append(path)
@@ -382,10 +427,10 @@ class BwrapBackend(SandboxBackend):
 
     def bwrap_options(self, setup: _Setup, host_dir: str, env: dict[str, str], limits: Limits,
                       *, seccomp_fd: int | None = None, status_fd: int | None = None,
-                      ) -> list[str]:
+                      as_pid_1: bool = False) -> list[str]:
         """The bwrap options (everything before the command) for one exec."""
         opts = ["--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
-                "--hostname", "sandbox"]
+                "--hostname", "sandbox", *(["--as-pid-1"] if as_pid_1 else [])]
         if setup.disable_userns:
             opts.append("--disable-userns")
         if setup.drop_caps:
@@ -419,6 +464,8 @@ class BwrapBackend(SandboxBackend):
         # make the rest read-only (its device nodes are mounts of their own, still usable).
         size = self._tmpfs_size(setup, limits.memory_mb * MIB)
         opts += ["--dev", "/dev", "--perms", "1777", *size, "--tmpfs", "/dev/shm",
+                 # resident: the agent lists (and empties) POSIX message queues there
+                 *(["--mqueue", "/dev/mqueue"] if as_pid_1 else []),
                  "--remount-ro", "/dev", "--perms", "1777", *size, "--tmpfs", "/tmp"]
         for path in setup.masks:
             if os.path.isdir(path):
@@ -429,7 +476,6 @@ class BwrapBackend(SandboxBackend):
                  "--chdir", self.mount_point]
         return opts
 
-
     @staticmethod
     def _tmpfs_size(setup: _Setup, size: int) -> list[str]:
         return ["--size", str(size)] if setup.tmpfs_size else []
@@ -439,34 +485,3 @@ def _bwrap_help(bwrap: str) -> str:
     proc = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=10,
                           check=False)
     return proc.stdout + proc.stderr
-
-
-def _source_checkout() -> str | None:
-    """The source tree treadle is imported from, if it is a checkout (it may hold secrets)."""
-    here = Path(__file__).resolve().parent
-    for parent in list(here.parents)[:5]:
-        if parent != Path("/") and ((parent / ".git").exists() or
-                                    (parent / "pyproject.toml").exists()):
-            return str(parent)
-    return None
-
-
-def _traversable(path: str, uid: int, gid: int) -> bool:
-    """Whether uid/gid (no supplementary groups) can reach `path` through its parents."""
-    current = Path(path)
-    for directory in [*reversed(current.parents), current]:
-        try:
-            st = os.stat(directory)
-        except OSError:
-            return False
-        if not stat.S_ISDIR(st.st_mode):
-            continue
-        if st.st_uid == uid:
-            bit = stat.S_IXUSR
-        elif st.st_gid == gid:
-            bit = stat.S_IXGRP
-        else:
-            bit = stat.S_IXOTH
-        if not st.st_mode & bit:
-            return False
-    return True

@@ -1,0 +1,482 @@
+"""The in-sandbox side of the resident executor: pid 1 of a bwrap sandbox, serving calls.
+
+Run as `python3 -I -S -c <this file> FD ZYGOTE` (ZYGOTE: `_resident_zygote`'s
+source) as the command of a `bwrap --as-pid-1`
+launch (standard library only; the host passes the source, since treadle's checkout
+is hidden inside). FD is a SOCK_SEQPACKET socket to the host. Per request it runs
+one call and answers with its wait status, then makes the sandbox as it was:
+
+- `exec`: fork, `setsid`, the caller's stdin (a memfd) and two pipes to the host as
+  fds 0-2, the dispositions a fresh process has (SIGPIPE, SIGXFSZ, SIGINT default),
+  every other fd closed, `execvpe` in the work dir with exactly the request's env.
+- `python` (the python tool's `python3 -u -`): the same, but forked from a
+  *zygote*, an interpreter started once (with that env, by the same PATH lookup)
+  and kept idle, so a call skips the interpreter's start-up. The zygote forks an
+  intermediate that forks the call and exits, so the call is this process's child
+  (exact wait status, even if the call kills the zygote). Each call is a fresh
+  process: nothing the code sets survives it, as with `python3 -`.
+- After every call: SIGKILL every process of the namespace but this one and the
+  zygote until none is left, reap them, drop the zygote if the call stopped it or
+  its standby, killed the standby, left it a child or changed its rlimits, nice or
+  scheduling; send the call's status; then empty /tmp and /dev/shm (fresh per exec
+  before; bounded, see _MAX_SCRATCH_ENTRIES), unlink POSIX message queues, and
+  send `clean` false (the host then replaces the executor) if that failed, System
+  V IPC objects are left (they would hold memory across calls) or this process's
+  own rlimits, nice or scheduling changed.
+
+What protects this process from the calls it runs (same uid, same namespaces):
+it is the namespace's init, so no process inside can signal it (the kernel drops
+signals with default disposition sent to init from inside; it installs no
+handler), /proc/1 is covered by bwrap.py's mount (and /proc/self of pid 1 resolves
+there), it is non-dumpable, ptrace is denied by the seccomp filter, and calls
+inherit none of its descriptors. The zygote is not init: a call can kill it (it is
+then restarted) or, if it could reach the zygote's memory, tamper with later calls
+of the same sandbox; it is non-dumpable for that reason. A call never learns more
+than what `python3 -` would give it. This process holds the same rlimits as every
+call (RLIMIT_CPU counts its own overhead too: it reports its CPU time and the host
+replaces it well before the limit).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import json
+import os
+import resource
+import select
+import signal
+import socket
+import sys
+import time
+
+_PR_SET_DUMPABLE = 4
+_KILL_ROUNDS = 5000
+_ZYGOTE_TIMEOUT_MS = 10_000
+_SCRATCH = ("/tmp", "/dev/shm")
+_IPC = ("/proc/sysvipc/shm", "/proc/sysvipc/msg", "/proc/sysvipc/sem")
+_MQUEUE = "/dev/mqueue"  # the IPC namespace's POSIX message queues (mounted by bwrap.py)
+# Emptying the scratch dirs costs this process CPU time (RLIMIT_CPU, like a call's):
+# past this many inodes (links count: tmpfs charges each) or entries, the host
+# replaces the executor instead (a fresh namespace costs one start, ~50 ms).
+_MAX_SCRATCH_ENTRIES = 20_000
+_ZYGOTE_POLL_MS = 200  # during a python call: how often to look for a stopped zygote
+_ZYGOTE = ""  # the zygote's program (`_resident_zygote`'s source, from main's argv)
+
+
+
+def _prctl(option: int, value: int) -> None:
+    ctypes.CDLL(None).prctl(option, value, 0, 0, 0)
+
+
+def _cpu_s() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+# What a process started by a shell has: Python ignores SIGPIPE and SIGXFSZ.
+_DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT)
+
+
+class Zygote:
+    """An idle interpreter with a forked standby for the next `python3 -u -` call."""
+
+    def __init__(self, env: dict[str, str], argv0: str) -> None:
+        self.env, self.argv0 = env, argv0
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.chan = ours
+        try:
+            theirs.set_inheritable(True)
+            # -s and no PYTHONPATH: see _resident_zygote; the call gets both back
+            # after the fork.
+            own_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
+            spawned = _spawn([argv0, "-s", "-u", "-c", _ZYGOTE, str(theirs.fileno()),
+                              json.dumps(env)], own_env, [_devnull()] * 3)
+        finally:
+            theirs.close()
+        if isinstance(spawned, str):
+            ours.close()
+            raise OSError(errno.ENOENT, spawned)
+        self.pid = spawned
+        self.pidfd = os.pidfd_open(self.pid)
+        self.standby: int | None = None
+        self.suspect = False  # a call stopped it: replaced after that call
+        reply = self.chan.recv(32) if self._readable(_ZYGOTE_TIMEOUT_MS) else b""
+        if not reply.startswith(b"ready:"):
+            self.stop()
+            raise OSError(errno.ECHILD, "the python zygote did not start")
+        self.standby = int(reply[6:])
+        self.settings = _settings(self.pid)  # what the standby and later ones must keep
+
+    def _readable(self, timeout_ms: int) -> bool:
+        poller = select.poll()
+        poller.register(self.chan, select.POLLIN)
+        return bool(poller.poll(timeout_ms))
+
+    def stop(self) -> None:
+        self.chan.close()
+        os.close(self.pidfd)
+        for pid in (self.pid, self.standby):
+            if pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+_NULL: list[int] = []
+
+
+def _devnull() -> int:
+    if not _NULL:
+        _NULL.append(os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC))
+    return _NULL[0]
+
+
+class Resident:
+    """The request loop; see the module docstring."""
+
+    def __init__(self, fd: int) -> None:
+        self.host = socket.socket(fileno=fd)
+        self.host.set_inheritable(False)
+        self.zygote: Zygote | None = None
+        self.settings = _settings(0)  # rlimits, nice, scheduling: no call may change them
+
+    def serve(self) -> None:
+        self.host.send(b"ready")
+        while True:
+            msg, fds, _, _ = socket.recv_fds(self.host, 16, 4)
+            if not msg:
+                return  # the host is gone
+            if msg != b"exec" or len(fds) != 4:
+                for fd in fds:
+                    os.close(fd)
+                continue  # a stale `kill` for a call that had already finished
+            request_fd, *stdio = fds
+            try:
+                request = json.loads(_read_all(request_fd))
+            finally:
+                os.close(request_fd)
+            try:
+                status, stop = self.call(request, stdio)
+            finally:
+                for fd in stdio:
+                    os.close(fd)
+            # The call's status as soon as its processes are gone (they hold its output
+            # pipes), then whether the rest of the clean-up worked: if this process
+            # dies doing it (its RLIMIT_CPU), the host still has the call's result.
+            settled = self.settle()
+            self.host.send(json.dumps({"status": status, "cpu_s": round(_cpu_s(), 4)}).encode())
+            clean = self.tidy() and settled
+            self.host.send(json.dumps({"clean": clean, "cpu_s": round(_cpu_s(), 4)}).encode())
+            if stop:
+                return
+
+    def call(self, request: dict[str, object], stdio: list[int]) -> tuple[int, bool]:
+        """(the call's exit code as `waitstatus_to_exitcode` gives it, host gone)."""
+        argv = [str(a) for a in request["argv"]]  # type: ignore[attr-defined]
+        env = {str(k): str(v) for k, v in request["env"].items()}  # type: ignore[attr-defined]
+        for fd in stdio:
+            os.set_inheritable(fd, False)  # SCM_RIGHTS fds arrive inheritable
+        zygote = self.python(argv[0], env) if request.get("python") else None
+        if zygote is not None:
+            try:
+                socket.send_fds(zygote.chan, [b"run"], stdio)
+            except OSError:
+                self.drop_zygote()
+                zygote = None
+        if zygote is not None:
+            result = self.wait_zygote(zygote)
+            if result is not None:
+                return result
+        spawned = _spawn(argv, env, stdio)
+        if isinstance(spawned, str):
+            os.write(stdio[2], spawned.encode())
+            return (127 if "No such file" in spawned else 126), False
+        return self.wait(spawned)
+
+    def wait(self, pid: int) -> tuple[int, bool]:
+        """Wait for our child `pid`, serving `kill` from the host."""
+        pidfd = os.pidfd_open(pid)
+        poller = select.poll()
+        poller.register(self.host, select.POLLIN)
+        poller.register(pidfd, select.POLLIN)
+        stop = False
+        try:
+            while True:
+                for fd, _ in poller.poll():
+                    if fd == pidfd:
+                        _, status = os.waitpid(pid, 0)
+                        return os.waitstatus_to_exitcode(status), stop
+                    stop = self.on_host(poller) or stop
+        except ChildProcessError:  # reaped by the zygote, which then died before telling
+            return -signal.SIGKILL, stop
+        finally:
+            os.close(pidfd)
+
+    def on_host(self, poller: select.poll) -> bool:
+        """A message from the host during a call: `kill` (timeout, cap, cancel) or EOF."""
+        gone = not self.host.recv(16)
+        if gone:
+            poller.unregister(self.host)
+        self.kill_others()
+        return gone
+
+    def wait_zygote(self, zygote: Zygote) -> tuple[int, bool] | None:
+        """Wait for a call the zygote's standby runs; None if it never started."""
+        poller = select.poll()
+        for fd in (self.host, zygote.chan, zygote.pidfd):
+            poller.register(fd, select.POLLIN)
+        call: int | None = None
+        stop = False
+        while True:
+            events = poller.poll(_ZYGOTE_POLL_MS)
+            if not events and _state(zygote.pid) in ("T", "t"):
+                # Stopped by the call (SIGSTOP from its own code): it could not report
+                # the status. Continue it; it is replaced after this call.
+                zygote.suspect = True
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(zygote.pid, signal.SIGCONT)
+            for fd, _ in events:
+                if fd == self.host.fileno():
+                    stop = self.on_host(poller) or stop
+                    continue
+                msg = zygote.chan.recv(64) if fd == zygote.chan.fileno() else b""
+                if msg.startswith(b"pid:"):
+                    call, zygote.standby = int(msg[4:]), None  # the standby is the call now
+                elif msg.startswith(b"status:"):
+                    status, _, standby = msg[7:].partition(b" next:")
+                    zygote.standby = int(standby) or None
+                    if zygote.standby is None:
+                        self.drop_zygote()  # it spent its CPU budget: a fresh one next time
+                    if call is not None:
+                        return int(status), stop
+                    if self.zygote is None:
+                        return None
+                    # The standby died before taking the call; the next one takes it.
+                else:  # the zygote died: its call, if any, is now our child
+                    self.drop_zygote()
+                    if call is None:
+                        return None
+                    status_and_stop = self.wait(call)
+                    return status_and_stop[0], stop or status_and_stop[1]
+
+    def python(self, argv0: str, env: dict[str, str]) -> Zygote | None:
+        if self.zygote is not None and (self.zygote.env != env or self.zygote.argv0 != argv0):
+            self.drop_zygote()
+        if self.zygote is None:
+            try:
+                self.zygote = Zygote(env, argv0)
+            except OSError:
+                return None  # no such interpreter, say: the plain exec reports it
+        return self.zygote
+
+    def drop_zygote(self) -> None:
+        if self.zygote is not None:
+            self.zygote.stop()
+            self.zygote = None
+
+    def _keep(self) -> set[int]:
+        if self.zygote is None:
+            return {1}
+        return {1, self.zygote.pid, *([self.zygote.standby] if self.zygote.standby else [])}
+
+    def kill_others(self) -> list[int]:
+        """SIGKILL every process of the namespace but ours; the pids signalled."""
+        keep = self._keep()
+        others = [int(n) for n in os.listdir("/proc") if n.isdigit() and int(n) not in keep]
+        for pid in others:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return others
+
+    def settle(self) -> bool:
+        """Kill and reap every process of the call; drop a zygote it tampered with."""
+        for _ in range(2):
+            for _ in range(_KILL_ROUNDS):
+                self.check_zygote()
+                if not self.kill_others():
+                    break
+                self.reap()
+                time.sleep(0.0002)  # let SIGKILLed processes finish exiting
+            else:
+                return False
+            self.reap()
+            zygote = self.zygote
+            if zygote is None or (_children(zygote.pid) == {zygote.standby}
+                                  and _settings(zygote.pid) == zygote.settings
+                                  and _settings(zygote.standby) == zygote.settings):
+                return True
+            # More children than its standby (a call's clone(CLONE_PARENT)), or rlimits,
+            # nice or scheduling changed: a fresh zygote next time; kill what is left.
+            self.drop_zygote()
+        return False
+
+    def check_zygote(self) -> None:
+        """Drop the zygote unless it idles as it should: standby alive, nobody stopped.
+
+        Between calls it sends nothing; a message means its standby died (killed by
+        the call), and it has forked another we do not know of: the pids we keep would
+        be stale, and each round would kill the standby it forks anew.
+        """
+        zygote = self.zygote
+        if zygote is None:
+            return
+        pending = select.poll()
+        pending.register(zygote.chan, select.POLLIN)
+        if (zygote.suspect or zygote.standby is None or pending.poll(0)
+                or _state(zygote.pid) not in _IDLE or _state(zygote.standby) not in _IDLE):
+            self.drop_zygote()  # SIGKILL works on stopped processes too
+
+    def tidy(self) -> bool:
+        """Empty the scratch dirs, check IPC objects and our settings; True if clean."""
+        clean = True
+        for top in _SCRATCH:
+            clean = _empty(top) and clean
+        for path in _IPC:
+            try:
+                with open(path, "rb") as f:
+                    clean = clean and len(f.read().splitlines()) <= 1
+            except OSError:
+                pass
+        try:
+            for name in os.listdir(_MQUEUE):  # POSIX message queues: data across calls
+                os.unlink(os.path.join(_MQUEUE, name))
+        except FileNotFoundError:
+            pass  # no mqueue mount: bwrap.py always makes one
+        except OSError:
+            clean = False
+        return clean and _settings(0) == self.settings
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if self.zygote is not None and pid == self.zygote.pid:
+                self.drop_zygote()  # it died (killed from outside, or spent its CPU)
+
+
+_IDLE = ("S", "R", "D")  # what /proc/PID/stat may say of an idle zygote or standby
+
+
+def _state(pid: int | None) -> str | None:
+    """The state letter of /proc/PID/stat, None if there is no such process."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat[stat.rindex(b")") + 2:][:1].decode()
+
+
+def _children(pid: int) -> set[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", "rb") as f:
+            return {int(n) for n in f.read().split()}
+    except (OSError, ValueError):
+        return set()
+
+
+_RLIMITS = tuple(getattr(resource, n) for n in dir(resource) if n.startswith("RLIMIT_"))
+
+
+def _settings(pid: int | None) -> tuple[object, ...] | None:
+    """What a process hands its children that a same-uid process could change from
+    outside: rlimits, nice, scheduling policy, priority, CPU affinity; 0 is us."""
+    if pid is None:
+        return None
+    try:
+        return (tuple(resource.prlimit(pid, r) for r in _RLIMITS),
+                os.getpriority(os.PRIO_PROCESS, pid), os.sched_getscheduler(pid),
+                os.sched_getparam(pid).sched_priority, frozenset(os.sched_getaffinity(pid)))
+    except OSError:
+        return None
+
+
+def _spawn(argv: list[str], env: dict[str, str], stdio: list[int]) -> int | str:
+    """posix_spawn (vfork: no page-table copy) with `env`'s PATH; the pid or an error line.
+
+    Like execvp: every PATH entry is tried, EACCES remembered. A fresh session and
+    default dispositions for what Python ignores; every fd of ours is close-on-exec.
+    """
+    name = argv[0]
+    paths = [name] if "/" in name else [os.path.join(d or ".", name)
+                                        for d in os.get_exec_path(env)]
+    error: OSError | None = None
+    for path in paths:
+        try:
+            return os.posix_spawn(
+                path, argv, env, setsid=True, setsigdef=_DEFAULT_SIGNALS,
+                file_actions=[(os.POSIX_SPAWN_DUP2, fd, target)
+                              for target, fd in enumerate(stdio)])
+        except OSError as e:
+            if error is None or e.errno not in (errno.ENOENT, errno.ENOTDIR):
+                error = e  # the last telling error, as execvp reports it
+    reason = error.strerror if error is not None else "No such file or directory"
+    return f"treadle-sandbox: cannot run {name!r}: {reason}\n"
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _empty(top: str) -> bool:
+    """Remove everything under `top` (a call may leave read-only dirs); True if done.
+
+    Only called once every process of the call is dead, so nothing races the walk.
+    """
+    try:
+        fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return True  # no such scratch dir in this sandbox
+    try:
+        vfs = os.fstatvfs(fd)
+        if vfs.f_files and vfs.f_files - vfs.f_ffree > _MAX_SCRATCH_ENTRIES:
+            return False  # not worth the CPU time: a fresh executor instead
+        _empty_fd(fd, [_MAX_SCRATCH_ENTRIES])
+        return not os.listdir(fd)
+    except (OSError, RecursionError):  # the host replaces the executor
+        return False
+    finally:
+        os.close(fd)
+
+
+def _empty_fd(dir_fd: int, budget: list[int]) -> None:
+    entries = []
+    with os.scandir(dir_fd) as listing:
+        for entry in listing:
+            budget[0] -= 1
+            if budget[0] < 0:
+                raise OSError(errno.E2BIG, "too many entries to clean")
+            entries.append(entry)
+    for entry in entries:
+        if not entry.is_dir(follow_symlinks=False):
+            os.unlink(entry.name, dir_fd=dir_fd)
+            continue
+        os.chmod(entry.name, 0o700, dir_fd=dir_fd)  # a dir, and no process left to swap it
+        sub = os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+        try:
+            _empty_fd(sub, budget)
+        finally:
+            os.close(sub)
+        os.rmdir(entry.name, dir_fd=dir_fd)
+
+
+def main() -> None:
+    global _ZYGOTE
+    _ZYGOTE = sys.argv[2]  # the zygote's source (`_resident_zygote`), as the host read it
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # init: no handler, so no signal from inside
+    _prctl(_PR_SET_DUMPABLE, 0)
+    Resident(int(sys.argv[1])).serve()
+
+
+if __name__ == "__main__":
+    main()

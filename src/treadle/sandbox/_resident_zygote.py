@@ -1,0 +1,162 @@
+"""The zygote of the resident executor (`_resident_agent`): an interpreter started
+once per sandbox, kept idle, that forks each `python3 -u -` call.
+
+Started by the agent as `python3 -s -u -c <this file> FD ENV_JSON` with the call's
+environment but no PYTHONPATH (standard library only: the source is passed in, as
+treadle's checkout is hidden inside the sandbox). FD is its channel to the agent.
+Each call is a fresh forked process that takes the call's exact environment, then
+`python3 -`'s path (``''``, PYTHONPATH, the user site with its .pth files and
+usercustomize) and runs stdin as ``__main__``; nothing it sets survives it. What
+this process itself imports, it imports before any path a call can write to is on
+``sys.path``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+# Started with -s and without PYTHONPATH, its sys.path[0] ('') dropped before any
+# import: nothing a call can write (the work dir, HOME's user site, a PYTHONPATH dir)
+# runs in this long-lived process. The call's own path is set up after the fork.
+if not sys.flags.safe_path:
+    del sys.path[0]
+# After the path is made safe, hence not at the top.
+import atexit
+import ctypes
+import json
+import os
+import resource
+import site
+import socket
+import types
+from typing import Any
+
+ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: calls cannot open our memory
+_ENV: dict[str, str] = json.loads(sys.argv[2])  # the call's env, exactly (PYTHONPATH too)
+
+
+def _as_python_dash() -> None:
+    # What `python3 -u -` has that this process lacks: '' first, PYTHONPATH's entries
+    # next, the user site (with its .pth files and usercustomize) before the system site.
+    if dict(os.environ) != _ENV:
+        for key in list(os.environ):
+            del os.environ[key]
+        os.environ.update(_ENV)  # also the order `env` lists them in
+    extra = [p for p in _ENV.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[0:0] = [*([] if sys.flags.safe_path else [""]),
+                     *[os.path.abspath(p) for p in extra]]
+    if not _ENV.get("PYTHONNOUSERSITE") and os.getuid() == os.geteuid() \
+            and os.getgid() == os.getegid():
+        site.ENABLE_USER_SITE = True
+        before = len(sys.path)
+        site.addusersitepackages(None)  # type: ignore[arg-type]  # None: look them up
+        added = sys.path[before:]
+        del sys.path[before:]
+        systems = set(site.getsitepackages())
+        at = next((i for i, p in enumerate(sys.path) if p in systems), len(sys.path))
+        sys.path[at:at] = added
+        if "sitecustomize" not in sys.modules and extra:
+            site.execsitecustomize()
+        site.execusercustomize()
+    elif "sitecustomize" not in sys.modules and extra:
+        site.execsitecustomize()
+
+
+def _call(chan: socket.socket) -> None:
+    msg, fds, _, _ = socket.recv_fds(chan, 16, 3)
+    if msg != b"run" or len(fds) != 3:
+        os._exit(0)
+    chan.send(b"pid:%d" % os.getpid())
+    chan.close()
+    os.setsid()
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # a call is as dumpable as any process
+    try:
+        _as_python_dash()
+    except BaseException as e:  # a broken .pth or usercustomize: reported as python does
+        sys.excepthook(type(e), e, e.__traceback__)
+    chunks = []
+    while chunk := os.read(0, 1 << 20):
+        chunks.append(chunk)
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = __builtins__
+    sys.modules["__main__"] = main
+    sys.argv[:] = ["-"]
+    try:
+        try:
+            exec(compile(b"".join(chunks), "<stdin>", "exec"), main.__dict__)
+        except BaseException as e:
+            if isinstance(e, SystemExit):
+                raise
+            tb = e.__traceback__.tb_next if e.__traceback__ is not None else None
+            # From the code's own frames on, as `python3 -` prints it.
+            sys.excepthook(type(e), e.with_traceback(tb), tb)
+            raise SystemExit(1) from None
+        raise SystemExit(0)
+    except SystemExit as e:
+        status = _exit_status(e.code)
+    _finish(main, status)
+
+
+def _exit_status(code: Any) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    try:  # noqa: SIM105 (contextlib would be one more import at the zygote's start)
+        print(code, file=sys.stderr)
+    except Exception:
+        pass
+    return 1
+
+
+def _finish(main: types.ModuleType, status: int) -> None:
+    # What the interpreter's exit does that a program can notice, in its order:
+    # non-daemon threads joined, atexit handlers, objects of __main__ (open files:
+    # flushed and closed) released, the standard streams flushed. Not the module
+    # teardown and final collection, which cost 10-50 ms of a call: an object only a
+    # reference cycle holds is not finalised (a file opened in one is not flushed).
+    try:
+        if "threading" in sys.modules:
+            sys.modules["threading"]._shutdown()
+        atexit._run_exitfuncs()
+        main.__dict__.clear()  # (a full gc.collect() would cost more than the call)
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+    except BaseException as e:
+        try:  # noqa: SIM105 (as above)
+            sys.excepthook(type(e), e, e.__traceback__)
+        except BaseException:
+            pass
+        status = status or 120  # what the interpreter exits with when flushing fails
+    os._exit(status)
+
+
+def _serve(fd: int) -> None:
+    # A standby is forked ahead of each call (the fork's cost is then off the call's
+    # path); it takes the next `run` from the resident itself. The zygote only
+    # reaps and reports: "ready:STANDBY", then "status:S next:STANDBY" per call.
+    chan = socket.socket(fileno=fd)
+    limit = resource.getrlimit(resource.RLIMIT_CPU)[0]  # imported above, before any path
+    status = None
+    while True:
+        if status is not None and limit > 0 and sum(os.times()[:2]) > limit / 2:
+            chan.send(b"status:%d next:0" % status)
+            os._exit(0)  # half of RLIMIT_CPU spent on forks: the resident starts another
+        standby = os.fork()
+        if standby == 0:
+            return _call(chan)
+        chan.send(b"ready:%d" % standby if status is None
+                  else b"status:%d next:%d" % (status, standby))
+        while True:  # reap anything that became our child too (clone with CLONE_PARENT)
+            pid, wait_status = os.waitpid(-1, 0)
+            if pid == standby:
+                break
+        status = os.waitstatus_to_exitcode(wait_status)
+
+
+if __name__ == "__main__":
+    _serve(int(sys.argv[1]))
