@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import sys
 
-# Started with -s and without PYTHONPATH, its sys.path[0] ('') dropped before any
-# import: nothing a call can write (the work dir, HOME's user site, a PYTHONPATH dir)
-# runs in this long-lived process. The call's own path is set up after the fork.
-if not sys.flags.safe_path:
+# Run (not imported, as treadle's tests import every module): started with -s and
+# without PYTHONPATH, its sys.path[0] ('') dropped before any import, so nothing a
+# call can write (the work dir, HOME's user site, a PYTHONPATH dir) runs in this
+# long-lived process. The call's own path is set up after the fork.
+if __name__ == "__main__" and not sys.flags.safe_path:
     del sys.path[0]
 # After the path is made safe, hence not at the top.
 import atexit
@@ -31,8 +32,7 @@ import socket
 import types
 from typing import Any
 
-ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: calls cannot open our memory
-_ENV: dict[str, str] = json.loads(sys.argv[2])  # the call's env, exactly (PYTHONPATH too)
+_ENV: dict[str, str] = {}  # the call's env, exactly (PYTHONPATH too): argv[2]
 
 
 def _as_python_dash() -> None:
@@ -159,4 +159,6 @@ def _serve(fd: int) -> None:
 
 
 if __name__ == "__main__":
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: calls cannot open our memory
+    _ENV.update(json.loads(sys.argv[2]))
     _serve(int(sys.argv[1]))
