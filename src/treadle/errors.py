@@ -61,7 +61,8 @@ escaping treadle is a bug. Each package owns a branch::
     │   ├── EngineUnavailable           treadle.engines.errors): engine down or
     │   │   ├── EngineStartError        unreachable (an engine that did not start, no
     │   │   ├── NoEngineAvailable       engine left at all, one that does not serve the
-    │   │   └── EngineModelMissing      model asked for), a request past its
+    │   │   ├── EngineModelMissing      model asked for; WireError: treadle.engines._wire,
+    │   │   └── WireError               the connection itself), a request past its
     │   ├── EngineTimeout               deadline, a malformed reply (names the
     │   ├── EngineProtocolError         field), a request the engine rejected (also
     │   └── EngineRequestError          a ValueError)

@@ -1,4 +1,5 @@
-"""The vLLM and SGLang clients against fakes of their servers' wire formats."""
+"""The vLLM and SGLang clients against fakes of their servers' wire formats, on both
+HTTP stacks (`_wire.WirePool` with msgspec, and the httpx one kept for comparison)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,18 @@ from treadle.engines import (
     EngineUnavailable,
     GenerateRequest,
 )
-from treadle.engines._http import parse_prometheus
+from treadle.engines._http import HTTP_STACK_ENV, parse_prometheus
 from treadle.engines.sglang import SGLangEngine, generate_body
 from treadle.engines.vllm import VLLMEngine, completion_body
 
 PROMPT = [5, 6, 7, 100]
+
+
+@pytest.fixture(autouse=True, params=["wire", "httpx"])
+def http_stack(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test here runs on each stack: the same wire format, the same errors."""
+    monkeypatch.setenv(HTTP_STACK_ENV, request.param)
+    return str(request.param)
 
 
 def req(rid: str = "r1", **kw: object) -> GenerateRequest:

@@ -33,6 +33,19 @@ def test_a_tiny_run_reports_every_job_and_the_service_apart_from_its_engines() -
     assert summary["service_peak_rss_mb"] >= max(summary["service_rss_mb_after_each_job"])
 
 
+def test_two_engine_http_stacks_run_side_by_side_as_arms() -> None:
+    report = run_service_bench(trajectories=16, jobs=1, workload="search", policy="verl",
+                               engines=1, time_scale=0.02, model="qwen3-14b", gpu="h100",
+                               seed=0, status_interval_s=0.05, log=lambda _m: None,
+                               engine_http=("httpx", "wire"))
+    assert report["setup"]["engine_http"] == ["httpx", "wire"]
+    assert set(report["arms"]) == {"httpx", "wire"}
+    for name, arm in report["arms"].items():
+        (job,) = arm["jobs"]
+        assert job["engine_http"] == name and job["statuses"] == {"completed": 16}
+        assert arm["summary"]["service_cpu_ms_per_turn_median"] > 0
+
+
 def test_latencies_summarise_to_percentiles_in_milliseconds() -> None:
     lat = Latencies([0.001 * i for i in range(1, 101)], failures=2)
     assert lat.summary() == {"n": 100, "failures": 2, "p50_ms": 51.0, "p99_ms": 100.0,
@@ -41,7 +54,8 @@ def test_latencies_summarise_to_percentiles_in_milliseconds() -> None:
 
 
 @pytest.mark.parametrize("args", [["--trajectories", "20"], ["--workload", "chess"],
-                                  ["--time-scale", "0"], ["--jobs", "0"]])
+                                  ["--time-scale", "0"], ["--jobs", "0"],
+                                  ["--engine-http", "aiohttp"]])
 def test_bad_arguments_exit_2_with_one_line(args: list[str], tmp_path: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "service", *args, "--out", str(tmp_path / "r.json")]) == 2

@@ -4,6 +4,10 @@ trajectories, measured from a client over HTTP.
     treadle bench service --trajectories 2000 --jobs 3 --workload search --engines 8 \\
         --time-scale 0.1 --json --out benchmarks/service.json
 
+`--engine-http httpx,wire` measures the engine clients' HTTP stacks side by side:
+a service per stack (`TREADLE_ENGINE_HTTP`), their jobs alternating, one report
+each under `arms`.
+
 The service runs as its own process (`treadle serve --emulate N --time-scale X`, a
 fresh SQLite file, a token), so its CPU and memory are its own; the emulated
 engines are its children, counted apart. `--jobs` jobs of `--trajectories`
@@ -123,14 +127,17 @@ def _machine_ticks() -> tuple[int, int]:
 
 
 @contextlib.contextmanager
-def serving(args: list[str], log_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """`treadle serve` with `args` on a free loopback port until the block exits."""
+def serving(args: list[str], log_path: Path, env: dict[str, str] | None = None,
+            ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """`treadle serve` with `args` (and `env` added to this process's environment) on a
+    free loopback port until the block exits."""
     port = free_port()
     with log_path.open("ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "treadle", "serve", "--port", str(port), "--token", _TOKEN,
              "--sandbox", "none", "--log-level", "warning", *args],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, **(env or {})})
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 180
@@ -264,10 +271,83 @@ async def _scheduler_cpu_s(client: httpx.AsyncClient) -> float:
 # -- the report ----------------------------------------------------------------------------
 
 
+def _job_row(row: dict[str, Any], before: tuple[Any, ...], *, pid: int, engine_pids: list[int],
+             scheduler_cpu: float, sim_makespan_s: float, turns: int, trajectories: int,
+             time_scale: float) -> dict[str, Any]:
+    """`row` (from `run_job`) with the CPU, memory and simulator figures of the job."""
+    wall = time.perf_counter() - before[0]
+    busy, total = _machine_ticks()
+    service_cpu = _cpu_s(pid) - before[1]
+    engines_cpu = _tree_cpu_s(engine_pids) - before[2]
+    row.update({
+        "trajectories_per_s": trajectories / row["wall_s"],
+        "live_makespan_s": row["wall_s"] / time_scale,
+        "sim_makespan_s": sim_makespan_s,
+        "live_over_sim": row["wall_s"] / time_scale / sim_makespan_s,
+        "turns": turns,
+        "service_cpu_s": service_cpu,
+        "service_cpu_pct_of_core": 100.0 * service_cpu / wall,
+        "service_cpu_ms_per_turn": 1000.0 * service_cpu / turns,
+        "scheduler_cpu_s": scheduler_cpu,
+        "engines_cpu_s": engines_cpu,
+        "engines_cpu_pct_of_core": 100.0 * engines_cpu / wall,
+        "client_cpu_s": time.process_time() - before[3],
+        "machine_busy_pct": 100.0 * (busy - before[4][0]) / max(1, total - before[4][1]),
+        "service_rss_mb_after": _memory_mb(pid, "VmRSS")})
+    return row
+
+
+@dataclass(slots=True)
+class _Arm:
+    """One service under test: its engine HTTP stack, process and results."""
+
+    engine_http: str
+    url: str
+    pid: int
+    engine_pids: list[int]
+    rss_start: float
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    idle: _Probes = field(default_factory=_Probes)
+    peak: float = 0.0
+
+    def report(self) -> dict[str, Any]:
+        rows = self.rows
+        return {
+            "jobs": rows,
+            "summary": {
+                "trajectories_per_s_median": statistics.median(r["trajectories_per_s"]
+                                                               for r in rows),
+                "live_over_sim_median": statistics.median(r["live_over_sim"] for r in rows),
+                "service_cpu_pct_of_core_median": statistics.median(
+                    r["service_cpu_pct_of_core"] for r in rows),
+                "service_cpu_ms_per_turn_median": statistics.median(
+                    r["service_cpu_ms_per_turn"] for r in rows),
+                "status_p99_ms_median": statistics.median(
+                    r["status_route"].get("p99_ms", 0.0) for r in rows),
+                "submit_p99_ms_median": statistics.median(
+                    r["submit_route"].get("p99_ms", 0.0) for r in rows),
+                "engines_cpu_pct_of_core_median": statistics.median(
+                    r["engines_cpu_pct_of_core"] for r in rows),
+                "service_rss_mb_at_start": self.rss_start,
+                "service_rss_mb_after_each_job": [r["service_rss_mb_after"] for r in rows],
+                "service_peak_rss_mb": self.peak},
+            "idle_stream_reread": {"first_byte": self.idle.stream_first_byte.summary(),
+                                   "full": self.idle.stream_full.summary()},
+        }
+
+
 def run_service_bench(*, trajectories: int, jobs: int, workload: str, policy: str,
                       engines: int, time_scale: float, model: str, gpu: str, seed: int,
-                      status_interval_s: float, log: Log) -> dict[str, Any]:
-    """The report (see the module docstring)."""
+                      status_interval_s: float, log: Log,
+                      engine_http: tuple[str, ...] = ("wire",)) -> dict[str, Any]:
+    """The report (see the module docstring).
+
+    `engine_http` names the engine clients' HTTP stack of each service under test
+    (`TREADLE_ENGINE_HTTP`: "wire", or "httpx" for the stack before it). With more
+    than one, a service per stack runs at once, idle but for its own jobs, which
+    alternate (job k of each arm before job k + 1 of any), so that the arms share
+    the machine's state; the report then has an `arms` object, one report each.
+    """
     from treadle.core.cost_model import CostModel
     from treadle.core.policies import parse_policy
     from treadle.sim.runner import simulate
@@ -275,94 +355,74 @@ def run_service_bench(*, trajectories: int, jobs: int, workload: str, policy: st
 
     cost = CostModel.named(model, gpu)
     spec = parse_policy(policy)
-    rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="treadle-bench-service-") as tmp:
-        serve = ["--db", str(Path(tmp) / "bench.db"), "--emulate", str(engines),
-                 "--time-scale", repr(time_scale), "--policy", policy, "--model", model,
-                 "--gpu", gpu]
-        with serving(serve, Path(tmp) / "serve.log") as (url, proc):
-            engine_pids = descendants(proc.pid)
-            rss_start = _memory_mb(proc.pid, "VmRSS")
-            log(f"service pid {proc.pid} up at {url} with {len(engine_pids)} engine "
-                f"processes; RSS {rss_start:.0f} MiB")
-            idle = _Probes()
+    arms: list[_Arm] = []
+    with tempfile.TemporaryDirectory(prefix="treadle-bench-service-") as tmp, \
+            contextlib.ExitStack() as stack:
+        for name in engine_http:
+            serve = ["--db", str(Path(tmp) / f"bench-{name}.db"), "--emulate", str(engines),
+                     "--time-scale", repr(time_scale), "--policy", policy, "--model", model,
+                     "--gpu", gpu]
+            url, proc = stack.enter_context(serving(serve, Path(tmp) / f"serve-{name}.log",
+                                                    {"TREADLE_ENGINE_HTTP": name}))
+            arm = _Arm(name, url, proc.pid, descendants(proc.pid),
+                       _memory_mb(proc.pid, "VmRSS"))
+            arms.append(arm)
+            log(f"service ({name}) pid {proc.pid} up at {url} with {len(arm.engine_pids)} "
+                f"engine processes; RSS {arm.rss_start:.0f} MiB")
 
-            async def main() -> None:
-                async with httpx.AsyncClient(base_url=url, timeout=120,
-                                             headers={"authorization": f"Bearer {_TOKEN}"},
-                                             limits=httpx.Limits(max_connections=64)) as c:
-                    previous = None
-                    for k in range(jobs):
-                        job = f"bench-{k}"
-                        body = {"tasks": {"workload": workload, "trajectories": trajectories,
-                                          "seed": seed + k}}
+        async def main() -> None:
+            async with contextlib.AsyncExitStack() as clients:
+                cs = [await clients.enter_async_context(httpx.AsyncClient(
+                    base_url=arm.url, timeout=120,
+                    headers={"authorization": f"Bearer {_TOKEN}"},
+                    limits=httpx.Limits(max_connections=64))) for arm in arms]
+                for k in range(jobs):
+                    job = f"bench-{k}"
+                    body = {"tasks": {"workload": workload, "trajectories": trajectories,
+                                      "seed": seed + k}}
+                    batch = generate(workload, trajectories, seed=seed + k,
+                                     max_context=cost.model.max_context)
+                    sim, _ = simulate(batch, spec, cost, engines)
+                    turns = sum(len(t.turns) for t in batch.trajectories)
+                    for arm, c in zip(arms, cs, strict=True):
                         decisions = await _scheduler_cpu_s(c)
-                        before = (time.perf_counter(), _cpu_s(proc.pid),
-                                  _tree_cpu_s(engine_pids), time.process_time(),
+                        before = (time.perf_counter(), _cpu_s(arm.pid),
+                                  _tree_cpu_s(arm.engine_pids), time.process_time(),
                                   _machine_ticks())
-                        row = await run_job(c, job, body, trajectories, previous=previous,
+                        row = await run_job(c, job, body, trajectories,
+                                            previous=f"bench-{k - 1}" if k else None,
                                             status_interval_s=status_interval_s)
-                        wall = time.perf_counter() - before[0]
-                        busy, total = _machine_ticks()
-                        service_cpu = _cpu_s(proc.pid) - before[1]
                         scheduler_cpu = await _scheduler_cpu_s(c) - decisions
-                        engines_cpu = _tree_cpu_s(engine_pids) - before[2]
-                        batch = generate(workload, trajectories, seed=seed + k,
-                                         max_context=cost.model.max_context)
-                        sim, _ = simulate(batch, spec, cost, engines)
-                        turns = sum(len(t.turns) for t in batch.trajectories)
-                        row.update({
-                            "job": job, "trajectories_per_s": trajectories / row["wall_s"],
-                            "live_makespan_s": row["wall_s"] / time_scale,
-                            "sim_makespan_s": sim.makespan_s,
-                            "live_over_sim": row["wall_s"] / time_scale / sim.makespan_s,
-                            "turns": turns,
-                            "service_cpu_s": service_cpu,
-                            "service_cpu_pct_of_core": 100.0 * service_cpu / wall,
-                            "service_cpu_ms_per_turn": 1000.0 * service_cpu / turns,
-                            "scheduler_cpu_s": scheduler_cpu,
-                            "engines_cpu_s": engines_cpu,
-                            "engines_cpu_pct_of_core": 100.0 * engines_cpu / wall,
-                            "client_cpu_s": time.process_time() - before[3],
-                            "machine_busy_pct": 100.0 * (busy - before[4][0])
-                            / max(1, total - before[4][1]),
-                            "service_rss_mb_after": _memory_mb(proc.pid, "VmRSS")})
-                        log(f"  {job}: {row['delivered']}/{trajectories} in "
-                            f"{row['wall_s']:.1f}s ({row['trajectories_per_s']:.1f}/s, live/sim "
-                            f"{row['live_over_sim']:.2f}); service CPU "
+                        row = _job_row(row, before, pid=arm.pid, engine_pids=arm.engine_pids,
+                                       scheduler_cpu=scheduler_cpu,
+                                       sim_makespan_s=sim.makespan_s, turns=turns,
+                                       trajectories=trajectories, time_scale=time_scale)
+                        row = {"job": job, "engine_http": arm.engine_http, **row}
+                        log(f"  {job} ({arm.engine_http}): {row['delivered']}/{trajectories} "
+                            f"in {row['wall_s']:.1f}s (live/sim {row['live_over_sim']:.2f});"
+                            f" service CPU {row['service_cpu_ms_per_turn']:.2f} ms a turn, "
                             f"{row['service_cpu_pct_of_core']:.0f}% of a core, engines "
                             f"{row['engines_cpu_pct_of_core']:.0f}%, machine "
                             f"{row['machine_busy_pct']:.0f}% busy; status p99 "
                             f"{row['status_route'].get('p99_ms')} ms; RSS "
                             f"{row['service_rss_mb_after']:.0f} MiB")
-                        rows.append(row)
-                        previous = job
+                        arm.rows.append(row)
+                for arm, c in zip(arms, cs, strict=True):
                     for _ in range(5):
-                        await reread(c, previous or "", idle, trajectories)
+                        await reread(c, f"bench-{jobs - 1}", arm.idle, trajectories)
 
-            asyncio.run(main())
-            peak = _memory_mb(proc.pid, "VmHWM")
-    return {
-        "setup": {"trajectories_per_job": trajectories, "jobs": jobs, "workload": workload,
-                  "policy": policy, "gpus": engines, "engine_processes": len(engine_pids),
-                  "time_scale": time_scale, "model": model, "gpu": gpu, "seed": seed,
-                  "status_interval_s": status_interval_s, "submit_probe_interval_s": 1.0,
-                  "cores": os.cpu_count(), "python": platform.python_version()},
-        "jobs": rows,
-        "summary": {
-            "trajectories_per_s_median": statistics.median(r["trajectories_per_s"]
-                                                           for r in rows),
-            "live_over_sim_median": statistics.median(r["live_over_sim"] for r in rows),
-            "service_cpu_pct_of_core_median": statistics.median(
-                r["service_cpu_pct_of_core"] for r in rows),
-            "engines_cpu_pct_of_core_median": statistics.median(
-                r["engines_cpu_pct_of_core"] for r in rows),
-            "service_rss_mb_at_start": rss_start,
-            "service_rss_mb_after_each_job": [r["service_rss_mb_after"] for r in rows],
-            "service_peak_rss_mb": peak},
-        "idle_stream_reread": {"first_byte": idle.stream_first_byte.summary(),
-                               "full": idle.stream_full.summary()},
-    }
+        asyncio.run(main())
+        for arm in arms:
+            arm.peak = _memory_mb(arm.pid, "VmHWM")
+    setup = {"trajectories_per_job": trajectories, "jobs": jobs, "workload": workload,
+             "policy": policy, "gpus": engines, "engine_processes": len(arms[0].engine_pids),
+             "time_scale": time_scale, "model": model, "gpu": gpu, "seed": seed,
+             "status_interval_s": status_interval_s, "submit_probe_interval_s": 1.0,
+             "engine_http": list(engine_http), "cores": os.cpu_count(),
+             "python": platform.python_version()}
+    if len(arms) == 1:
+        return {"setup": setup, **arms[0].report()}
+    return {"setup": setup, "arms": {arm.engine_http: arm.report() for arm in arms}}
 
 
 def add_service_bench_parser(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -380,6 +440,9 @@ def add_service_bench_parser(bench_subparsers: argparse._SubParsersAction[Any]) 
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--status-interval", type=float, default=0.1, metavar="S",
                    help="seconds between job-status requests")
+    p.add_argument("--engine-http", default="wire", metavar="STACKS",
+                   help="the engine clients' HTTP stack, or a comma-separated list to "
+                        "measure side by side: wire (default), httpx (the stack before)")
     p.add_argument("--json", action="store_true", help="print the JSON report")
     p.add_argument("--out", default="out/service.json",
                    help="where to write the report (default out/service.json; the committed "
@@ -398,6 +461,8 @@ def run_service_bench_command(args: argparse.Namespace) -> int:
         (args.jobs < 1, "--jobs must be >= 1"), (args.engines < 1, "--engines must be >= 1"),
         (not args.time_scale > 0, "--time-scale must be > 0"),
         (not args.status_interval > 0, "--status-interval must be > 0"),
+        (not set(_stacks(args.engine_http)) <= {"wire", "httpx"} or not _stacks(
+            args.engine_http), "--engine-http must list wire and/or httpx"),
         (not Path("/proc/self/stat").exists(), "needs Linux (/proc)")) if bad]
     if problems:
         print(f"treadle bench service: {problems[0]}", file=sys.stderr)
@@ -407,10 +472,15 @@ def run_service_bench_command(args: argparse.Namespace) -> int:
             trajectories=args.trajectories, jobs=args.jobs, workload=args.workload,
             policy=args.policy, engines=args.engines, time_scale=args.time_scale,
             model=args.model, gpu=args.gpu, seed=args.seed,
-            status_interval_s=args.status_interval, log=log)
+            status_interval_s=args.status_interval, log=log,
+            engine_http=_stacks(args.engine_http))
     except (KeyError, ValueError) as e:
         print(f"treadle bench service: {str(e).strip(chr(39))}", file=sys.stderr)
         return 2
     write_report(report, args.out, name="service bench", echo=args.json)
     return 0
 
+
+
+def _stacks(text: str) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))

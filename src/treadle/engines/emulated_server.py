@@ -38,6 +38,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import msgspec
 import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -85,6 +86,7 @@ class AbortRequest(BaseModel):
 
 
 _M = TypeVar("_M", bound=BaseModel)
+_ENCODER = msgspec.json.Encoder()
 
 
 async def _body(model: type[_M], request: Request) -> _M | Response:
@@ -250,7 +252,10 @@ def create_app(engine: EmulatedEngine, served_model: str) -> FastAPI:
         if result is None:  # the client is gone: free its slot, as vLLM does
             engine.abort(request_id)
             return Response(status_code=499)
-        return JSONResponse(_reply(result, body, served_model, prompt))
+        # msgspec: the reply echoes the prompt's ids (as vLLM's does), which the standard
+        # library's json encodes some 20x slower, on the cores the service shares.
+        return Response(_ENCODER.encode(_reply(result, body, served_model, prompt)),
+                        media_type="application/json")
 
     return app
 

@@ -26,9 +26,9 @@ import time
 from typing import Any
 
 import httpx
-from pydantic import BaseModel, ConfigDict
+import msgspec
 
-from treadle.engines._http import HttpEngine, parse_prometheus, validate
+from treadle.engines._http import HttpEngine, convert, parse_prometheus
 from treadle.engines.base import EngineLoad, FinishReason, GenerateRequest, GenerateResult
 from treadle.engines.errors import EngineProtocolError
 
@@ -39,24 +39,20 @@ _METRICS = {
 }
 
 
-class _Reply(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-
-class FinishInfo(_Reply):
+class FinishInfo(msgspec.Struct, frozen=True):
     type: FinishReason
 
 
-class MetaInfo(_Reply):
+class MetaInfo(msgspec.Struct, frozen=True):
     prompt_tokens: int
-    cached_tokens: int | None = None
     finish_reason: FinishInfo | None
+    cached_tokens: int | None = None
     # [[logprob, token_id, token_text_or_null], ...]
     output_token_logprobs: list[tuple[float | None, int, str | None]] | None = None
     e2e_latency: float | None = None
 
 
-class GenerateReply(_Reply):
+class GenerateReply(msgspec.Struct, frozen=True):  # unknown fields: skipped by the decoder
     output_ids: list[int]
     meta_info: MetaInfo
 
@@ -87,9 +83,12 @@ def generate_body(request: GenerateRequest) -> dict[str, Any]:
     return body
 
 
-def parse_generate(data: Any, request: GenerateRequest, elapsed_s: float) -> GenerateResult:
-    """A `/generate` reply as a result; EngineProtocolError names a bad field."""
-    reply = validate(GenerateReply, data, "/generate reply")
+def parse_generate(data: GenerateReply | Any, request: GenerateRequest,
+                   elapsed_s: float) -> GenerateResult:
+    """A `/generate` reply (decoded, or as plain JSON data) as a result;
+    EngineProtocolError names a bad field."""
+    reply = data if isinstance(data, GenerateReply) else convert(
+        data, GenerateReply, "/generate reply")
     meta = reply.meta_info
     if meta.finish_reason is None:
         raise EngineProtocolError("/generate reply: field 'meta_info.finish_reason' is null "
@@ -106,7 +105,7 @@ def parse_generate(data: Any, request: GenerateRequest, elapsed_s: float) -> Gen
                                       " does not match 'output_ids' (ids or null logprobs)")
         logprobs = [float(e[0]) for e in entries if e[0] is not None]
     return GenerateResult(
-        request_id=request.request_id, output_ids=list(reply.output_ids), logprobs=logprobs,
+        request_id=request.request_id, output_ids=reply.output_ids, logprobs=logprobs,
         finish_reason=finish, prompt_tokens=meta.prompt_tokens,
         cached_tokens=meta.cached_tokens, queued_s=None,
         generating_s=meta.e2e_latency if meta.e2e_latency is not None else elapsed_s)
@@ -124,7 +123,7 @@ class SGLangEngine(HttpEngine):
         self.abort_grace_s = abort_grace_s
 
     async def _call(self, request: GenerateRequest, started: float) -> GenerateResult:
-        data = await self._post_json("/generate", generate_body(request))
+        data = await self._post_json("/generate", generate_body(request), GenerateReply)
         return parse_generate(data, request, time.monotonic() - started)
 
     async def abort(self, request_id: str) -> None:

@@ -5,7 +5,11 @@
 
 The request sends the prompt as a token-id list with `return_token_ids: true` (vLLM
 ≥ 0.10.2) and `logprobs: 1`, so output ids and logprobs come back as the engine
-sampled them: nothing is re-tokenized. Older replies that carry `token_ids` per
+sampled them: nothing is re-tokenized. With `return_token_ids` vLLM also echoes the
+whole prompt (`prompt_token_ids`; it has no option to leave that out, as of 0.32);
+the reply is decoded straight into the structs below (msgspec), which skips fields
+the client does not read without building them, so the echo costs a scan, not a
+list of thousands of ints. Older replies that carry `token_ids` per
 choice without being asked are read the same way; a reply without output token ids
 is an EngineProtocolError (text cannot be turned back into ids faithfully).
 
@@ -28,12 +32,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import httpx
-from pydantic import BaseModel, ConfigDict
+import msgspec
 
-from treadle.engines._http import HttpEngine, parse_prometheus, validate
+from treadle.engines._http import HttpEngine, convert, parse_prometheus
+from treadle.engines._wire import WireReply
 from treadle.engines.base import EngineLoad, FinishReason, GenerateRequest, GenerateResult
 from treadle.engines.errors import EngineError, EngineProtocolError
 
@@ -47,39 +52,39 @@ _METRICS = {
 }
 
 
-class _Reply(BaseModel):  # what the client reads: unknown fields (newer servers) ignored
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-
-class Logprobs(_Reply):
+class Logprobs(msgspec.Struct, frozen=True):
     token_logprobs: list[float | None]
 
 
-class Choice(_Reply):
-    index: int = 0
+class Choice(msgspec.Struct, frozen=True):
+    """What the client reads of a choice. Unknown fields are skipped by the decoder
+    unbuilt: `prompt_token_ids` (the whole prompt, which vLLM echoes with
+    `return_token_ids` and has no option to leave out) is one; `usage.prompt_tokens`
+    carries its length."""
+
     finish_reason: FinishReason | None
+    index: int = 0
     token_ids: list[int] | None = None  # with return_token_ids (vLLM ≥ 0.10.2)
-    prompt_token_ids: list[int] | None = None
     logprobs: Logprobs | None = None
 
 
-class PromptTokensDetails(_Reply):
+class PromptTokensDetails(msgspec.Struct, frozen=True):
     cached_tokens: int | None = None
 
 
-class Usage(_Reply):
+class Usage(msgspec.Struct, frozen=True):
     prompt_tokens: int
     completion_tokens: int | None = None
     prompt_tokens_details: PromptTokensDetails | None = None
 
 
-class CompletionReply(_Reply):
+class CompletionReply(msgspec.Struct, frozen=True):
+    choices: list[Choice]
     id: str | None = None
     model: str | None = None
-    choices: list[Choice]
     usage: Usage | None = None
     # Not vLLM: the emulated engine's timing split, read when present.
-    treadle_timing: dict[str, float] | None = None
+    treadle_timing: dict[str, float | None] | None = None
 
 
 def completion_body(request: GenerateRequest, model: str) -> dict[str, Any]:
@@ -105,9 +110,12 @@ def completion_body(request: GenerateRequest, model: str) -> dict[str, Any]:
     return body
 
 
-def parse_completion(data: Any, request: GenerateRequest, elapsed_s: float) -> GenerateResult:
-    """A `/v1/completions` reply as a result; EngineProtocolError names a bad field."""
-    reply = validate(CompletionReply, data, "/v1/completions reply")
+def parse_completion(data: CompletionReply | Any, request: GenerateRequest,
+                     elapsed_s: float) -> GenerateResult:
+    """A `/v1/completions` reply (decoded, or as plain JSON data) as a result;
+    EngineProtocolError names a bad field."""
+    reply = data if isinstance(data, CompletionReply) else convert(
+        data, CompletionReply, "/v1/completions reply")
     if len(reply.choices) != 1:
         raise EngineProtocolError(f"/v1/completions reply: field 'choices': expected 1 "
                                   f"choice, got {len(reply.choices)}")
@@ -129,21 +137,20 @@ def parse_completion(data: Any, request: GenerateRequest, elapsed_s: float) -> G
             raise EngineProtocolError(
                 "/v1/completions reply: field 'choices.0.logprobs.token_logprobs': "
                 f"{len(values)} values (or nulls) for {len(choice.token_ids)} tokens")
-        logprobs = [float(v) for v in values if v is not None]
-    if reply.usage is not None:
-        prompt_tokens = reply.usage.prompt_tokens
-        details = reply.usage.prompt_tokens_details
-        cached = details.cached_tokens if details is not None else None
-    elif choice.prompt_token_ids is not None:
-        prompt_tokens, cached = len(choice.prompt_token_ids), None
-    else:
-        raise EngineProtocolError("/v1/completions reply: field 'usage' is missing")
+        logprobs = cast(list[float], values)  # no None in it: checked above
+    usage = reply.usage
+    details = usage.prompt_tokens_details if usage is not None else None
     timing = reply.treadle_timing or {}
+    generating = timing.get("generating_s")
     return GenerateResult(
-        request_id=request.request_id, output_ids=list(choice.token_ids), logprobs=logprobs,
-        finish_reason=finish, prompt_tokens=prompt_tokens, cached_tokens=cached,
+        request_id=request.request_id, output_ids=choice.token_ids, logprobs=logprobs,
+        finish_reason=finish,
+        # Without `usage` (older servers) the prompt is what was sent, which is what
+        # its echo would say.
+        prompt_tokens=usage.prompt_tokens if usage is not None else len(request.prompt_ids),
+        cached_tokens=details.cached_tokens if details is not None else None,
         queued_s=timing.get("queued_s"),
-        generating_s=timing.get("generating_s", elapsed_s))
+        generating_s=generating if generating is not None else elapsed_s)
 
 
 class VLLMEngine(HttpEngine):
@@ -163,8 +170,8 @@ class VLLMEngine(HttpEngine):
 
     async def model_problem(self) -> str | None:
         try:
-            listed = (await self._send(lambda: self._client.get(
-                "/v1/models", timeout=_MODELS_TIMEOUT_S))).get("data", [])
+            listed = (await self._get_json("/v1/models", dict[str, Any],
+                                           _MODELS_TIMEOUT_S)).get("data", [])
             served = sorted(str(m.get("id")) for m in listed if isinstance(m, dict))
         except (EngineError, AttributeError):
             return None  # cannot tell: the health check decides
@@ -173,12 +180,13 @@ class VLLMEngine(HttpEngine):
         return (f"the engine at {self.base_url} serves {', '.join(served) or 'no model'}, "
                 f"not {self.model!r}")
 
-    def _model_missing(self, reply: httpx.Response) -> bool:
+    def _model_missing(self, reply: WireReply) -> bool:
         # vLLM: {"error": {"message": "The model `x` does not exist.", "code": 404}}
         return "does not exist" in reply.text[:1000]
 
     async def _call(self, request: GenerateRequest, started: float) -> GenerateResult:
         data = await self._post_json("/v1/completions", completion_body(request, self.model),
+                                     CompletionReply,
                                      headers={"x-request-id": request.request_id})
         return parse_completion(data, request, time.monotonic() - started)
 
@@ -201,19 +209,20 @@ class VLLMEngine(HttpEngine):
         await self._post_empty("/pause", params={"mode": "wait"})
         try:
             await self._post_json("/collective_rpc", {
-                "method": "reload_weights", "kwargs": {"weights_path": weights_path}})
-            await self._post_json("/update_weight_version", {"new_version": str(version)})
+                "method": "reload_weights", "kwargs": {"weights_path": weights_path}}, Any)
+            await self._post_json("/update_weight_version", {"new_version": str(version)},
+                                  Any)
         finally:
             await self._post_empty("/resume")
 
     async def weight_version(self) -> str | None:
         """The version label the server reports (`GET /weight_info`; dev mode)."""
-        data = await self._send(lambda: self._client.get("/weight_info"))
+        data = await self._get_json("/weight_info", Any)
         version = data.get("weight_version") if isinstance(data, dict) else None
         return None if version is None else str(version)
 
     async def _post_empty(self, path: str, params: Mapping[str, str] | None = None) -> None:
-        await self._raw(lambda: self._client.post(path, params=dict(params or {})))
+        await self._request("POST", path, params=params)
 
     async def load(self) -> EngineLoad:
         values = parse_prometheus(await self._get_text("/metrics"), _METRICS)
