@@ -56,6 +56,7 @@ from typing import Any
 from treadle.errors import SandboxSupervisorError
 from treadle.sandbox import _process
 from treadle.sandbox._cgroup import CgroupV1, ExecCgroup
+from treadle.sandbox._seccomp import memfd
 from treadle.sandbox.base import ExecResult, Limits, classify
 
 log = logging.getLogger(__name__)
@@ -205,8 +206,8 @@ class ResidentExecutor:
         request = {"argv": argv, "env": env, "python": tuple(argv) == PYTHON_ARGV}
         theirs: list[int] = []
         try:
-            theirs.append(_memfd("treadle-request", json.dumps(request).encode()))
-            theirs.append(_memfd("treadle-stdin", stdin or b""))
+            theirs.append(memfd("treadle-request", json.dumps(request).encode()))
+            theirs.append(memfd("treadle-stdin", stdin or b""))
             for index in (0, 1):
                 read_end, write_end = os.pipe2(os.O_CLOEXEC)
                 theirs.append(write_end)
@@ -442,17 +443,6 @@ def _oom_kills(memory_dir: str) -> int:
     return 0
 
 
-def _memfd(name: str, data: bytes) -> int:
-    fd = os.memfd_create(name, os.MFD_CLOEXEC)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.lseek(fd, 0, os.SEEK_SET)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

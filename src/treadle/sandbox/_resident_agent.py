@@ -230,12 +230,16 @@ class Resident:
         stop = False
         while True:
             events = poller.poll(_ZYGOTE_POLL_MS)
-            if not events and _state(zygote.pid) in ("T", "t"):
-                # Stopped by the call (SIGSTOP from its own code): it could not report
-                # the status. Continue it; it is replaced after this call.
+            stopped = [p for p in (zygote.pid, zygote.standby)
+                       if p is not None and _state(p) in ("T", "t")]
+            if not events and stopped:
+                # Stopped by the call (a stop signal from its own code), or the standby
+                # by one before it: neither could go on. Continue them; the zygote is
+                # replaced after this call.
                 zygote.suspect = True
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(zygote.pid, signal.SIGCONT)
+                for pid in stopped:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGCONT)
             for fd, _ in events:
                 if fd == self.host.fileno():
                     stop = self.on_host(poller) or stop
@@ -254,6 +258,11 @@ class Resident:
                         return None
                     # The standby died before taking the call; the next one takes it.
                 else:  # the zygote died: its call, if any, is now our child
+                    # Once the zygote has exited its children are ours: the socket's
+                    # EOF comes earlier, while a finished call may still be its zombie.
+                    select.select([zygote.pidfd], [], [], _ZYGOTE_TIMEOUT_MS / 1000)
+                    with contextlib.suppress(ChildProcessError):
+                        os.waitpid(zygote.pid, os.WNOHANG)
                     self.drop_zygote()
                     if call is None:
                         return None
@@ -362,15 +371,26 @@ class Resident:
 _IDLE = ("S", "R", "D")  # what /proc/PID/stat may say of an idle zygote or standby
 
 
+# SIGSTOP, SIGTSTP, SIGTTIN, SIGTTOU: a stop sent and not yet taken still stops it.
+_STOPS = sum(1 << (int(s) - 1) for s in (signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN,
+                                         signal.SIGTTOU))
+
+
 def _state(pid: int | None) -> str | None:
-    """The state letter of /proc/PID/stat, None if there is no such process."""
+    """The state letter of /proc/PID/stat ("T" also for a stop signal pending, which
+    a loaded machine may not have delivered yet), None if there is no such process."""
     if pid is None:
         return None
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
+        with open(f"/proc/{pid}/status", "rb") as f:
+            status = f.read()
     except OSError:
         return None
+    for line in status.splitlines():
+        if line.startswith((b"SigPnd:", b"ShdPnd:")) and int(line.split()[1], 16) & _STOPS:
+            return "T"
     return stat[stat.rindex(b")") + 2:][:1].decode()
 
 

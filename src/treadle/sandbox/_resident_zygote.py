@@ -139,9 +139,13 @@ def _serve(fd: int) -> None:
     # A standby is forked ahead of each call (the fork's cost is then off the call's
     # path); it takes the next `run` from the resident itself. The zygote only
     # reaps and reports: "ready:STANDBY", then "status:S next:STANDBY" per call.
+    # A finished call is reaped only after its status is sent: if the call killed
+    # this process in between, the call is a zombie the resident (init) inherits
+    # and reaps with its exact status, never a status lost with the zygote.
     chan = socket.socket(fileno=fd)
     limit = resource.getrlimit(resource.RLIMIT_CPU)[0]  # imported above, before any path
-    status = None
+    status: int | None = None
+    finished: int | None = None  # the last call, ended and not reaped yet
     while True:
         if status is not None and limit > 0 and sum(os.times()[:2]) > limit / 2:
             chan.send(b"status:%d next:0" % status)
@@ -151,12 +155,16 @@ def _serve(fd: int) -> None:
             return _call(chan)
         chan.send(b"ready:%d" % standby if status is None
                   else b"status:%d next:%d" % (status, standby))
+        if finished is not None:
+            os.waitpid(finished, 0)
         while True:  # reap anything that became our child too (clone with CLONE_PARENT)
-            pid, wait_status = os.waitpid(-1, 0)
-            if pid == standby:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT)
+            if info is not None and info.si_pid == standby:
                 break
-        status = os.waitstatus_to_exitcode(wait_status)
-
+            if info is not None:
+                os.waitpid(info.si_pid, 0)
+        status = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+        finished = standby
 
 if __name__ == "__main__":
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: calls cannot open our memory

@@ -123,16 +123,7 @@ class SyscallFilter:
 
     def open_fd(self) -> int:
         """A fresh fd at offset 0 holding the program (close-on-exec; bwrap reads it to EOF)."""
-        fd = os.memfd_create("treadle-seccomp", os.MFD_CLOEXEC)
-        try:
-            view = memoryview(self.program)
-            while view:
-                view = view[os.write(fd, view):]
-            os.lseek(fd, 0, os.SEEK_SET)
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
+        return memfd("treadle-seccomp", self.program)
 
 
 class _ArgCmp(ctypes.Structure):  # struct scmp_arg_cmp
@@ -320,3 +311,17 @@ def syscall_filter() -> SyscallFilter | None:
               "%s", found.arch, len(found.program) // 8, len(found.denied),
               ", ".join(found.unknown) or "none")
     return found
+
+
+def memfd(name: str, data: bytes) -> int:
+    """A close-on-exec memfd at offset 0 holding `data` (what a reader takes to EOF)."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
