@@ -268,3 +268,13 @@ def test_a_weight_update_runs_against_the_emulator_as_against_vllm(
     assert asyncio.run(main()) == "3"
     bad = httpx.post(f"{emulated.url}/collective_rpc", json={"method": "rm_rf"})
     assert bad.status_code == 400 and "no method" in bad.text
+
+
+def test_prefix_hashes_chain_blocks_and_take_any_integer_ids() -> None:
+    ids = list(range(40))
+    hashes = PrefixCache.hashes(ids)
+    assert len(hashes) == 40 // BLOCK  # full blocks only
+    assert PrefixCache.hashes([*ids[:BLOCK], 999, *ids[BLOCK + 1:]])[0] == hashes[0]
+    assert PrefixCache.hashes([*ids[:BLOCK], 999, *ids[BLOCK + 1:]])[1] != hashes[1]
+    # An id no 64-bit integer holds (a client's bad request) still hashes, by its text.
+    assert len(PrefixCache.hashes([1 << 70] * BLOCK)) == 1

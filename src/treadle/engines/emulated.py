@@ -34,6 +34,7 @@ loop's timer resolution.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import hashlib
 import heapq
@@ -88,8 +89,15 @@ class PrefixCache:
         """Chained hashes of the full blocks of `ids`: block k's hash covers blocks 0..k."""
         out: list[bytes] = []
         prev = b""
+        try:
+            # Fixed-width bytes, packed once: the same blocks hash alike, as with text,
+            # at a tenth of the cost (this ran on every request of every engine).
+            raw, width = array.array("q", ids).tobytes(), 8
+        except OverflowError:  # an id past 64 bits (a client's bad request): as text
+            raw, width = None, 0
         for start in range(0, len(ids) - BLOCK + 1, BLOCK):
-            block = ",".join(map(str, ids[start:start + BLOCK])).encode()
+            block = (raw[start * width:(start + BLOCK) * width] if raw is not None
+                     else ",".join(map(str, ids[start:start + BLOCK])).encode())
             prev = hashlib.blake2b(prev + block, digest_size=16).digest()
             out.append(prev)
         return out
