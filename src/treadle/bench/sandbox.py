@@ -44,7 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,8 +82,10 @@ async def _one_call(backend: SandboxBackend, argv: list[str], expect: str) -> bo
     return result.ok and result.stdout == expect
 
 
-async def cold_call(backend: SandboxBackend, samples: int, budget_s: float) -> dict[str, Any]:
-    """Sequential start + exec(true) + close, at most `samples` or `budget_s` seconds."""
+async def _sequential(call: Callable[[], Awaitable[bool]], samples: int,
+                      budget_s: float) -> dict[str, Any]:
+    """`call` run back to back, at most `samples` times or `budget_s` seconds: the
+    latency of the ones that succeeded, and how many did not."""
     times: list[float] = []
     errors = 0
     deadline = time.monotonic() + budget_s
@@ -92,7 +94,7 @@ async def cold_call(backend: SandboxBackend, samples: int, budget_s: float) -> d
             break
         started = time.perf_counter()
         try:
-            ok = await _one_call(backend, ["true"], "")
+            ok = await call()
         except SandboxError:
             ok = False
         if ok:
@@ -102,28 +104,21 @@ async def cold_call(backend: SandboxBackend, samples: int, budget_s: float) -> d
     return {"samples": len(times), "errors": errors, **_latency(times)}
 
 
+async def cold_call(backend: SandboxBackend, samples: int, budget_s: float) -> dict[str, Any]:
+    """Sequential start + exec(true) + close, at most `samples` or `budget_s` seconds."""
+    return await _sequential(lambda: _one_call(backend, ["true"], ""), samples, budget_s)
+
+
 async def warm_call(backend: SandboxBackend, samples: int, budget_s: float, argv: list[str],
                     stdin: bytes | None) -> dict[str, Any]:
     """Sequential execs of `argv` in one sandbox (its first call not counted)."""
-    times: list[float] = []
-    errors = 0
-    deadline = time.monotonic() + budget_s
     async with await backend.start(BENCH_LIMITS) as sb:
         await sb.exec(argv, timeout_s=EXEC_TIMEOUT_S, stdin=stdin)  # starts any executor
-        for _ in range(samples):
-            if time.monotonic() > deadline:
-                break
-            started = time.perf_counter()
-            try:
-                result = await sb.exec(argv, timeout_s=EXEC_TIMEOUT_S, stdin=stdin)
-                ok = result.ok
-            except SandboxError:
-                ok = False
-            if ok:
-                times.append(time.perf_counter() - started)
-            else:
-                errors += 1
-    return {"samples": len(times), "errors": errors, **_latency(times)}
+
+        async def call() -> bool:
+            return (await sb.exec(argv, timeout_s=EXEC_TIMEOUT_S, stdin=stdin)).ok
+
+        return await _sequential(call, samples, budget_s)
 
 
 async def throughput(backend: SandboxBackend, concurrency: int, duration_s: float, *,
