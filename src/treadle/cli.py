@@ -21,7 +21,8 @@ DEFAULT_POLICIES = "slime,verl,verl-star,heddle,treadle,oracle"
 
 def _sim_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", default="coding",
-                   help="coding, search, math, swe, or a trace file (.jsonl)")
+                   help="coding, search, math, swe; a shape nothing was tuned on "
+                        "(pareto, bimodal, flat, short); or a trace file (.jsonl)")
     p.add_argument("--policies", default=DEFAULT_POLICIES,
                    help=f"comma-separated (default {DEFAULT_POLICIES}); baselines take "
                         "a TP suffix, e.g. verl@tp4")
@@ -29,7 +30,7 @@ def _sim_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="qwen3-14b", help="qwen3-8b, qwen3-14b, qwen3-32b")
     p.add_argument("--gpu", default="h100", help="h100 or h200")
     p.add_argument("--trajectories", type=int, default=1024,
-                   help="batch size for built-in workloads (a multiple of 16)")
+                   help="batch size of a generated workload (a multiple of 16)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--timeline", metavar="FILE.html",
@@ -107,7 +108,7 @@ def _sim(args: argparse.Namespace) -> int:
     from treadle.core.cost_model import CostModel
     from treadle.core.policies import parse_policy
     from treadle.sim.runner import compare, history_for
-    from treadle.workloads import WORKLOADS
+    from treadle.workloads.load import GENERATED
 
     try:
         cost = CostModel.named(args.model, args.gpu)
@@ -122,7 +123,7 @@ def _sim(args: argparse.Namespace) -> int:
                              cost.model.max_context)
     history = (history_for(args.workload, len(workload.trajectories), args.seed,
                            max_context=cost.model.max_context)
-               if args.workload in WORKLOADS else [])
+               if args.workload in GENERATED else [])
     try:
         rows, timeline = compare(workload, [s.label for s in specs], cost, args.gpus,
                                  history=history, seed=args.seed, progress=_log,

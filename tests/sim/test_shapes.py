@@ -5,11 +5,18 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
 from treadle.bench.sim import markdown_report, run_bench, workload_and_history
+from treadle.cli import main
+from treadle.service.planning import _replay_specs
+from treadle.service.schemas import ReplayTasks
+from treadle.sim.runner import history_for, outcomes
+from treadle.workloads.load import GENERATED, generate_named, load_workload
 from treadle.workloads.shapes import SHAPES, generate_shape
+from treadle.workloads.synthetic import WORKLOADS, generate
 
 
 @pytest.mark.parametrize("name", SHAPES)
@@ -58,6 +65,30 @@ def test_history_is_the_next_seed_of_the_same_generator() -> None:
     assert workload == generate_shape("pareto", 32, seed=5)
     assert len(history) == 32
     assert {o.group_id for o in history} == {f"pareto-s6-g{g:04d}" for g in range(2)}
+
+
+@pytest.mark.parametrize("name", GENERATED)
+def test_every_generated_name_loads_from_its_own_generator(name: str) -> None:
+    own = generate_shape if name in SHAPES else generate
+    assert generate_named(name, 32, seed=2, group_size=8) == own(name, 32, seed=2, group_size=8)
+    assert load_workload(name, 32, 2, 40960) == own(name, 32, seed=2)
+    assert history_for(name, 32, 2) == outcomes(own(name, 32, seed=3))
+    assert set(WORKLOADS) | set(SHAPES) == set(GENERATED)
+
+
+def test_the_service_replays_every_generated_name() -> None:
+    """The job schema's names are `GENERATED`'s, and a shape plans its own trajectories."""
+    assert get_args(get_args(ReplayTasks.model_fields["workload"].annotation)[0]) == GENERATED
+    specs = _replay_specs(ReplayTasks(workload="bimodal", trajectories=32, seed=1), 40960)
+    assert specs == list(generate_shape("bimodal", 32, seed=1).trajectories)
+
+
+def test_treadle_sim_runs_a_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["sim", "--workload", "pareto", "--trajectories", "32", "--gpus", "8",
+               "--policies", "verl,treadle", "--json"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert '"workload": "pareto"' in out and '"trajectories": 32' in out
 
 
 @pytest.mark.slow  # the placement timing runs 4,096 trajectories

@@ -209,10 +209,13 @@ def add_live_bench_parser(bench_subparsers: argparse._SubParsersAction[Any]) -> 
     p = bench_subparsers.add_parser("live", help="replay a trace live on emulated engines "
                                                  "and compare with the simulator")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--workload", default="coding", help="coding, search, math or swe")
+    src.add_argument("--workload", default="coding",
+                     help="coding, search, math, swe, or a shape nothing was tuned on: "
+                          "pareto, bimodal, flat, short")
     src.add_argument("--trace", metavar="TRACE.jsonl", help="a trace file instead")
     p.add_argument("--trajectories", type=int, default=256,
-                   help="batch size of a built-in workload (a multiple of 16; default 256)")
+                   help="batch size of a generated workload (a multiple of 16; "
+                        "default 256)")
     p.add_argument("--engines", type=int, default=8,
                    help="GPUs of the cluster; each policy lays out its engines on them "
                         "(paper-configured baselines: one TP-1 engine per GPU)")
@@ -237,8 +240,7 @@ def run_live_bench_command(args: argparse.Namespace) -> int:
     """Handler of `bench live`; 2 with one line on stderr for bad input."""
     from treadle.errors import UsageError
     from treadle.sim.runner import history_for
-    from treadle.workloads import WORKLOADS
-    from treadle.workloads.load import load_workload
+    from treadle.workloads.load import GENERATED, load_workload
 
     try:
         if not args.time_scale > 0:
@@ -248,7 +250,7 @@ def run_live_bench_command(args: argparse.Namespace) -> int:
         cost = CostModel.named(args.model, args.gpu)
         name = args.trace or args.workload
         workload = load_workload(name, args.trajectories, args.seed, cost.model.max_context)
-        builtin = args.trace is None and args.workload in WORKLOADS
+        builtin = args.trace is None and args.workload in GENERATED
         history = (history_for(args.workload, len(workload.trajectories), args.seed,
                                max_context=cost.model.max_context) if builtin else [])
         control = control_history = None

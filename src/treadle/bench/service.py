@@ -351,7 +351,7 @@ def run_service_bench(*, trajectories: int, jobs: int, workload: str, policy: st
     from treadle.core.cost_model import CostModel
     from treadle.core.policies import parse_policy
     from treadle.sim.runner import simulate
-    from treadle.workloads import generate
+    from treadle.workloads.load import generate_named
 
     cost = CostModel.named(model, gpu)
     spec = parse_policy(policy)
@@ -380,7 +380,7 @@ def run_service_bench(*, trajectories: int, jobs: int, workload: str, policy: st
                     job = f"bench-{k}"
                     body = {"tasks": {"workload": workload, "trajectories": trajectories,
                                       "seed": seed + k}}
-                    batch = generate(workload, trajectories, seed=seed + k,
+                    batch = generate_named(workload, trajectories, seed=seed + k,
                                      max_context=cost.model.max_context)
                     sim, _ = simulate(batch, spec, cost, engines)
                     turns = sum(len(t.turns) for t in batch.trajectories)
@@ -431,7 +431,8 @@ def add_service_bench_parser(bench_subparsers: argparse._SubParsersAction[Any]) 
                                                     "measured over HTTP")
     p.add_argument("--trajectories", type=int, default=2000, help="per job (default 2000)")
     p.add_argument("--jobs", type=int, default=3, help="jobs run back to back (default 3)")
-    p.add_argument("--workload", default="search", help="coding, search, math or swe")
+    p.add_argument("--workload", default="search",
+                   help="coding, search, math, swe, or a shape: pareto, bimodal, flat, short")
     p.add_argument("--policy", default="treadle")
     p.add_argument("--engines", type=int, default=8, help="GPUs the emulated engines model")
     p.add_argument("--time-scale", type=float, default=0.1, metavar="X")
@@ -452,10 +453,10 @@ def add_service_bench_parser(bench_subparsers: argparse._SubParsersAction[Any]) 
 
 def run_service_bench_command(args: argparse.Namespace) -> int:
     """Handler of `bench service`; 2 with one line on stderr for bad input."""
-    from treadle.workloads import WORKLOADS
+    from treadle.workloads.load import GENERATED
 
     problems = [msg for bad, msg in (
-        (args.workload not in WORKLOADS, f"--workload must be one of {', '.join(WORKLOADS)}"),
+        (args.workload not in GENERATED, f"--workload must be one of {', '.join(GENERATED)}"),
         (args.trajectories < 16 or args.trajectories % 16, "--trajectories must be a "
                                                             "multiple of 16"),
         (args.jobs < 1, "--jobs must be >= 1"), (args.engines < 1, "--engines must be >= 1"),

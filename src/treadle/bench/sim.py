@@ -30,9 +30,10 @@ from treadle.core.lower_bound import lower_bound
 from treadle.core.placement import bench_placement
 from treadle.core.predictor import Outcome, Predictor
 from treadle.core.predictor_eval import evaluate
-from treadle.sim.runner import PolicyReport, compare, history_for, outcomes, report_dict
-from treadle.workloads import WORKLOADS, Workload, generate
-from treadle.workloads.shapes import SHAPES, generate_shape
+from treadle.sim.runner import PolicyReport, compare, history_for, report_dict
+from treadle.workloads import Workload
+from treadle.workloads.load import generate_named
+from treadle.workloads.shapes import SHAPES
 
 PAPER = ("slime", "verl", "verl-star")
 TUNED = tuple(f"{p}@tp{tp}" for p in ("slime", "verl") for tp in (2, 4, 8))
@@ -77,13 +78,8 @@ def workload_and_history(name: str, n: int, seed: int,
                          max_context: int) -> tuple[Workload, list[Outcome]]:
     """A built-in workload or a shape (`treadle.workloads.shapes`) and the outcomes of
     its previous step (the same generator, seed + 1), which warm-start predictors."""
-    if name in WORKLOADS:
-        return (generate(name, n, seed=seed, max_context=max_context),
-                history_for(name, n, seed, max_context=max_context))
-    if name in SHAPES:
-        return (generate_shape(name, n, seed=seed, max_context=max_context),
-                outcomes(generate_shape(name, n, seed=seed + 1, max_context=max_context)))
-    raise ValueError(f"unknown workload {name!r}; choose of {', '.join(WORKLOADS + SHAPES)}")
+    return (generate_named(name, n, seed=seed, max_context=max_context),
+            history_for(name, n, seed, max_context=max_context))
 
 
 def predictor_accuracy(workload: Workload, history: Sequence[Outcome]) -> dict[str, Any]:

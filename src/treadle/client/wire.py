@@ -178,9 +178,9 @@ def suite_tasks(suite: str, *, count: int | None = None, seed: int | None = None
 def replay_tasks(workload: str | None = None, *, trajectories: int | None = None,
                  seed: int | None = None, group_size: int | None = None,
                  trace: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Workload trajectories replayed on the engines: a built-in `workload` (coding,
-    search, math, swe) of `trajectories` in groups of `group_size`, or `trace` lines
-    (the format of `treadle sim`'s traces)."""
+    """Workload trajectories replayed on the engines: a generated `workload` (coding,
+    search, math, swe, or a shape: pareto, bimodal, flat, short) of `trajectories` in
+    groups of `group_size`, or `trace` lines (the format of `treadle sim`'s traces)."""
     return given(workload=workload, trajectories=trajectories, seed=seed,
                  group_size=group_size, trace=trace)
 

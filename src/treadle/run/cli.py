@@ -67,7 +67,8 @@ def add_run_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
     src.add_argument("--seed", type=int, default=0)
     src.add_argument("--suite-options", default="{}", metavar="JSON",
                      help='suite constructor options, e.g. \'{"python_tool": false}\'')
-    src.add_argument("--workload", help="coding, search, math, swe, or a trace (.jsonl)")
+    src.add_argument("--workload", help="coding, search, math, swe, a shape (pareto, "
+                     "bimodal, flat, short), or a trace (.jsonl)")
     src.add_argument("--trajectories", type=int, default=64,
                      help="of a built-in workload (a multiple of --group)")
     src.add_argument("--group", type=int, help="GRPO group size (default: 1 sample per "
@@ -152,7 +153,7 @@ def job_request(args: argparse.Namespace) -> tuple[dict[str, Any], list[int]]:
     """The job's JSON request from the arguments, and the file line of each task
     record (to name a bad one); UsageError for what is wrong."""
     from treadle.client.wire import given, replay_tasks, suite_tasks
-    from treadle.workloads import WORKLOADS
+    from treadle.workloads.load import GENERATED
 
     if args.workload and (args.tasks_file or args.suite or args.n is not None
                           or args.suite_options != "{}"):
@@ -166,7 +167,7 @@ def job_request(args: argparse.Namespace) -> tuple[dict[str, Any], list[int]]:
     tasks: dict[str, Any]
     samples = None
     if args.workload:
-        if args.workload in WORKLOADS:
+        if args.workload in GENERATED:
             tasks = replay_tasks(args.workload, trajectories=args.trajectories, seed=args.seed,
                                  group_size=args.group)
         elif args.group is not None:

@@ -37,7 +37,8 @@ from treadle.service.schemas import (
 )
 from treadle.store.jobs import PlannedTrajectory
 from treadle.types import Task
-from treadle.workloads import TrajectorySpec, generate
+from treadle.workloads import TrajectorySpec
+from treadle.workloads.load import generate_named
 from treadle.workloads.trace import TraceError, spec_from_record
 
 log = logging.getLogger(__name__)
@@ -209,7 +210,7 @@ def _replay_specs(tasks: ReplayTasks, max_context: int) -> list[TrajectorySpec]:
     if tasks.workload is not None:
         assert tasks.trajectories is not None
         try:
-            return list(generate(tasks.workload, tasks.trajectories, seed=tasks.seed,
+            return list(generate_named(tasks.workload, tasks.trajectories, seed=tasks.seed,
                                  group_size=tasks.group_size,
                                  max_context=max_context).trajectories)
         except ValueError as e:

@@ -81,9 +81,12 @@ class TraceLine(BaseModel):
 
 class ReplayTasks(_Strict):
     """Workload trajectories replayed on the engines (counts only, synthetic tokens):
-    a built-in workload (`workload`, `trajectories`, `seed`) or trace lines (`trace`)."""
+    a generated workload (`workload`, `trajectories`, `seed`: one of
+    `treadle.workloads.load.GENERATED`, the four suites and the four shapes) or trace
+    lines (`trace`)."""
 
-    workload: Literal["coding", "search", "math", "swe"] | None = None
+    workload: Literal["coding", "search", "math", "swe",
+                      "pareto", "bimodal", "flat", "short"] | None = None
     trajectories: int | None = Field(default=None, gt=0, le=MAX_TRAJECTORIES_PER_JOB)
     seed: int = Field(default=0, ge=0, le=MAX_INT64)
     group_size: int = Field(default=16, gt=0, le=1024)

@@ -19,7 +19,8 @@ from treadle.core.policies import PolicySpec, build_policy, parse_policy
 from treadle.core.policies.layout import anneal_layout
 from treadle.core.predictor import Outcome
 from treadle.sim.cluster import Cluster, SimResult
-from treadle.workloads import Workload, generate
+from treadle.workloads import Workload
+from treadle.workloads.load import generate_named
 
 MAX_BATCH = 1024  # engine max_num_seqs (vLLM's default on 80 GB+ GPUs)
 
@@ -52,8 +53,9 @@ def outcomes(workload: Workload) -> list[Outcome]:
 
 def history_for(workload: str, trajectories: int, seed: int, group_size: int = 16,
                 max_context: int = 40960) -> list[Outcome]:
-    """Outcomes of the previous rollout step of a built-in workload."""
-    return outcomes(generate(workload, trajectories, seed=seed + 1, group_size=group_size,
+    """Outcomes of the previous rollout step of a generated workload (a suite or a
+    shape: the same generator with seed + 1), which warm-start predictors."""
+    return outcomes(generate_named(workload, trajectories, seed=seed + 1, group_size=group_size,
                              max_context=max_context))
 
 
