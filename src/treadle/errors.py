@@ -40,6 +40,8 @@ escaping treadle is a bug. Each package owns a branch::
     │   ├── SandboxSupervisorError      an exec's supervisor (bwrap) died or failed: killed
     │   │                               from outside, or its setup failed; the command's
     │   │                               result is unknown
+    │   ├── SandboxUnsupported          a call this backend cannot serve (a Python
+    │   │                               session without bwrap's resident executor)
     │   ├── RemoteSandboxError          treadle.sandbox.remote: a sandbox server not
     │   │                               reached, failing, or answering off-contract
     │   ├── SandboxPathError            a path names something outside the work dir,
@@ -140,6 +142,11 @@ class SandboxSupervisorError(SandboxError):
     Killed from outside (a signal treadle did not send), or its setup failed before
     the command started. What the command did is unknown: not the agent's doing.
     """
+
+
+class SandboxUnsupported(SandboxError):
+    """The sandbox cannot serve this kind of call at all (`Sandbox.run_cell` where
+    `keeps_python_session` is False); the message names what would."""
 
 
 class SandboxPathError(SandboxError, ValueError):

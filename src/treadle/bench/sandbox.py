@@ -13,6 +13,8 @@ over loopback to a `treadle sandbox-server` process with bwrap behind it):
   called once) beforehand: one call alone, no contention.
 - `python_call`: the same with the python tool's command, `python3 -u -` running
   `pass` from stdin: a python tool call that imports nothing.
+- `python_cell`: the same `pass` as a cell of the sandbox's Python session
+  (`Sandbox.run_cell`, `PythonTool(session=True)`), where the backend keeps one.
 - `pooled`: `concurrency` workers, each holding one sandbox started beforehand,
   run `echo ok` back to back for `duration_s`; tool calls/s (overall, and the
   median of per-second counts after the first completion), latency p50/p99.
@@ -117,6 +119,20 @@ async def warm_call(backend: SandboxBackend, samples: int, budget_s: float, argv
 
         async def call() -> bool:
             return (await sb.exec(argv, timeout_s=EXEC_TIMEOUT_S, stdin=stdin)).ok
+
+        return await _sequential(call, samples, budget_s)
+
+
+async def session_cell(backend: SandboxBackend, samples: int,
+                       budget_s: float) -> dict[str, Any] | None:
+    """Sequential `pass` cells in one sandbox's Python session; None without one."""
+    async with await backend.start(BENCH_LIMITS) as sb:
+        if not sb.keeps_python_session:
+            return None
+        await sb.run_cell(b"pass\n", timeout_s=EXEC_TIMEOUT_S)  # starts the session
+
+        async def call() -> bool:
+            return (await sb.run_cell(b"pass\n", timeout_s=EXEC_TIMEOUT_S)).ok
 
         return await _sequential(call, samples, budget_s)
 
@@ -253,11 +269,13 @@ async def _measure(backend: SandboxBackend, samples: int, concurrency: int, dura
     log(f"sandbox bench: {name}: one call alone (true, then python3 -u -) x{samples}")
     warm = await warm_call(backend, samples, max(10.0, 3 * duration_s), ["true"], None)
     python = await warm_call(backend, samples, max(10.0, 3 * duration_s), _PYTHON, b"pass\n")
+    cell = await session_cell(backend, samples, max(10.0, 3 * duration_s))
     log(f"sandbox bench: {name}: pooled echo at concurrency {concurrency} for {duration_s:g}s")
     pooled = await throughput(backend, concurrency, duration_s, fresh=False)
     log(f"sandbox bench: {name}: fresh sandbox per call at concurrency {concurrency}")
     fresh = await throughput(backend, concurrency, duration_s, fresh=True)
-    return {"cold_call": cold, "warm_call": warm, "python_call": python, "pooled": pooled,
+    return {"cold_call": cold, "warm_call": warm, "python_call": python,
+            **({"python_cell": cell} if cell is not None else {}), "pooled": pooled,
             "fresh": fresh}
 
 

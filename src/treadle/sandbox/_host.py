@@ -13,7 +13,8 @@ import logging
 import os
 import re
 from abc import abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
+from typing import Any
 
 from treadle.errors import SandboxClosed
 from treadle.sandbox import _files, _process, _workdir
@@ -96,14 +97,22 @@ class HostSandbox(Sandbox):
         stdin: bytes | None = None,
         env: Mapping[str, str] | None = None,
     ) -> ExecResult:
+        args, merged, timeout = self._checked(argv, timeout_s, env)
+        return await self._submit(self._run(args, merged, timeout, stdin))
+
+    def _checked(self, argv: Sequence[str], timeout_s: float, env: Mapping[str, str] | None,
+                 ) -> tuple[list[str], dict[str, str], float]:
+        """An exec's argv, merged env and clamped timeout; raises as `exec` does."""
         self._check_open()
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
         args = check_argv(argv)
         merged = {**self._base_env(), **check_env(env)}
-        # A task of its own, so that close() can cancel it (which kills its tree).
-        task = asyncio.ensure_future(
-            self._run(args, merged, min(timeout_s, self._limits.wall_timeout_s), stdin))
+        return args, merged, min(timeout_s, self._limits.wall_timeout_s)
+
+    async def _submit(self, run: Coroutine[Any, Any, ExecResult]) -> ExecResult:
+        """Await `run` as a task close() can cancel (which kills its tree)."""
+        task = asyncio.ensure_future(run)
         self._running.add(task)
         # Discarded when the task ends, not when we stop waiting: close() must wait
         # for the cleanup of an exec whose caller has already given up on it.

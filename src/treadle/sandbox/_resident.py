@@ -62,6 +62,11 @@ from treadle.sandbox.base import ExecResult, Limits, classify
 log = logging.getLogger(__name__)
 
 PYTHON_ARGV = ("python3", "-u", "-")  # the python tool's command: served by the zygote
+# Before a cell's own stderr when its session had to start again (the executor was
+# replaced: its CPU budget, a call it could not clean up after, a kernel a cell
+# tampered with), so that the model is told, as a notebook says "kernel restarted".
+SESSION_RESTARTED = ("[treadle: the Python session was restarted before this cell; "
+                     "what earlier cells defined is gone]\n")
 HEADROOM_MB = 48  # the executor's own memory (bwrap, agent, zygote) above memory_mb
 _READY_TIMEOUT_S = 20.0
 _KILL_GRACE_S = 2.0  # after `kill`, how long the agent may take to answer
@@ -80,6 +85,11 @@ def agent_source() -> str:
 @cache
 def zygote_source() -> str:
     return Path(__file__).with_name("_resident_zygote.py").read_text()
+
+
+@cache
+def scratch_source() -> str:
+    return Path(__file__).with_name("_resident_scratch.py").read_text()
 
 
 @dataclass(slots=True)
@@ -157,24 +167,34 @@ class ResidentExecutor:
         self._limits = limits
         self._cgroups = cgroups
         self._live: _Live | None = None
-        self._busy = False
+        self._turn = asyncio.Lock()  # one call at a time; session cells queue for it
+        self._queued = 0  # calls waiting for the turn
+        self._cells = 0  # session cells answered: a new session after one is a restart
         self.broken = False  # could not start once: the sandbox uses per-call launches
 
     @property
     def busy(self) -> bool:
-        return self._busy
+        """A call holds the executor or waits for it: another takes a per-call launch."""
+        return self._turn.locked() or self._queued > 0
 
     async def run(self, argv: list[str], env: dict[str, str], timeout_s: float,
-                  stdin: bytes | None) -> ExecResult | None:
+                  stdin: bytes | None, *, session: bool = False) -> ExecResult | None:
         """The call's result; None if the executor cannot start (use a per-call launch).
 
-        Raises SandboxSupervisorError if the executor died during the call of
-        something neither the call nor treadle did. Cancellation-safe: the call is
-        killed (or the executor with it) before CancelledError propagates.
+        `session`: `argv` is `python -u -` and `stdin` a cell of the sandbox's Python
+        session (`Sandbox.run_cell`); it waits for its turn where a plain call would
+        be refused while `busy`. Raises SandboxSupervisorError if the executor died
+        during the call of something neither the call nor treadle did.
+        Cancellation-safe: the call is killed (or the executor with it) before
+        CancelledError propagates.
         """
-        if self._busy:
+        if self.busy and not session:
             raise RuntimeError("ResidentExecutor.run is not reentrant")
-        self._busy = True
+        self._queued += 1
+        try:
+            await self._turn.acquire()
+        finally:
+            self._queued -= 1
         try:
             if self._live is not None and self._live.protocol.exited.done():
                 await self._discard(self._live)  # died between calls: start another
@@ -186,9 +206,18 @@ class ResidentExecutor:
                     log.warning("sandbox executor cannot start (%s); this sandbox runs each "
                                 "call in a bwrap launch of its own", e)
                     return None
-            return await self._call(self._live, argv, env, timeout_s, stdin)
+            return await self._call(self._live, argv, env, timeout_s, stdin, session)
         finally:
-            self._busy = False
+            self._turn.release()
+
+    async def cell(self, argv: list[str], env: dict[str, str], timeout_s: float,
+                   code: bytes) -> ExecResult:
+        """`run` of a session cell; SandboxSupervisorError if the executor cannot start."""
+        result = await self.run(argv, env, timeout_s, code, session=True)
+        if result is None:
+            raise SandboxSupervisorError("the sandbox's resident executor cannot start, so "
+                                         "it keeps no Python session (see the log)")
+        return result
 
     async def close(self) -> None:
         """Kill the executor's whole namespace and wait until it is gone. Idempotent."""
@@ -199,11 +228,12 @@ class ResidentExecutor:
     # -- one call -----------------------------------------------------------------
 
     async def _call(self, live: _Live, argv: list[str], env: dict[str, str], timeout_s: float,
-                    stdin: bytes | None) -> ExecResult:
+                    stdin: bytes | None, session: bool) -> ExecResult:
         loop = asyncio.get_running_loop()
         started = loop.time()
         output = _Output(self._limits.max_output_bytes, loop)
-        request = {"argv": argv, "env": env, "python": tuple(argv) == PYTHON_ARGV}
+        request = {"argv": argv, "env": env, "python": session or tuple(argv) == PYTHON_ARGV,
+                   "session": session}
         theirs: list[int] = []
         try:
             theirs.append(memfd("treadle-request", json.dumps(request).encode()))
@@ -247,9 +277,14 @@ class ResidentExecutor:
         exit_code, killed = classify(returncode=returncode, signalled_by_status=False,
                                      own_kill=own_kill, oom_killed=oom)
         out, err = output.streams
+        notice = ""
+        if session and reply is not None:
+            if reply.new_session and self._cells:
+                notice = SESSION_RESTARTED
+            self._cells += 1
         return ExecResult(exit_code=exit_code, stdout=out.decode("utf-8", "replace"),
-                          stderr=err.decode("utf-8", "replace"), timed_out=own_kill == "timeout",
-                          killed=killed, duration_s=duration,
+                          stderr=notice + err.decode("utf-8", "replace"),
+                          timed_out=own_kill == "timeout", killed=killed, duration_s=duration,
                           truncated=output.truncated)
 
     async def _wait(self, live: _Live, output: _Output, timeout_s: float,
@@ -381,6 +416,7 @@ class ResidentExecutor:
 class _Reply:
     status: int  # the call's exit code as os.waitstatus_to_exitcode gives it
     cpu_s: float  # the agent's own CPU time so far
+    new_session: bool = False  # a session cell that found no session kernel and started one
 
 
 @dataclass(frozen=True, slots=True)
@@ -398,7 +434,8 @@ def _parse(data: bytes) -> _Reply | None:
     if not isinstance(reply, dict) or type(reply.get("status")) is not int \
             or not isinstance(reply.get("cpu_s"), int | float):
         return None
-    return _Reply(status=reply["status"], cpu_s=float(reply["cpu_s"]))
+    return _Reply(status=reply["status"], cpu_s=float(reply["cpu_s"]),
+                  new_session=reply.get("new_session") is True)
 
 
 def _parse_tidy(data: bytes) -> _Tidy | None:

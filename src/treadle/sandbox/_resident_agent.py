@@ -1,7 +1,7 @@
 """The in-sandbox side of the resident executor: pid 1 of a bwrap sandbox, serving calls.
 
-Run as `python3 -I -S -c <this file> FD ZYGOTE` (ZYGOTE: `_resident_zygote`'s
-source) as the command of a `bwrap --as-pid-1`
+Run as `python3 -I -S -c <this file> FD ZYGOTE SCRATCH` (the sources of
+`_resident_zygote` and `_resident_scratch`) as the command of a `bwrap --as-pid-1`
 launch (standard library only; the host passes the source, since treadle's checkout
 is hidden inside). FD is a SOCK_SEQPACKET socket to the host. Per request it runs
 one call and answers with its wait status, then makes the sandbox as it was:
@@ -15,11 +15,15 @@ one call and answers with its wait status, then makes the sandbox as it was:
   intermediate that forks the call and exits, so the call is this process's child
   (exact wait status, even if the call kills the zygote). Each call is a fresh
   process: nothing the code sets survives it, as with `python3 -`.
+- `session` (`Sandbox.run_cell`): the zygote is a Python session's *kernel*, and
+  a cell that ends keeps its process as the next kernel (`kept:` instead of exiting;
+  see _resident_zygote); the old kernel is then killed like any other process. A
+  fresh `python` call while a session lives is a plain exec.
 - After every call: SIGKILL every process of the namespace but this one and the
   zygote until none is left, reap them, drop the zygote if the call stopped it or
   its standby, killed the standby, left it a child or changed its rlimits, nice or
   scheduling; send the call's status; then empty /tmp and /dev/shm (fresh per exec
-  before; bounded, see _MAX_SCRATCH_ENTRIES), unlink POSIX message queues, and
+  before; bounded, see _resident_scratch), unlink POSIX message queues, and
   send `clean` false (the host then replaces the executor) if that failed, System
   V IPC objects are left (they would hold memory across calls) or this process's
   own rlimits, nice or scheduling changed.
@@ -50,19 +54,14 @@ import signal
 import socket
 import sys
 import time
+import types
 
 _PR_SET_DUMPABLE = 4
 _KILL_ROUNDS = 5000
 _ZYGOTE_TIMEOUT_MS = 10_000
-_SCRATCH = ("/tmp", "/dev/shm")
-_IPC = ("/proc/sysvipc/shm", "/proc/sysvipc/msg", "/proc/sysvipc/sem")
-_MQUEUE = "/dev/mqueue"  # the IPC namespace's POSIX message queues (mounted by bwrap.py)
-# Emptying the scratch dirs costs this process CPU time (RLIMIT_CPU, like a call's):
-# past this many inodes (links count: tmpfs charges each) or entries, the host
-# replaces the executor instead (a fresh namespace costs one start, ~50 ms).
-_MAX_SCRATCH_ENTRIES = 20_000
 _ZYGOTE_POLL_MS = 200  # during a python call: how often to look for a stopped zygote
 _ZYGOTE = ""  # the zygote's program (`_resident_zygote`'s source, from main's argv)
+_SCRATCH_MODULE: list[types.ModuleType] = []  # `_resident_scratch`, loaded by main
 
 
 
@@ -82,8 +81,8 @@ _DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT)
 class Zygote:
     """An idle interpreter with a forked standby for the next `python3 -u -` call."""
 
-    def __init__(self, env: dict[str, str], argv0: str) -> None:
-        self.env, self.argv0 = env, argv0
+    def __init__(self, env: dict[str, str], argv0: str, session: bool) -> None:
+        self.env, self.argv0, self.session = env, argv0, session
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.chan = ours
         try:
@@ -92,7 +91,8 @@ class Zygote:
             # after the fork.
             own_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
             spawned = _spawn([argv0, "-s", "-u", "-c", _ZYGOTE, str(theirs.fileno()),
-                              json.dumps(env)], own_env, [_devnull()] * 3)
+                              json.dumps(env), *(["session"] if session else [])],
+                             own_env, [_devnull()] * 3)
         finally:
             theirs.close()
         if isinstance(spawned, str):
@@ -102,7 +102,7 @@ class Zygote:
         self.pidfd = os.pidfd_open(self.pid)
         self.standby: int | None = None
         self.suspect = False  # a call stopped it: replaced after that call
-        reply = self.chan.recv(32) if self._readable(_ZYGOTE_TIMEOUT_MS) else b""
+        reply = self.chan.recv(64) if self._readable(_ZYGOTE_TIMEOUT_MS) else b""
         if not reply.startswith(b"ready:"):
             self.stop()
             raise OSError(errno.ECHILD, "the python zygote did not start")
@@ -113,6 +113,11 @@ class Zygote:
         poller = select.poll()
         poller.register(self.chan, select.POLLIN)
         return bool(poller.poll(timeout_ms))
+
+    def adopt(self, call: int, standby: int | None) -> None:
+        """A session's cell `call` is its kernel now; the old one is left to be killed."""
+        os.close(self.pidfd)
+        self.pid, self.pidfd, self.standby = call, os.pidfd_open(call), standby
 
     def stop(self) -> None:
         self.chan.close()
@@ -139,6 +144,7 @@ class Resident:
         self.host = socket.socket(fileno=fd)
         self.host.set_inheritable(False)
         self.zygote: Zygote | None = None
+        self.new_session = False  # this call's session kernel was started for it
         self.settings = _settings(0)  # rlimits, nice, scheduling: no call may change them
 
     def serve(self) -> None:
@@ -165,7 +171,9 @@ class Resident:
             # pipes), then whether the rest of the clean-up worked: if this process
             # dies doing it (its RLIMIT_CPU), the host still has the call's result.
             settled = self.settle()
-            self.host.send(json.dumps({"status": status, "cpu_s": round(_cpu_s(), 4)}).encode())
+            self.host.send(json.dumps({"status": status, "cpu_s": round(_cpu_s(), 4),
+                                       "new_session": self.new_session}).encode())
+            self.new_session = False
             clean = self.tidy() and settled
             self.host.send(json.dumps({"clean": clean, "cpu_s": round(_cpu_s(), 4)}).encode())
             if stop:
@@ -177,7 +185,8 @@ class Resident:
         env = {str(k): str(v) for k, v in request["env"].items()}  # type: ignore[attr-defined]
         for fd in stdio:
             os.set_inheritable(fd, False)  # SCM_RIGHTS fds arrive inheritable
-        zygote = self.python(argv[0], env) if request.get("python") else None
+        zygote = (self.python(argv[0], env, bool(request.get("session")))
+                  if request.get("python") else None)
         if zygote is not None:
             try:
                 socket.send_fds(zygote.chan, [b"run"], stdio)
@@ -227,7 +236,7 @@ class Resident:
         for fd in (self.host, zygote.chan, zygote.pidfd):
             poller.register(fd, select.POLLIN)
         call: int | None = None
-        stop = False
+        stop = killing = False  # killing: the host asked us to kill this call
         while True:
             events = poller.poll(_ZYGOTE_POLL_MS)
             stopped = [p for p in (zygote.pid, zygote.standby)
@@ -243,10 +252,19 @@ class Resident:
             for fd, _ in events:
                 if fd == self.host.fileno():
                     stop = self.on_host(poller) or stop
+                    killing = True
                     continue
                 msg = zygote.chan.recv(64) if fd == zygote.chan.fileno() else b""
                 if msg.startswith(b"pid:"):
                     call, zygote.standby = int(msg[4:]), None  # the standby is the call now
+                    if killing:  # asked before we knew the call: kill it now
+                        self.kill_others()
+                elif msg.startswith(b"kept:") and killing:
+                    continue  # killed as it ended: its kernel reports how it died
+                elif msg.startswith(b"kept:") and call is not None and zygote.session:
+                    status, _, standby = msg[5:].partition(b" next:")
+                    zygote.adopt(call, int(standby))
+                    return int(status), stop
                 elif msg.startswith(b"status:"):
                     status, _, standby = msg[7:].partition(b" next:")
                     zygote.standby = int(standby) or None
@@ -263,18 +281,29 @@ class Resident:
                     select.select([zygote.pidfd], [], [], _ZYGOTE_TIMEOUT_MS / 1000)
                     with contextlib.suppress(ChildProcessError):
                         os.waitpid(zygote.pid, os.WNOHANG)
+                    if zygote.session and call is not None and zygote.pid != call:
+                        # A cell outlived its kernel: it may still end as the next one.
+                        poller.unregister(zygote.pidfd)
+                        zygote.adopt(call, None)
+                        poller.register(zygote.pidfd, select.POLLIN)
+                        continue
                     self.drop_zygote()
                     if call is None:
                         return None
                     status_and_stop = self.wait(call)
                     return status_and_stop[0], stop or status_and_stop[1]
 
-    def python(self, argv0: str, env: dict[str, str]) -> Zygote | None:
-        if self.zygote is not None and (self.zygote.env != env or self.zygote.argv0 != argv0):
+    def python(self, argv0: str, env: dict[str, str], session: bool) -> Zygote | None:
+        zygote = self.zygote
+        if zygote is not None and zygote.session and not session:
+            return None  # a fresh interpreter beside the session: a plain exec
+        if zygote is not None and (zygote.env, zygote.argv0, zygote.session) != (
+                env, argv0, session):
             self.drop_zygote()
         if self.zygote is None:
             try:
-                self.zygote = Zygote(env, argv0)
+                self.zygote = Zygote(env, argv0, session)
+                self.new_session = session
             except OSError:
                 return None  # no such interpreter, say: the plain exec reports it
         return self.zygote
@@ -338,23 +367,7 @@ class Resident:
 
     def tidy(self) -> bool:
         """Empty the scratch dirs, check IPC objects and our settings; True if clean."""
-        clean = True
-        for top in _SCRATCH:
-            clean = _empty(top) and clean
-        for path in _IPC:
-            try:
-                with open(path, "rb") as f:
-                    clean = clean and len(f.read().splitlines()) <= 1
-            except OSError:
-                pass
-        try:
-            for name in os.listdir(_MQUEUE):  # POSIX message queues: data across calls
-                os.unlink(os.path.join(_MQUEUE, name))
-        except FileNotFoundError:
-            pass  # no mqueue mount: bwrap.py always makes one
-        except OSError:
-            clean = False
-        return clean and _settings(0) == self.settings
+        return _SCRATCH_MODULE[0].tidy() and _settings(0) == self.settings
 
     def reap(self) -> None:
         while True:
@@ -448,51 +461,17 @@ def _read_all(fd: int) -> bytes:
     return b"".join(chunks)
 
 
-def _empty(top: str) -> bool:
-    """Remove everything under `top` (a call may leave read-only dirs); True if done.
-
-    Only called once every process of the call is dead, so nothing races the walk.
-    """
-    try:
-        fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    except OSError:
-        return True  # no such scratch dir in this sandbox
-    try:
-        vfs = os.fstatvfs(fd)
-        if vfs.f_files and vfs.f_files - vfs.f_ffree > _MAX_SCRATCH_ENTRIES:
-            return False  # not worth the CPU time: a fresh executor instead
-        _empty_fd(fd, [_MAX_SCRATCH_ENTRIES])
-        return not os.listdir(fd)
-    except (OSError, RecursionError):  # the host replaces the executor
-        return False
-    finally:
-        os.close(fd)
-
-
-def _empty_fd(dir_fd: int, budget: list[int]) -> None:
-    entries = []
-    with os.scandir(dir_fd) as listing:
-        for entry in listing:
-            budget[0] -= 1
-            if budget[0] < 0:
-                raise OSError(errno.E2BIG, "too many entries to clean")
-            entries.append(entry)
-    for entry in entries:
-        if not entry.is_dir(follow_symlinks=False):
-            os.unlink(entry.name, dir_fd=dir_fd)
-            continue
-        os.chmod(entry.name, 0o700, dir_fd=dir_fd)  # a dir, and no process left to swap it
-        sub = os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
-        try:
-            _empty_fd(sub, budget)
-        finally:
-            os.close(sub)
-        os.rmdir(entry.name, dir_fd=dir_fd)
+def _load(name: str, source: str) -> types.ModuleType:
+    # Inside the sandbox treadle cannot be imported: the host passes the source.
+    module = types.ModuleType(name)
+    exec(compile(source, f"{name}.py", "exec"), module.__dict__)
+    return module
 
 
 def main() -> None:
     global _ZYGOTE
     _ZYGOTE = sys.argv[2]  # the zygote's source (`_resident_zygote`), as the host read it
+    _SCRATCH_MODULE.append(_load("_resident_scratch", sys.argv[3]))
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # init: no handler, so no signal from inside
     _prctl(_PR_SET_DUMPABLE, 0)
     Resident(int(sys.argv[1])).serve()

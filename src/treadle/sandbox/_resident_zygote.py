@@ -9,6 +9,17 @@ Each call is a fresh forked process that takes the call's exact environment, the
 usercustomize) and runs stdin as ``__main__``; nothing it sets survives it. What
 this process itself imports, it imports before any path a call can write to is on
 ``sys.path``.
+
+Started with a third argument, ``session``, it is the kernel of a Python session
+(`Sandbox.run_cell`): a call runs its cell in the session's one ``__main__`` (the
+path set up by the first cell), and a cell that ends, by finishing, an uncaught
+exception or ``sys.exit``, does not exit: its process hands the output pipes back
+(fds 0-2 to /dev/null), becomes non-dumpable and serves the next calls as the new
+kernel, announcing itself with ``kept:STATUS next:STANDBY``; the agent then kills
+the old kernel. A cell that is killed or exits its process leaves the old kernel,
+and so the session as it was before that cell. Each cell is still a fresh fork (its
+CPU time starts at zero); threads and child processes of a cell do not carry over
+(the fork copies only the calling thread; the agent kills every other process).
 """
 
 from __future__ import annotations
@@ -30,9 +41,11 @@ import resource
 import site
 import socket
 import types
-from typing import Any
+from typing import Any, NoReturn
 
 _ENV: dict[str, str] = {}  # the call's env, exactly (PYTHONPATH too): argv[2]
+_SESSION: list[types.ModuleType] = []  # a session's __main__, once its first cell made it
+_KERNEL = [False]  # started with "session": calls are cells of one session
 
 
 def _as_python_dash() -> None:
@@ -62,27 +75,33 @@ def _as_python_dash() -> None:
         site.execsitecustomize()
 
 
-def _call(chan: socket.socket) -> None:
+def _call(chan: socket.socket) -> int:
+    """Run one call in this forked standby and exit; a kept cell returns its status."""
     msg, fds, _, _ = socket.recv_fds(chan, 16, 3)
     if msg != b"run" or len(fds) != 3:
         os._exit(0)
-    chan.send(b"pid:%d" % os.getpid())
-    chan.close()
+    me = os.getpid()
+    chan.send(b"pid:%d" % me)
+    if not _KERNEL[0]:
+        chan.close()
     os.setsid()
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
     ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # a call is as dumpable as any process
-    try:
-        _as_python_dash()
-    except BaseException as e:  # a broken .pth or usercustomize: reported as python does
-        sys.excepthook(type(e), e, e.__traceback__)
+    if not _SESSION:
+        try:
+            _as_python_dash()
+        except BaseException as e:  # a broken .pth or usercustomize: reported as python does
+            sys.excepthook(type(e), e, e.__traceback__)
     chunks = []
     while chunk := os.read(0, 1 << 20):
         chunks.append(chunk)
-    main = types.ModuleType("__main__")
+    main = _SESSION[0] if _SESSION else types.ModuleType("__main__")
     main.__dict__["__builtins__"] = __builtins__
     sys.modules["__main__"] = main
+    if _KERNEL[0]:
+        _SESSION[:] = [main]
     sys.argv[:] = ["-"]
     try:
         try:
@@ -97,7 +116,34 @@ def _call(chan: socket.socket) -> None:
         raise SystemExit(0)
     except SystemExit as e:
         status = _exit_status(e.code)
+    if _KERNEL[0] and os.getpid() == me:  # (a process the cell forked only exits)
+        return _keep(status)
     _finish(main, status)
+
+
+def _keep(status: int) -> int:
+    # The cell's process becomes the session's kernel: its output flushed and the
+    # host's pipes closed (the host reads them to EOF), our memory unreachable to
+    # later cells again; `_serve` then runs it as a kernel, whose first word is `kept:`.
+    # Non-daemon threads are joined first, as at an interpreter's exit, so that what
+    # they print is the cell's output.
+    try:
+        if "threading" in sys.modules:
+            threading = sys.modules["threading"]
+            for thread in threading.enumerate():
+                if thread is not threading.main_thread() and not thread.daemon:
+                    thread.join()
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+    except BaseException:
+        status = status or 120
+    null = os.open(os.devnull, os.O_RDWR)
+    for target in (0, 1, 2):
+        os.dup2(null, target)
+    os.close(null)
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
+    return status
 
 
 def _exit_status(code: Any) -> int:
@@ -112,7 +158,7 @@ def _exit_status(code: Any) -> int:
     return 1
 
 
-def _finish(main: types.ModuleType, status: int) -> None:
+def _finish(main: types.ModuleType, status: int) -> NoReturn:
     # What the interpreter's exit does that a program can notice, in its order:
     # non-daemon threads joined, atexit handlers, objects of __main__ (open files:
     # flushed and closed) released, the standard streams flushed. Not the module
@@ -135,26 +181,38 @@ def _finish(main: types.ModuleType, status: int) -> None:
     os._exit(status)
 
 
-def _serve(fd: int) -> None:
+def _serve(chan: socket.socket) -> None:
+    kept: int | None = None
+    while True:  # the first kernel, then (a session) each cell that kept its process
+        kept = _kernel(chan, kept)
+
+
+def _kernel(chan: socket.socket, kept: int | None) -> int:
+    """Serve calls until a forked call returns: then, in that child, its kept status."""
     # A standby is forked ahead of each call (the fork's cost is then off the call's
     # path); it takes the next `run` from the resident itself. The zygote only
     # reaps and reports: "ready:STANDBY", then "status:S next:STANDBY" per call.
     # A finished call is reaped only after its status is sent: if the call killed
     # this process in between, the call is a zombie the resident (init) inherits
     # and reaps with its exact status, never a status lost with the zygote.
-    chan = socket.socket(fileno=fd)
     limit = resource.getrlimit(resource.RLIMIT_CPU)[0]  # imported above, before any path
+    spent = sum(os.times()[:2])  # a kept cell's own work is not the kernel's
     status: int | None = None
     finished: int | None = None  # the last call, ended and not reaped yet
     while True:
-        if status is not None and limit > 0 and sum(os.times()[:2]) > limit / 2:
+        if status is not None and limit > 0 and sum(os.times()[:2]) - spent > (
+                limit - spent) / 2:
             chan.send(b"status:%d next:0" % status)
             os._exit(0)  # half of RLIMIT_CPU spent on forks: the resident starts another
         standby = os.fork()
         if standby == 0:
             return _call(chan)
-        chan.send(b"ready:%d" % standby if status is None
-                  else b"status:%d next:%d" % (status, standby))
+        if kept is not None:
+            chan.send(b"kept:%d next:%d" % (kept, standby))
+            kept = None
+        else:
+            chan.send(b"ready:%d" % standby if status is None
+                      else b"status:%d next:%d" % (status, standby))
         if finished is not None:
             os.waitpid(finished, 0)
         while True:  # reap anything that became our child too (clone with CLONE_PARENT)
@@ -169,4 +227,5 @@ def _serve(fd: int) -> None:
 if __name__ == "__main__":
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: calls cannot open our memory
     _ENV.update(json.loads(sys.argv[2]))
-    _serve(int(sys.argv[1]))
+    _KERNEL[0] = sys.argv[3:] == ["session"]
+    _serve(socket.socket(fileno=int(sys.argv[1])))

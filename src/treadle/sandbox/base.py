@@ -15,6 +15,10 @@ Contracts every backend keeps:
   killed), everything it started, background and daemonised processes included,
   is killed before `exec` returns. Only files in the work dir persist.
 - `close` is idempotent, kills whatever is still running and removes the work dir.
+- The one exception to "only files persist": `run_cell`, a Python session (globals
+  kept from call to call, as in a notebook), where `keeps_python_session` says the
+  backend has one (bwrap's resident executor); elsewhere it raises
+  `SandboxUnsupported`.
 - Paths given to `put_file`/`get_file` are relative to the work dir, or absolute
   under `Sandbox.workdir`; anything that resolves outside is a `SandboxPathError`.
 
@@ -29,6 +33,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
+
+from treadle.errors import SandboxUnsupported
 
 MIB = 1024 * 1024
 DEFAULT_MAX_GET_BYTES = 16 * MIB
@@ -203,6 +209,33 @@ class Sandbox(ABC):
         argv or a bad env. Cancelling the caller kills the tree first, then
         re-raises CancelledError.
         """
+
+    @property
+    def keeps_python_session(self) -> bool:
+        """Whether `run_cell` keeps a Python session here (False: it raises)."""
+        return False
+
+    async def run_cell(self, code: bytes, *, timeout_s: float, python: str = "python3",
+                       env: Mapping[str, str] | None = None) -> ExecResult:
+        """Run `code` in this sandbox's Python session, as `python -u -` would run it
+        but in one `__main__` whose globals (and imports) stay for the next cell.
+
+        The result is the cell's: status 0, 1 for an uncaught exception (traceback on
+        stderr), or what `sys.exit` gave; either way the session keeps what the cell
+        did. A cell that is killed (timeout, memory, CPU, output cap) or ends its
+        process (`os._exit`, a signal) leaves the session as it was before the cell
+        (one that had already ended when the limit struck is reported as killed
+        and keeps what it did).
+        Cells run one at a time, under the same limits as an `exec`; processes and
+        threads a cell starts do not carry over. Another `python` or `env` starts a
+        new session; so does a sandbox that had to replace its executor (a cell
+        that left System V IPC objects, an executor past half its CPU budget), and
+        that cell's stderr then begins with a line saying the session restarted.
+        Raises SandboxUnsupported where `keeps_python_session` is False, otherwise
+        as `exec`.
+        """
+        raise SandboxUnsupported(f"{type(self).__name__} keeps no Python session; "
+                                 "run_cell needs the bwrap backend's resident executor")
 
     @abstractmethod
     async def put_file(self, path: str, data: bytes) -> None:

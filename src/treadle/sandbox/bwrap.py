@@ -67,7 +67,7 @@ import resource
 import shutil
 import signal
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from treadle.errors import SandboxError, SandboxUnavailable
@@ -147,6 +147,19 @@ class BwrapSandbox(HostSandbox):
         return {"PATH": SANDBOX_PATH, "HOME": self.workdir, "LANG": BASE_LANG,
                 "TMPDIR": "/tmp"}
 
+    @property
+    def keeps_python_session(self) -> bool:
+        return self._resident is not None and not self._resident.broken
+
+    async def run_cell(self, code: bytes, *, timeout_s: float, python: str = "python3",
+                       env: Mapping[str, str] | None = None) -> ExecResult:
+        if not self.keeps_python_session:
+            return await super().run_cell(code, timeout_s=timeout_s, python=python, env=env)
+        argv, merged, timeout = self._checked([python, *_resident.PYTHON_ARGV[1:]],
+                                              timeout_s, env)
+        assert self._resident is not None
+        return await self._submit(self._resident.cell(argv, merged, timeout, bytes(code)))
+
     async def _run(self, argv: list[str], env: dict[str, str], timeout_s: float,
                    stdin: bytes | None) -> ExecResult:
         resident = self._resident
@@ -166,7 +179,8 @@ class BwrapSandbox(HostSandbox):
         assert self._setup.resident_python is not None
         return self._launch([self._setup.resident_python, "-I", "-S", "-c",
                              _resident.agent_source(), str(sock_fd),
-                             _resident.zygote_source()], self._base_env(),
+                             _resident.zygote_source(), _resident.scratch_source()],
+                            self._base_env(),
                             extra_fds=(sock_fd,), resident=True)
 
     def _launch(self, argv: list[str], env: dict[str, str], *, extra_fds: tuple[int, ...] = (),

@@ -24,9 +24,13 @@ class AnswerSuite(Suite):
 
     answer_hint = "the final answer only"
 
-    def __init__(self, *, python_tool: bool = True, python_timeout_s: float = 20.0) -> None:
+    def __init__(self, *, python_tool: bool = True, python_timeout_s: float = 20.0,
+                 python_session: bool = False) -> None:
         self.python_tool = python_tool
         self.python_timeout_s = python_timeout_s
+        # The python tool as cells of one session per episode (needs bwrap's resident
+        # executor); off: each call a fresh process.
+        self.python_session = python_session
 
     def needs_sandbox(self, task: Task) -> bool:
         return self.python_tool  # the python tool runs code; nothing else needs a sandbox
@@ -34,7 +38,8 @@ class AnswerSuite(Suite):
     def tools(self, task: Task) -> list[Tool]:
         tools: list[Tool] = []
         if self.python_tool:
-            tools.append(PythonTool(timeout_s=self.python_timeout_s))
+            tools.append(PythonTool(timeout_s=self.python_timeout_s,
+                                    session=self.python_session))
         tools.append(SubmitAnswerTool(self.answer_hint))
         return tools
 

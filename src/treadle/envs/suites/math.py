@@ -236,8 +236,9 @@ class MathSuite(AnswerSuite):
     answer_hint = "an integer or a fraction such as 7/3"
 
     def __init__(self, *, kinds: list[str] | None = None, python_tool: bool = True,
-                 python_timeout_s: float = 20.0) -> None:
-        super().__init__(python_tool=python_tool, python_timeout_s=python_timeout_s)
+                 python_timeout_s: float = 20.0, python_session: bool = False) -> None:
+        super().__init__(python_tool=python_tool, python_timeout_s=python_timeout_s,
+                         python_session=python_session)
         unknown = sorted(set(kinds or ()) - set(GENERATORS))
         if unknown:
             raise ValueError(f"unknown math kinds {unknown}; choose from {sorted(GENERATORS)}")

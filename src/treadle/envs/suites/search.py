@@ -132,8 +132,10 @@ class SearchSuite(AnswerSuite):
     answer_hint = "just the answer: a name, place or number"
 
     def __init__(self, *, corpus: str | Path | None = None, python_tool: bool = True,
-                 python_timeout_s: float = 20.0, top_k: int = 5) -> None:
-        super().__init__(python_tool=python_tool, python_timeout_s=python_timeout_s)
+                 python_timeout_s: float = 20.0, top_k: int = 5,
+                 python_session: bool = False) -> None:
+        super().__init__(python_tool=python_tool, python_timeout_s=python_timeout_s,
+                         python_session=python_session)
         self.custom_corpus = corpus is not None
         if corpus is not None:
             try:
@@ -148,7 +150,8 @@ class SearchSuite(AnswerSuite):
     def tools(self, task: Task) -> list[Tool]:
         tools: list[Tool] = [SearchTool(self.index, default_k=self.top_k)]
         if self.python_tool:
-            tools.append(PythonTool(timeout_s=self.python_timeout_s))
+            tools.append(PythonTool(timeout_s=self.python_timeout_s,
+                                    session=self.python_session))
         tools.append(SubmitAnswerTool(self.answer_hint))
         return tools
 

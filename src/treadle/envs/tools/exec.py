@@ -2,10 +2,12 @@
 
 Both run in the sandbox's work dir (the cwd; files persist between calls, processes
 do not) under the sandbox's `Limits`, with a per-call timeout that the sandbox
-clamps to its wall ceiling. The observation is stdout, then stderr under a
-``[stderr]`` line, cut to `max_output_chars` (head and tail kept). A non-zero exit,
-a kill (timeout, memory, CPU, output cap) or a truncation sets `error`, so the model
-is told plainly that its code failed and why.
+clamps to its wall ceiling. `PythonTool(session=True)` runs each call as a cell of
+the sandbox's Python session instead (`Sandbox.run_cell`: variables and imports
+persist, as in a notebook), on a sandbox that keeps one. The observation is stdout,
+then stderr under a ``[stderr]`` line, cut to `max_output_chars` (head and tail
+kept). A non-zero exit, a kill (timeout, memory, CPU, output cap) or a truncation
+sets `error`, so the model is told plainly that its code failed and why.
 """
 
 from __future__ import annotations
@@ -52,13 +54,17 @@ def render_exec(result: ExecResult, timeout_s: float,
 
 
 class PythonTool(Tool):
-    """Runs a Python program (`python3 -`, code on stdin) in the sandbox."""
+    """Runs a Python program (`python3 -`, code on stdin) in the sandbox; with
+    `session`, a cell of the sandbox's Python session (SandboxUnsupported from a
+    sandbox that keeps none: a configuration error, not the model's)."""
 
     def __init__(self, *, timeout_s: float = 20.0, python: str = "python3",
-                 max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS) -> None:
+                 max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
+                 session: bool = False) -> None:
         self.timeout_s = timeout_s
         self.python = python
         self.max_output_chars = max_output_chars
+        self.session = session
 
     @property
     def name(self) -> str:
@@ -66,6 +72,13 @@ class PythonTool(Tool):
 
     @property
     def description(self) -> str:
+        if self.session:
+            return (f"Run Python 3 code in a persistent session, like a notebook cell, and "
+                    f"return what it prints (stdout, then stderr). Variables, functions "
+                    f"and imports stay for your next call, and files you write persist; "
+                    f"processes and threads you start do not. A call that times out or "
+                    f"crashes leaves the session as it was before it. Use print() to see "
+                    f"values. No network. Time limit {self.timeout_s:g} s.")
         return (f"Run a Python 3 program and return what it prints (stdout, then stderr). "
                 f"Each call is a fresh process in the task's working directory: files you "
                 f"write persist, variables do not. Use print() to see values. No network. "
@@ -80,6 +93,10 @@ class PythonTool(Tool):
 
     async def invoke(self, arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
         sandbox = ctx.require_sandbox()
+        if self.session:
+            result = await sandbox.run_cell(arguments["code"].encode(), timeout_s=self.timeout_s,
+                                            python=self.python, env=DEFAULT_ENV)
+            return render_exec(result, self.timeout_s, self.max_output_chars)
         # -u: unbuffered, so output printed before a crash or a kill is not lost.
         result = await sandbox.exec([self.python, "-u", "-"], timeout_s=self.timeout_s,
                                     stdin=arguments["code"].encode(), env=DEFAULT_ENV)
