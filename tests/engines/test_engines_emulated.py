@@ -239,13 +239,25 @@ def test_kv_overflow_preempts_and_every_request_still_finishes() -> None:
     capacity = cost.kv_capacity_tokens(1)
     prompt_len = capacity // 4  # three fit at admission, then outgrow the cache
 
+    class Checked(EmulatedEngine):
+        """The KV kept as it changes, and each request's block hashes, checked against
+        a recount at every step, through admissions, preemptions and finishes."""
+
+        def _step(self) -> None:
+            super()._step()
+            running = list(self._running.values())
+            assert self._kv_used() == sum(s.context for s in running)
+            for s in running:
+                assert s.chain == PrefixCache.hashes(s.prompt + s.output)[:len(s.chain)]
+
     async def main() -> tuple[list[GenerateResult], int]:
-        engine = EmulatedEngine(cost, time_scale=1e-4)
+        engine = Checked(cost, time_scale=1e-4)
         engine.start()
         futures = [engine.submit(f"k{i}", [i + 1] * prompt_len, prompt_len // 2)
                    for i in range(3)]
         results = await asyncio.wait_for(asyncio.gather(*futures), 60)
         await engine.stop()
+        assert engine._kv_used() == 0
         return results, engine.preemptions
 
     results, preemptions = asyncio.run(main())

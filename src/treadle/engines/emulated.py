@@ -69,6 +69,9 @@ class _Seq:
     logprobs: list[float] = field(default_factory=list)
     started_at: float | None = None  # clock time of its first admission
     cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
+    # Block hashes of the context's full blocks hashed so far: the context only grows,
+    # so each block is hashed once per request, not at every lookup and insert.
+    chain: list[bytes] = field(default_factory=list)
 
     @property
     def context(self) -> int:
@@ -87,35 +90,46 @@ class PrefixCache:
     @staticmethod
     def hashes(ids: list[int]) -> list[bytes]:
         """Chained hashes of the full blocks of `ids`: block k's hash covers blocks 0..k."""
-        out: list[bytes] = []
-        prev = b""
+        return PrefixCache.extend([], ids)
+
+    @staticmethod
+    def extend(chain: list[bytes], tail: list[int]) -> list[bytes]:
+        """`chain` (the hashes of some whole blocks) extended in place by the full
+        blocks of `tail`, the ids that follow those blocks; returned."""
+        prev = chain[-1] if chain else b""
         try:
             # Fixed-width bytes, packed once: the same blocks hash alike, as with text,
             # at a tenth of the cost (this ran on every request of every engine).
-            raw, width = array.array("q", ids).tobytes(), 8
+            raw, width = array.array("q", tail).tobytes(), 8
         except OverflowError:  # an id past 64 bits (a client's bad request): as text
             raw, width = None, 0
-        for start in range(0, len(ids) - BLOCK + 1, BLOCK):
+        for start in range(0, len(tail) - BLOCK + 1, BLOCK):
             block = (raw[start * width:(start + BLOCK) * width] if raw is not None
-                     else ",".join(map(str, ids[start:start + BLOCK])).encode())
+                     else ",".join(map(str, tail[start:start + BLOCK])).encode())
             prev = hashlib.blake2b(prev + block, digest_size=16).digest()
-            out.append(prev)
-        return out
+            chain.append(prev)
+        return chain
 
     def match(self, ids: list[int]) -> int:
-        hits: list[bytes] = []
-        for h in self.hashes(ids):
+        return self.match_chain(self.hashes(ids))
+
+    def match_chain(self, chain: list[bytes]) -> int:
+        """How many leading tokens of the blocks `chain` hashes are cached (touched)."""
+        hits = 0
+        for h in chain:
             if h not in self._blocks:
                 break
-            hits.append(h)
-        self._touch(hits)
-        return len(hits) * BLOCK
+            hits += 1
+        self._touch(chain[:hits])
+        return hits * BLOCK
 
     def insert(self, ids: list[int]) -> None:
-        hashes = self.hashes(ids)
-        for h in hashes:
+        self.insert_chain(self.hashes(ids))
+
+    def insert_chain(self, chain: list[bytes]) -> None:
+        for h in chain:
             self._blocks[h] = None
-        self._touch(hashes)
+        self._touch(chain)
 
     def _touch(self, chain: list[bytes]) -> None:
         # Deepest block first, so a prefix's tail is evicted before its head (as vLLM
@@ -153,6 +167,7 @@ class EmulatedEngine:
         self._clock = clock
         self._waiting: list[tuple[int, int, _Seq]] = []  # heap (priority, arrival, seq)
         self._running: dict[str, _Seq] = {}
+        self._kv = 0  # tokens of context of the running batch (its KV), kept as it changes
         self._known: dict[str, _Seq] = {}  # every unfinished request, by id
         self._cache = PrefixCache()
         self._arrivals = itertools.count()
@@ -257,6 +272,7 @@ class EmulatedEngine:
 
     def _step(self) -> None:
         self.steps += 1
+        self._kv += len(self._running)  # one token each, before any of them finishes
         for seq in list(self._running.values()):
             token = seq.rng.randrange(VOCAB)
             seq.output.append(token)
@@ -268,7 +284,13 @@ class EmulatedEngine:
         self._preempt_if_full()
 
     def _kv_used(self) -> int:
-        return sum(s.context for s in self._running.values())
+        return self._kv
+
+    def _chain(self, seq: _Seq) -> list[bytes]:
+        """`seq.chain` extended over the full blocks of its context not hashed yet."""
+        done, prompt = len(seq.chain) * BLOCK, len(seq.prompt)
+        tail = (seq.prompt[done:] + seq.output) if done < prompt else seq.output[done - prompt:]
+        return PrefixCache.extend(seq.chain, tail)
 
     def _waiting_can_join(self) -> bool:
         return bool(self._waiting) and len(self._running) < self.max_num_seqs
@@ -286,18 +308,19 @@ class EmulatedEngine:
             if used + seq.context > limit and self._running:
                 break  # the head waits for room; nothing overtakes it (no starvation)
             heapq.heappop(self._waiting)
-            ids = seq.prompt + seq.output
+            chain, context = self._chain(seq), seq.context
             # vLLM always computes at least the last token, so a full hit is capped.
-            cached = min(self._cache.match(ids), (len(ids) - 1) // BLOCK * BLOCK)
+            cached = min(self._cache.match_chain(chain), (context - 1) // BLOCK * BLOCK)
             if seq.started_at is None:
                 seq.started_at = self._clock()
                 seq.cached_tokens = cached
-                self.prefix_queries += len(ids)
+                self.prefix_queries += context
                 self.prefix_hits += cached
-            prefill += self.cost.prefill_time(self.tp, len(ids) - cached, cached)
-            self._cache.insert(ids)
+            prefill += self.cost.prefill_time(self.tp, context - cached, cached)
+            self._cache.insert_chain(chain)
             self._running[seq.request_id] = seq
-            used += seq.context
+            self._kv += context
+            used += context
         self._trim_cache()
         return prefill * self.time_scale
 
@@ -305,6 +328,7 @@ class EmulatedEngine:
         while len(self._running) > 1 and self._kv_used() > self.kv_capacity:
             victim = max(self._running.values(), key=lambda s: (s.priority, s.arrival))
             del self._running[victim.request_id]
+            self._kv -= victim.context
             self.preemptions += 1
             heapq.heappush(self._waiting, (victim.priority, victim.arrival, victim))
         self._trim_cache()
@@ -315,9 +339,11 @@ class EmulatedEngine:
     def _finish(self, seq: _Seq, reason: FinishReason) -> None:
         self.generated += len(seq.output)
         self._known.pop(seq.request_id, None)
-        self._running.pop(seq.request_id, None)  # a waiting entry is skipped when popped
+        if self._running.pop(seq.request_id, None) is not None:
+            self._kv -= seq.context
+        # (a waiting entry is skipped when popped)
         if reason != "abort":
-            self._cache.insert(seq.prompt + seq.output)  # the turn's KV stays cached
+            self._cache.insert_chain(self._chain(seq))  # the turn's KV stays cached
         now = self._clock()
         started = seq.started_at if seq.started_at is not None else now
         if not seq.done.done():

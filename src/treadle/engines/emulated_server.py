@@ -119,12 +119,12 @@ def _reply(result: GenerateResult, body: CompletionRequest, served: str,
     choice: dict[str, Any] = {"index": 0, "text": "", "finish_reason": result.finish_reason,
                               "stop_reason": None, "logprobs": None}
     if body.logprobs is not None:
+        tokens = [f"token_id:{t}" for t in result.output_ids]
         choice["logprobs"] = {
-            "tokens": [f"token_id:{t}" for t in result.output_ids],
-            "token_logprobs": result.logprobs,
-            "top_logprobs": [{f"token_id:{t}": lp} if body.logprobs else None
-                             for t, lp in zip(result.output_ids, result.logprobs, strict=True)],
-            "text_offset": [0] * len(result.output_ids),
+            "tokens": tokens, "token_logprobs": result.logprobs,
+            "top_logprobs": ([{t: lp} for t, lp in zip(tokens, result.logprobs, strict=True)]
+                             if body.logprobs else [None] * len(tokens)),
+            "text_offset": [0] * len(tokens),
         }
     if body.return_token_ids:
         choice["token_ids"] = result.output_ids
