@@ -114,10 +114,16 @@ class Zygote:
         poller.register(self.chan, select.POLLIN)
         return bool(poller.poll(timeout_ms))
 
-    def adopt(self, call: int, standby: int | None) -> None:
-        """A session's cell `call` is its kernel now; the old one is left to be killed."""
+    def adopt(self, call: int, standby: int) -> bool:
+        """A session's cell `call` is its kernel now, the old one left to be killed;
+        False (nothing changed) if the cell has died since it said so."""
+        try:
+            pidfd = os.pidfd_open(call)
+        except ProcessLookupError:
+            return False
         os.close(self.pidfd)
-        self.pid, self.pidfd, self.standby = call, os.pidfd_open(call), standby
+        self.pid, self.pidfd, self.standby = call, pidfd, standby
+        return True
 
     def stop(self) -> None:
         self.chan.close()
@@ -185,18 +191,22 @@ class Resident:
         env = {str(k): str(v) for k, v in request["env"].items()}  # type: ignore[attr-defined]
         for fd in stdio:
             os.set_inheritable(fd, False)  # SCM_RIGHTS fds arrive inheritable
-        zygote = (self.python(argv[0], env, bool(request.get("session")))
-                  if request.get("python") else None)
-        if zygote is not None:
+        session = bool(request.get("session"))
+        # A session's cell never runs as a plain exec while a kernel can be started:
+        # one whose kernel is gone (killed between calls) runs in a fresh one.
+        for _ in range(2 if session else 1):
+            zygote = self.python(argv[0], env, session) if request.get("python") else None
+            if zygote is None:
+                break
             try:
                 socket.send_fds(zygote.chan, [b"run"], stdio)
             except OSError:
                 self.drop_zygote()
-                zygote = None
-        if zygote is not None:
+                continue
             result = self.wait_zygote(zygote)
             if result is not None:
                 return result
+            os.lseek(stdio[0], 0, os.SEEK_SET)  # the stdin memfd, from its start again
         spawned = _spawn(argv, env, stdio)
         if isinstance(spawned, str):
             os.write(stdio[2], spawned.encode())
@@ -249,7 +259,9 @@ class Resident:
                 for pid in stopped:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGCONT)
-            for fd, _ in events:
+            # The zygote's words first: a cell's `kept:` that came with a `kill` or its
+            # kernel's death is what the cell did before either.
+            for fd, _ in sorted(events, key=lambda event: event[0] != zygote.chan.fileno()):
                 if fd == self.host.fileno():
                     stop = self.on_host(poller) or stop
                     killing = True
@@ -263,8 +275,9 @@ class Resident:
                     continue  # killed as it ended: its kernel reports how it died
                 elif msg.startswith(b"kept:") and call is not None and zygote.session:
                     status, _, standby = msg[5:].partition(b" next:")
-                    zygote.adopt(call, int(standby))
-                    return int(status), stop
+                    if zygote.adopt(call, int(standby)):
+                        return int(status), stop
+                    # It died just after: its kernel reports how.
                 elif msg.startswith(b"status:"):
                     status, _, standby = msg[7:].partition(b" next:")
                     zygote.standby = int(standby) or None
@@ -281,12 +294,16 @@ class Resident:
                     select.select([zygote.pidfd], [], [], _ZYGOTE_TIMEOUT_MS / 1000)
                     with contextlib.suppress(ChildProcessError):
                         os.waitpid(zygote.pid, os.WNOHANG)
-                    if zygote.session and call is not None and zygote.pid != call:
-                        # A cell outlived its kernel: it may still end as the next one.
-                        poller.unregister(zygote.pidfd)
-                        zygote.adopt(call, None)
-                        poller.register(zygote.pidfd, select.POLLIN)
-                        continue
+                    if zygote.session and call is not None:
+                        # A cell that outlives its kernel ends the session with its own
+                        # status: its `kept:` if sent before we stop reading, else its
+                        # exit (its `kept:` fails from then on, and it exits with it).
+                        with contextlib.suppress(OSError):
+                            zygote.chan.shutdown(socket.SHUT_RD)
+                        kept = _kept_status(zygote.chan)
+                        if kept is not None:
+                            self.drop_zygote()
+                            return kept, stop
                     self.drop_zygote()
                     if call is None:
                         return None
@@ -405,6 +422,19 @@ def _state(pid: int | None) -> str | None:
         if line.startswith((b"SigPnd:", b"ShdPnd:")) and int(line.split()[1], 16) & _STOPS:
             return "T"
     return stat[stat.rindex(b")") + 2:][:1].decode()
+
+
+def _kept_status(chan: socket.socket) -> int | None:
+    """The status of a `kept:` waiting on `chan`, if one is; the rest is dropped."""
+    while True:
+        try:
+            msg = chan.recv(64, socket.MSG_DONTWAIT)
+        except OSError:
+            return None
+        if not msg:
+            return None
+        if msg.startswith(b"kept:"):
+            return int(msg[5:].partition(b" next:")[0])
 
 
 def _children(pid: int) -> set[int]:

@@ -16,10 +16,10 @@ path set up by the first cell), and a cell that ends, by finishing, an uncaught
 exception or ``sys.exit``, does not exit: its process hands the output pipes back
 (fds 0-2 to /dev/null), becomes non-dumpable and serves the next calls as the new
 kernel, announcing itself with ``kept:STATUS next:STANDBY``; the agent then kills
-the old kernel. A cell that is killed or exits its process leaves the old kernel,
-and so the session as it was before that cell. Each cell is still a fresh fork (its
-CPU time starts at zero); threads and child processes of a cell do not carry over
-(the fork copies only the calling thread; the agent kills every other process).
+the old kernel. A cell that is killed, exits its process or leaves a thread running
+ends as a process, which leaves the old kernel, and so the session as it was before
+that cell. Each cell is still a fresh fork (its CPU time starts at zero); a kernel
+has one thread, and the agent kills every other process after each call.
 """
 
 from __future__ import annotations
@@ -121,18 +121,22 @@ def _call(chan: socket.socket) -> int:
     _finish(main, status)
 
 
+_THREADS_LEFT = ("[treadle: this cell left threads running, which a Python session "
+                 "cannot keep (each cell runs in a fork of the session, and a fork has "
+                 "one thread); the session is as it was before this cell]\n")
+
+
 def _keep(status: int) -> int:
     # The cell's process becomes the session's kernel: its output flushed and the
     # host's pipes closed (the host reads them to EOF), our memory unreachable to
     # later cells again; `_serve` then runs it as a kernel, whose first word is `kept:`.
-    # Non-daemon threads are joined first, as at an interpreter's exit, so that what
-    # they print is the cell's output.
+    # A kernel runs nothing of its own between calls: a cell that leaves a thread
+    # alive (which would run beside later calls, graders' included) is not kept.
+    threading = sys.modules.get("threading")
+    if threading is not None and threading.active_count() > 1:
+        _write_all(2, _THREADS_LEFT.encode())
+        os._exit(status)
     try:
-        if "threading" in sys.modules:
-            threading = sys.modules["threading"]
-            for thread in threading.enumerate():
-                if thread is not threading.main_thread() and not thread.daemon:
-                    thread.join()
         for stream in (sys.stdout, sys.stderr):
             if stream is not None:
                 stream.flush()
@@ -144,6 +148,14 @@ def _keep(status: int) -> int:
     os.close(null)
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
     return status
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    try:
+        while data:
+            data = data[os.write(fd, data):]
+    except OSError:
+        pass  # the host stopped reading: nothing to tell
 
 
 def _exit_status(code: Any) -> int:
@@ -203,12 +215,15 @@ def _kernel(chan: socket.socket, kept: int | None) -> int:
         if status is not None and limit > 0 and sum(os.times()[:2]) - spent > (
                 limit - spent) / 2:
             chan.send(b"status:%d next:0" % status)
-            os._exit(0)  # half of RLIMIT_CPU spent on forks: the resident starts another
+            os._exit(0)  # half of what RLIMIT_CPU left spent on forks: the resident starts anew
         standby = os.fork()
         if standby == 0:
             return _call(chan)
         if kept is not None:
-            chan.send(b"kept:%d next:%d" % (kept, standby))
+            try:
+                chan.send(b"kept:%d next:%d" % (kept, standby))
+            except OSError:  # the agent dropped this session (its kernel died): a plain end
+                os._exit(kept)
             kept = None
         else:
             chan.send(b"ready:%d" % standby if status is None

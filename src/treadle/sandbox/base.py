@@ -222,17 +222,18 @@ class Sandbox(ABC):
 
         The result is the cell's: status 0, 1 for an uncaught exception (traceback on
         stderr), or what `sys.exit` gave; either way the session keeps what the cell
-        did. A cell that is killed (timeout, memory, CPU, output cap) or ends its
-        process (`os._exit`, a signal) leaves the session as it was before the cell
-        (one that had already ended when the limit struck is reported as killed
-        and keeps what it did).
-        Cells run one at a time, under the same limits as an `exec`; processes and
-        threads a cell starts do not carry over. Another `python` or `env` starts a
-        new session; so does a sandbox that had to replace its executor (a cell
-        that left System V IPC objects, an executor past half its CPU budget), and
-        that cell's stderr then begins with a line saying the session restarted.
-        Raises SandboxUnsupported where `keeps_python_session` is False, otherwise
-        as `exec`.
+        did. A cell that is killed (timeout, memory, CPU, output cap), ends its
+        process (`os._exit`, a signal) or leaves a thread running (its stderr says
+        so) leaves the session as it was before the cell; one that had already ended
+        when its limit struck may be reported as killed and keep what it did.
+        Cells run one at a time, under the same limits as an `exec`; processes a
+        cell starts do not carry over. Another `python` or `env` starts a new
+        session; so does a sandbox that had to replace its executor (a cell that
+        left System V IPC objects, an executor past half its CPU budget) or its
+        session's process (killed from another call), and that cell's stderr then
+        begins with a line saying the session restarted. Raises SandboxUnsupported
+        where `keeps_python_session` is False, SandboxSupervisorError if the
+        executor cannot start, otherwise as `exec`.
         """
         raise SandboxUnsupported(f"{type(self).__name__} keeps no Python session; "
                                  "run_cell needs the bwrap backend's resident executor")

@@ -76,8 +76,9 @@ class PythonTool(Tool):
             return (f"Run Python 3 code in a persistent session, like a notebook cell, and "
                     f"return what it prints (stdout, then stderr). Variables, functions "
                     f"and imports stay for your next call, and files you write persist; "
-                    f"processes and threads you start do not. A call that times out or "
-                    f"crashes leaves the session as it was before it. Use print() to see "
+                    f"processes you start do not, and a call that leaves a thread running "
+                    f"is not kept. A call that times out or crashes leaves the session as "
+                    f"it was before it. Use print() to see "
                     f"values. No network. Time limit {self.timeout_s:g} s.")
         return (f"Run a Python 3 program and return what it prints (stdout, then stderr). "
                 f"Each call is a fresh process in the task's working directory: files you "
