@@ -381,7 +381,7 @@ def run_service_bench(*, trajectories: int, jobs: int, workload: str, policy: st
                     body = {"tasks": {"workload": workload, "trajectories": trajectories,
                                       "seed": seed + k}}
                     batch = generate_named(workload, trajectories, seed=seed + k,
-                                     max_context=cost.model.max_context)
+                                           max_context=cost.model.max_context)
                     sim, _ = simulate(batch, spec, cost, engines)
                     turns = sum(len(t.turns) for t in batch.trajectories)
                     for arm, c in zip(arms, cs, strict=True):

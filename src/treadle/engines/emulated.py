@@ -339,9 +339,8 @@ class EmulatedEngine:
     def _finish(self, seq: _Seq, reason: FinishReason) -> None:
         self.generated += len(seq.output)
         self._known.pop(seq.request_id, None)
-        if self._running.pop(seq.request_id, None) is not None:
-            self._kv -= seq.context
-        # (a waiting entry is skipped when popped)
+        if self._running.pop(seq.request_id, None) is not None:  # a waiting one is
+            self._kv -= seq.context  # skipped when popped
         if reason != "abort":
             self._cache.insert_chain(self._chain(seq))  # the turn's KV stays cached
         now = self._clock()

@@ -274,17 +274,17 @@ class Resident:
                 elif msg.startswith(b"kept:") and killing:
                     continue  # killed as it ended: its kernel reports how it died
                 elif msg.startswith(b"kept:") and call is not None and zygote.session:
-                    status, _, standby = msg[5:].partition(b" next:")
-                    if zygote.adopt(call, int(standby)):
-                        return int(status), stop
+                    status, standby = _status_next(msg)
+                    if zygote.adopt(call, standby):
+                        return status, stop
                     # It died just after: its kernel reports how.
                 elif msg.startswith(b"status:"):
-                    status, _, standby = msg[7:].partition(b" next:")
-                    zygote.standby = int(standby) or None
+                    status, standby = _status_next(msg)
+                    zygote.standby = standby or None
                     if zygote.standby is None:
                         self.drop_zygote()  # it spent its CPU budget: a fresh one next time
                     if call is not None:
-                        return int(status), stop
+                        return status, stop
                     if self.zygote is None:
                         return None
                     # The standby died before taking the call; the next one takes it.
@@ -434,7 +434,13 @@ def _kept_status(chan: socket.socket) -> int | None:
         if not msg:
             return None
         if msg.startswith(b"kept:"):
-            return int(msg[5:].partition(b" next:")[0])
+            return _status_next(msg)[0]
+
+
+def _status_next(msg: bytes) -> tuple[int, int]:
+    """(status, standby) of the zygote's ``status:S next:N`` or a cell's ``kept:S next:N``."""
+    status, _, standby = msg.partition(b":")[2].partition(b" next:")
+    return int(status), int(standby)
 
 
 def _children(pid: int) -> set[int]:

@@ -78,8 +78,8 @@ class PythonTool(Tool):
                     f"and imports stay for your next call, and files you write persist; "
                     f"processes you start do not, and a call that leaves a thread running "
                     f"is not kept. A call that times out or crashes leaves the session as "
-                    f"it was before it. Use print() to see "
-                    f"values. No network. Time limit {self.timeout_s:g} s.")
+                    f"it was before it. Use print() to see values. No network. "
+                    f"Time limit {self.timeout_s:g} s.")
         return (f"Run a Python 3 program and return what it prints (stdout, then stderr). "
                 f"Each call is a fresh process in the task's working directory: files you "
                 f"write persist, variables do not. Use print() to see values. No network. "
@@ -94,13 +94,13 @@ class PythonTool(Tool):
 
     async def invoke(self, arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
         sandbox = ctx.require_sandbox()
+        code = arguments["code"].encode()
         if self.session:
-            result = await sandbox.run_cell(arguments["code"].encode(), timeout_s=self.timeout_s,
-                                            python=self.python, env=DEFAULT_ENV)
-            return render_exec(result, self.timeout_s, self.max_output_chars)
-        # -u: unbuffered, so output printed before a crash or a kill is not lost.
-        result = await sandbox.exec([self.python, "-u", "-"], timeout_s=self.timeout_s,
-                                    stdin=arguments["code"].encode(), env=DEFAULT_ENV)
+            result = await sandbox.run_cell(code, timeout_s=self.timeout_s, python=self.python,
+                                            env=DEFAULT_ENV)
+        else:  # -u: unbuffered, so output printed before a crash or a kill is not lost
+            result = await sandbox.exec([self.python, "-u", "-"], timeout_s=self.timeout_s,
+                                        stdin=code, env=DEFAULT_ENV)
         return render_exec(result, self.timeout_s, self.max_output_chars)
 
 
