@@ -8,7 +8,13 @@ from dataclasses import dataclass, field
 
 from treadle.clock import MONOTONIC, Clock
 from treadle.core.scheduler import EngineState, Phase, TrajectoryScheduler, TrajState
-from treadle.engines.base import Engine, EngineLoad, GenerateRequest, GenerateResult
+from treadle.engines.base import (
+    Engine,
+    EngineCapabilities,
+    EngineLoad,
+    GenerateRequest,
+    GenerateResult,
+)
 from treadle.engines.errors import EngineModelMissing, EngineStartError, EngineUnavailable
 from treadle.runtime.launcher import EngineLauncher, LaunchedEngine
 
@@ -97,6 +103,10 @@ class FakeEngine(Engine):
 
     async def health(self) -> bool:
         return not self.dead and not self.stopped
+
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        return EngineCapabilities(weight_updates=True)
 
     async def update_weights(self, weights_path: str, policy_version: int) -> None:
         if self.dead:

@@ -25,6 +25,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Literal
 
+from treadle.engines.errors import EngineRequestError
+
 FinishReason = Literal["stop", "length", "abort"]
 
 
@@ -67,6 +69,15 @@ class GenerateResult:
 
 
 @dataclass(frozen=True, slots=True)
+class EngineCapabilities:
+    """What an engine can do beyond generating: read by the runtime instead of probing
+    the object. An engine declares each capability it has; the defaults are none."""
+
+    # `update_weights` loads new weights in place (vLLM's RL endpoints in dev mode).
+    weight_updates: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class EngineLoad:
     """An engine's load right now, as its metrics report it."""
 
@@ -97,6 +108,17 @@ class Engine(ABC):
     @abstractmethod
     async def aclose(self) -> None:
         """Release connections and cancel in-flight requests. Idempotent."""
+
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        """What this engine can do (`EngineCapabilities`); none by default."""
+        return EngineCapabilities()
+
+    async def update_weights(self, weights_path: str, version: int) -> None:
+        """Load new weights from `weights_path` and label them `version`; only engines
+        whose `capabilities.weight_updates` is set implement it. EngineRequestError
+        from the others."""
+        raise EngineRequestError(f"{type(self).__name__} cannot load weights in place")
 
     async def model_problem(self) -> str | None:
         """Why this engine cannot serve the model its client asks for (it serves

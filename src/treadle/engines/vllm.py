@@ -39,7 +39,13 @@ import msgspec
 
 from treadle.engines._http import HttpEngine, convert, parse_prometheus
 from treadle.engines._wire import WireReply
-from treadle.engines.base import EngineLoad, FinishReason, GenerateRequest, GenerateResult
+from treadle.engines.base import (
+    EngineCapabilities,
+    EngineLoad,
+    FinishReason,
+    GenerateRequest,
+    GenerateResult,
+)
 from treadle.engines.errors import EngineError, EngineProtocolError
 
 _MODELS_TIMEOUT_S = 10.0
@@ -189,6 +195,10 @@ class VLLMEngine(HttpEngine):
                                      CompletionReply,
                                      headers={"x-request-id": request.request_id})
         return parse_completion(data, request, time.monotonic() - started)
+
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        return EngineCapabilities(weight_updates=True)
 
     async def update_weights(self, weights_path: str, version: int) -> None:
         """Load new weights from `weights_path` (safetensors saved by the trainer, on a

@@ -236,7 +236,7 @@ class Runtime:
         the old weights is stamped with the new version. Engines launched later load
         these weights before they join."""
         slots = self.pool.slots()
-        unable = [s.label for s in slots if not hasattr(s.engine, "update_weights")]
+        unable = [s.label for s in slots if not s.engine.capabilities.weight_updates]
         if unable:
             raise ValueError(f"engines cannot load weights: {', '.join(unable)}")
         self._weights = (weights_path, policy_version)
@@ -244,8 +244,8 @@ class Runtime:
         try:
             slots = self.pool.slots()  # with any that joined during the pause
             results = await asyncio.gather(
-                *(s.engine.update_weights(weights_path, policy_version)  # type: ignore[attr-defined]
-                  for s in slots), return_exceptions=True)
+                *(s.engine.update_weights(weights_path, policy_version) for s in slots),
+                return_exceptions=True)
             for slot, result in zip(slots, results, strict=True):
                 if isinstance(result, BaseException):
                     self.pool.fail(slot, f"weight update failed: {result}", replace=False)
@@ -325,12 +325,11 @@ class Runtime:
         while self._weights != loaded:  # an update may start while it loads
             loaded = self._weights
             assert loaded is not None
-            update = getattr(launched.engine, "update_weights", None)
-            if update is None:
+            if not launched.engine.capabilities.weight_updates:
                 raise EngineStartError(f"{launched.label} cannot load the weights of "
                                        f"policy version {loaded[1]}")
             try:
-                await update(*loaded)
+                await launched.engine.update_weights(*loaded)
             except Exception as e:
                 raise EngineStartError(f"{launched.label} did not load the weights of "
                                        f"policy version {loaded[1]}: {e}") from e
