@@ -106,7 +106,7 @@ class TokenSegment:
     start_turn: int = 0  # index of the trajectory's turn whose context this segment begins
     # Why the segment began: "start" (the first), or why the context before it could not
     # be extended ("messages_edited", "messages_removed", "system_changed",
-    # "tools_changed", "reply_edited": see treadle.gateway.context).
+    # "tools_changed", "reply_edited": see treadle.agent.context).
     start_reason: str = "start"
 
     def validate(self) -> None:

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from treadle.agent.chat import HFTokenizer
-from treadle.agent.loop import Sampling, TurnOutput
+from treadle.agent.runner import Sampling, TurnOutput
+from treadle.agent.tokenizer import HFTokenizer
 from treadle.clock import MONOTONIC, Clock
 from treadle.engines.errors import EngineError
 
@@ -48,6 +48,10 @@ class FakeScriptedRunner:
     outputs: list[TurnOutput] = field(default_factory=list)
     samplings: list[Sampling] = field(default_factory=list)  # parameters sent each turn
     generating: asyncio.Event = field(default_factory=asyncio.Event)  # a turn has started
+
+    @property
+    def policy_version(self) -> int:
+        return self.version
 
     async def generate(self, prompt_ids: list[int], max_tokens: int, sampling: Sampling,
                        stop_ids: list[int]) -> TurnOutput:

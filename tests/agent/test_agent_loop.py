@@ -11,8 +11,10 @@ from typing import Any
 import pytest
 from agent_helpers import FakeScriptedRunner, build_tokenizer
 
-from treadle.agent.chat import IM_END, HermesFormat, HFTokenizer, ParsedCall
-from treadle.agent.loop import AgentLimits, Sampling, run_agent
+from treadle.agent.chat import IM_END, Call, HermesFormat, prompt_messages
+from treadle.agent.loop import AgentLimits, run_agent, tool_messages
+from treadle.agent.runner import Sampling
+from treadle.agent.tokenizer import HFTokenizer
 from treadle.engines.base import derived_seed
 from treadle.envs.base import Episode, RewardResult, Suite, open_episode
 from treadle.envs.tools.answer import SubmitAnswerTool
@@ -77,7 +79,7 @@ def tok(tmp_path_factory: pytest.TempPathFactory) -> HFTokenizer:
 
 
 def call(name: str, **arguments: Any) -> str:
-    return FMT.reply_text("", [ParsedCall(name, arguments)])
+    return FMT.reply_text("", [Call.of(name, arguments)])
 
 
 def play(tok: HFTokenizer, replies: list[str], suite: Suite | None = None,
@@ -105,8 +107,9 @@ def test_a_two_turn_trajectory_is_token_exact(tok: HFTokenizer) -> None:
     assert traj.status is TrajectoryStatus.COMPLETED and traj.reward == 1.0
     seg = traj.segments[0]
     seg.validate()
-    prompt = tok.encode(FMT.prompt_text("Say 42.", [EchoTool().spec, SubmitAnswerTool().spec]))
-    obs = tok.encode(FMT.observation_text(["hello"]))
+    prompt = tok.encode(FMT.prompt(prompt_messages("Say 42."),
+                                   [EchoTool().spec, SubmitAnswerTool().spec]))
+    obs = tok.encode(FMT.continuation(tool_messages(["hello"]), True))
     r1, r2 = runner.outputs
     assert seg.prompt_ids == prompt
     assert seg.response_ids == r1.output_ids + obs + r2.output_ids

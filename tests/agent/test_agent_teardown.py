@@ -11,7 +11,7 @@ from typing import Any
 
 from agent_helpers import FakeScriptedRunner, build_tokenizer
 
-from treadle.agent.chat import HermesFormat, ParsedCall
+from treadle.agent.chat import Call, HermesFormat
 from treadle.envs.suites.math import MathSuite
 from treadle.runtime.rollout import run_task
 from treadle.sandbox import Limits, LocalBackend, Sandbox, SandboxBackend
@@ -46,7 +46,7 @@ def test_a_failing_cleanup_leaves_a_scored_trajectory_as_it_was(tmp_path: Path) 
     tok = build_tokenizer(tmp_path / "tok")
     suite = MathSuite()  # its python tool needs a sandbox, which the episode then closes
     task = suite.tasks(1, seed=0)[0]
-    reply = HermesFormat().reply_text("", [ParsedCall("submit_answer",
+    reply = HermesFormat().reply_text("", [Call.of("submit_answer",
                                                       {"answer": task.metadata["answer"]})])
     runner = FakeScriptedRunner(tok, [reply])
     clock = FakeClock()

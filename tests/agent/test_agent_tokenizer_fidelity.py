@@ -22,8 +22,10 @@ from typing import Any
 
 import pytest
 
-from treadle.agent.chat import HermesFormat, HFTokenizer, ParsedCall
+from treadle.agent.chat import Call, HermesFormat, prompt_messages
 from treadle.agent.fingerprint import section_digests, tokenizer_fingerprint
+from treadle.agent.loop import tool_messages
+from treadle.agent.tokenizer import HFTokenizer
 from treadle.train.model import (
     IM_END_ID,
     IM_START_ID,
@@ -53,11 +55,11 @@ def _agent_texts(n: int = 120) -> list[str]:
     texts: list[str] = []
     for i, task in enumerate(suite.tasks(n)):
         specs = [tool.spec for tool in suite.tools(task)]
-        texts.append(fmt.prompt_text(task.prompt, specs))
+        texts.append(fmt.prompt(prompt_messages(task.prompt), specs))
         texts.append(fmt.reply_text(f"Let me compute {i} * {i + 7}.",
-                                    [ParsedCall("python", {"code": f"print({i} * {i + 7})"})]))
-        texts.append(fmt.observation_text([str(i * (i + 7))]))
-        texts.append(fmt.reply_text("", [ParsedCall("submit_answer", {"answer": str(i)})]))
+                                    [Call.of("python", {"code": f"print({i} * {i + 7})"})]))
+        texts.append(fmt.continuation(tool_messages([str(i * (i + 7))]), True))
+        texts.append(fmt.reply_text("", [Call.of("submit_answer", {"answer": str(i)})]))
     return texts
 
 

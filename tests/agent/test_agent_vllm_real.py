@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from treadle.agent.chat import HFTokenizer
+from treadle.agent.tokenizer import HFTokenizer
 from treadle.engines.base import GenerateRequest, GenerateResult
 from treadle.engines.vllm import VLLMEngine
 from treadle.sandbox.registry import get_backend

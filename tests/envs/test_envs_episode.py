@@ -9,7 +9,7 @@ from envs_helpers import TEST_LIMITS, Backend, run
 
 from treadle.envs import EnvConfigError, get_suite, open_episode
 from treadle.envs.suites.math import MathSuite
-from treadle.sandbox import SandboxPool
+from treadle.sandbox import PoolSettings, SandboxPool
 from treadle.types import ToolCall
 
 MATH = MathSuite(python_tool=False)
@@ -76,7 +76,8 @@ def test_episodes_borrow_from_a_pool_and_give_back(sandbox_backend: Backend) -> 
     tasks = suite.tasks(2, seed=0)
 
     async def go() -> None:
-        async with SandboxPool(sandbox_backend.backend, TEST_LIMITS, max_live=2) as pool:
+        async with SandboxPool(sandbox_backend.backend, TEST_LIMITS,
+                               PoolSettings(max_live=2)) as pool:
             for task in tasks:
                 async with open_episode(suite, task, pool) as ep:
                     listing = await ep.call("bash", {"command": "ls"})

@@ -15,8 +15,9 @@ from envs_helpers import play, run
 from nemo_gym_fakes import TOKEN_HEADER, FakeNemoGymServer, serving
 
 from agent.agent_helpers import FakeScriptedRunner, build_tokenizer
-from treadle.agent.chat import IM_END, HermesFormat, HFTokenizer, ParsedCall
+from treadle.agent.chat import IM_END, Call, HermesFormat, prompt_messages
 from treadle.agent.loop import run_agent
+from treadle.agent.tokenizer import HFTokenizer
 from treadle.client.samples import exclusion_reason
 from treadle.envs import EnvConfigError, ResourcesServerError, TaskFormatError, get_suite
 from treadle.envs.adapters.nemo_gym import MaskedSampleError, NemoGymSuite
@@ -151,7 +152,7 @@ def test_a_masked_verify_is_an_excluded_trajectory_never_reward_0(
     suite = NemoGymSuite(server.url, rows=[row(2, "two")])
     task = one_task(suite)
     fmt = HermesFormat()
-    runner = FakeScriptedRunner(tok, [fmt.reply_text("", [ParsedCall("push", {"value": 2})]),
+    runner = FakeScriptedRunner(tok, [fmt.reply_text("", [Call.of("push", {"value": 2})]),
                                       "2" + IM_END])
 
     async def go() -> Any:
@@ -291,7 +292,7 @@ def test_prompts_render_the_roles_of_nemo_gym_rows() -> None:
                                      {"type": "input_text", "text": "d"}]}]}}
     assert suite.task_from_record(parts).prompt == [
         {"role": "system", "content": "a\n\nb"}, {"role": "user", "content": "c\nd"}]
-    HermesFormat().prompt_text(suite.task_from_record(parts).prompt)  # renders
+    HermesFormat().prompt(prompt_messages(suite.task_from_record(parts).prompt), [])  # renders
     assert suite.task_from_record({"responses_create_params": {"input": "hi"}}).prompt == "hi"
     bad_inputs: list[Any] = [
         [{"role": "user", "content": "q"}, {"role": "developer", "content": "late"}],

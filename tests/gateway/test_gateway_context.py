@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 
 from agent.agent_helpers import build_tokenizer
-from treadle.agent.chat import HFTokenizer
-from treadle.gateway.context import SessionContext
-from treadle.gateway.render import Call, HermesChat, Message, ToolChoice, chat_format
+from treadle.agent.chat import Call, HermesFormat, Message, ToolChoice, chat_format
+from treadle.agent.context import TokenContext
+from treadle.agent.tokenizer import HFTokenizer
 from treadle.train.model import CHAT_TEMPLATE
 
 TOOLS = [{"type": "function", "function": {"name": "python", "description": "run code",
                                             "parameters": {"type": "object"}}}]
-FMT = HermesChat()
+FMT = HermesFormat()
 
 
 @pytest.fixture(scope="module")
@@ -23,12 +23,10 @@ def tok(tmp_path_factory: pytest.TempPathFactory) -> HFTokenizer:
     return build_tokenizer(tmp_path_factory.mktemp("tok"))
 
 
-def _reply(ctx: SessionContext, text: str, *, closed: bool = True) -> Message:
+def _reply(ctx: TokenContext, text: str, *, closed: bool = True) -> Message:
     """Sample `text` as if the engine had: its ids (and the stop id), mask 1."""
     ids = ctx.tokenizer.encode(text) + ([ctx.stop_id] if closed else [])
-    content, calls = FMT._hermes.split(text)
-    returned = Message("assistant", content, tuple(Call.of(c.name, c.arguments)
-                                                  for c in calls if hasattr(c, "arguments")))
+    returned = FMT.reply(text).message()
     ctx.reply(ids, [-0.5] * len(ids), [0] * len(ids), returned)
     return returned
 
@@ -40,7 +38,7 @@ def _echo(returned: Message) -> Message:
 
 def test_an_extension_appends_only_the_new_messages_after_the_sampled_ids(
         tok: HFTokenizer) -> None:
-    ctx = SessionContext(tok, FMT)
+    ctx = TokenContext(tok, FMT)
     first = [Message("system", "be brief"), Message("user", "compute 1 + 2")]
     begun = ctx.begin(first, TOOLS, 0)
     assert begun.new_segment == "start" and begun.prompt_ids == tok.encode(
@@ -85,7 +83,7 @@ def test_a_whole_conversation_renders_as_the_models_chat_template(tmp_path: Path
     ("system", "system_changed"), ("tools", "tools_changed"), ("reply", "reply_edited")])
 def test_an_edited_context_begins_a_new_prefix_consistent_segment(
         tok: HFTokenizer, edit: str, reason: str) -> None:
-    ctx = SessionContext(tok, FMT)
+    ctx = TokenContext(tok, FMT)
     first = [Message("system", "s"), Message("user", "task"), ]
     ctx.begin(first, TOOLS, 0)
     r1 = _reply(ctx, "step one")
@@ -117,7 +115,7 @@ def test_an_edited_context_begins_a_new_prefix_consistent_segment(
 
 
 def test_a_retried_request_takes_the_unread_reply_back(tok: HFTokenizer) -> None:
-    ctx = SessionContext(tok, FMT)
+    ctx = TokenContext(tok, FMT)
     first = [Message("user", "hi")]
     ctx.begin(first, [], 0)
     r1 = _reply(ctx, "hello")
@@ -131,7 +129,7 @@ def test_a_retried_request_takes_the_unread_reply_back(tok: HFTokenizer) -> None
     assert "lost reply" not in tok.decode(seg.response_ids)
     assert begun.prompt_ids[:len(before)] == before and len(ctx.segments) == 1
     # A retried first call starts over.
-    ctx2 = SessionContext(tok, FMT)
+    ctx2 = TokenContext(tok, FMT)
     ctx2.begin(first, [], 0)
     _reply(ctx2, "x")
     again = ctx2.begin(first, [], 0)
@@ -139,7 +137,7 @@ def test_a_retried_request_takes_the_unread_reply_back(tok: HFTokenizer) -> None
 
 
 def test_forced_tool_choice_is_context_not_a_sample(tok: HFTokenizer) -> None:
-    ctx = SessionContext(tok, FMT)
+    ctx = TokenContext(tok, FMT)
     choice = ToolChoice("function", "python")
     forced = FMT.forced_prefix(choice)
     begun = ctx.begin([Message("user", "q")], TOOLS, 0, forced)

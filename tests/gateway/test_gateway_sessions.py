@@ -8,11 +8,11 @@ import asyncio
 import pytest
 
 from agent.agent_helpers import build_tokenizer
-from treadle.agent.chat import HFTokenizer
+from treadle.agent.chat import Message
+from treadle.agent.tokenizer import HFTokenizer
 from treadle.core.cost_model import CostModel
 from treadle.core.policies import build_policy, parse_policy
 from treadle.gateway.errors import SessionBusy, SessionEnded, UnknownSession
-from treadle.gateway.render import Message
 from treadle.gateway.session import CallRequest, SessionLimits, SessionSpec
 from treadle.gateway.sessions import Sessions
 from treadle.runtime.driver import Runtime

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import pytest
 from runtime_helpers import FakeEngine, FakeLauncher, FakeManualScheduler, until
 
-from treadle.agent.loop import Sampling
+from treadle.agent.runner import Sampling
 from treadle.core.cost_model import CostModel
 from treadle.core.policies.baselines import Slime
 from treadle.core.scheduler import Scheduler

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import pytest
 from runtime_helpers import FakeEngine, FakeLauncher
 
-from treadle.agent.loop import Sampling
+from treadle.agent.runner import Sampling
 from treadle.core.cost_model import CostModel
 from treadle.core.policies import build_policy, parse_policy
 from treadle.core.policies.baselines import Slime

@@ -15,8 +15,10 @@ from typing import Any
 
 import pytest
 
-from treadle.agent.chat import IM_END, HermesFormat, HFTokenizer
-from treadle.agent.loop import Sampling
+from treadle.agent.chat import IM_END, HermesFormat, prompt_messages
+from treadle.agent.loop import tool_messages
+from treadle.agent.runner import Sampling
+from treadle.agent.tokenizer import HFTokenizer
 from treadle.core.policies.baselines import Slime
 from treadle.engines.vllm import VLLMEngine
 from treadle.runtime.driver import Runtime
@@ -42,7 +44,8 @@ async def _three_turns(server: VLLMServer) -> tuple[TokenSegment, RecordingEngin
     await rt.start()
     try:
         turns = rt.turns("t0", "g0")
-        seg = TokenSegment(prompt_ids=tok.encode(FMT.prompt_text("the agent calls a tool")))
+        seg = TokenSegment(prompt_ids=tok.encode(
+            FMT.prompt(prompt_messages("the agent calls a tool"), [])))
         context = list(seg.prompt_ids)
         observations = []
         for i in range(3):
@@ -57,7 +60,8 @@ async def _three_turns(server: VLLMServer) -> tuple[TokenSegment, RecordingEngin
             if i == 2:
                 break
             turns.tool_started()
-            obs = tok.encode(FMT.observation_text([f"result {i}: the tool returns ok"]))
+            obs = tok.encode(FMT.continuation(
+                tool_messages([f"result {i}: the tool returns ok"]), True))
             observations.append(obs)
             context += obs
             seg.response_ids += obs
@@ -126,7 +130,7 @@ def test_a_weight_update_changes_the_logprobs_and_stamps_the_version(
         dev_server: tuple[VLLMServer, Path]) -> None:
     server, updated = dev_server
     tok = HFTokenizer(server.model_dir)
-    prompt = tok.encode(FMT.prompt_text("the agent calls a tool"))
+    prompt = tok.encode(FMT.prompt(prompt_messages("the agent calls a tool"), []))
 
     async def main() -> tuple[Any, Any, str | None]:
         engine = VLLMEngine(server.url, server.model)

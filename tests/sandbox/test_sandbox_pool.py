@@ -28,6 +28,7 @@ from treadle.sandbox import (
     BwrapBackend,
     Limits,
     LocalBackend,
+    PoolSettings,
     Sandbox,
     SandboxBackend,
     SandboxPool,
@@ -37,7 +38,8 @@ from treadle.sandbox._cgroup import GROUP_DIR, detect_cgroups
 
 def test_live_sandboxes_never_exceed_the_cap(local: LocalBackend) -> None:
     async def body() -> tuple[int, int]:
-        pool = SandboxPool(local, SMALL, max_live=2, create_rate_per_s=1000, create_burst=10)
+        pool = SandboxPool(local, SMALL, PoolSettings(max_live=2, create_rate_per_s=1000,
+                                                         create_burst=10))
         peak = busy = 0
 
         async def job() -> None:
@@ -59,7 +61,8 @@ def test_live_sandboxes_never_exceed_the_cap(local: LocalBackend) -> None:
 
 def test_creation_is_rate_limited(local: LocalBackend) -> None:
     async def body() -> float:
-        pool = SandboxPool(local, SMALL, max_live=8, create_rate_per_s=10, create_burst=1)
+        pool = SandboxPool(local, SMALL, PoolSettings(max_live=8, create_rate_per_s=10,
+                                                         create_burst=1))
         loop = asyncio.get_running_loop()
         start = loop.time()
 
@@ -76,7 +79,7 @@ def test_creation_is_rate_limited(local: LocalBackend) -> None:
 
 def test_warm_spares_are_kept_and_cleaned_up(local: LocalBackend, work_root: str) -> None:
     async def body() -> None:
-        pool = SandboxPool(local, SMALL, warm=2, max_live=3, create_rate_per_s=1000)
+        pool = SandboxPool(local, SMALL, PoolSettings(warm=2, max_live=3, create_rate_per_s=1000))
         async with pool:
             assert await eventually(lambda: pool.stats().idle == 2)
             assert len(workdirs(work_root)) == 2
@@ -107,7 +110,7 @@ def test_cleanup_on_success_error_and_cancellation(kind: str, request: pytest.Fi
     children_before = set(descendants())
 
     async def body() -> None:
-        pool = SandboxPool(backend, SMALL, max_live=4)
+        pool = SandboxPool(backend, SMALL, PoolSettings(max_live=4))
         async with pool:
             # Success.
             async with pool.sandbox() as sb:
@@ -141,7 +144,7 @@ def test_close_reclaims_borrowed_sandboxes_after_the_grace(local: LocalBackend) 
     tag = marker()
 
     async def body() -> None:
-        pool = SandboxPool(local, SMALL, grace_s=0.3)
+        pool = SandboxPool(local, SMALL, PoolSettings(grace_s=0.3))
         sb = await pool.acquire()
         running = asyncio.ensure_future(sb.exec(["sleep", tag], timeout_s=30))
         assert await eventually(lambda: sleepers(tag))
@@ -237,7 +240,7 @@ class _FailingBackend(SandboxBackend):
 def test_failed_creations_free_their_slot() -> None:
     async def body() -> None:
         backend = _FailingBackend()
-        pool = SandboxPool(backend, SMALL, max_live=1, create_rate_per_s=1000)
+        pool = SandboxPool(backend, SMALL, PoolSettings(max_live=1, create_rate_per_s=1000))
         async with pool:
             for _ in range(3):  # with a leaked slot the second attempt would wait forever
                 with pytest.raises(SandboxStartError):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from treadle.agent.chat import HFTokenizer
+from treadle.agent.tokenizer import HFTokenizer
 from treadle.bench.gateway import build_tokenizer, run_gateway_bench
 from treadle.cli import main
 from treadle.engines.emulated import VOCAB

@@ -17,8 +17,8 @@ from service_helpers import running_service
 
 from agent.agent_helpers import build_tokenizer
 from engines.engines_fakes import FakeVLLMServer
-from treadle.agent.chat import HFTokenizer
 from treadle.agent.fingerprint import tokenizer_fingerprint
+from treadle.agent.tokenizer import HFTokenizer
 from treadle.client import RolloutClient
 from treadle.service.schemas import EngineRequest
 from treadle.service.state import ServiceConfig

@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import replace
 from pathlib import Path
 
-from treadle.agent.chat import HFTokenizer
+from treadle.agent.tokenizer import HFTokenizer
 from treadle.engines import Engine, EngineLoad, GenerateRequest, GenerateResult
 from treadle.sandbox.local import LocalBackend
 from treadle.train.evaluate import evaluate, evaluate_checkpoint

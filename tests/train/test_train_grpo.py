@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from treadle.agent.chat import HFTokenizer
+from treadle.agent.tokenizer import HFTokenizer
 from treadle.demo import DEMO_SFT_STEPS
 from treadle.train.grpo import GRPOConfig, train_grpo
 from treadle.train.model import load_model, weights_digest

@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 from train_helpers import TINY
 
-from treadle.agent.chat import HermesFormat, HFTokenizer, ParsedCall
+from treadle.agent.chat import Call, HermesFormat, prompt_messages
+from treadle.agent.loop import tool_messages
+from treadle.agent.tokenizer import HFTokenizer
 from treadle.train.model import (
     CHAT_TEMPLATE,
     IM_END_ID,
@@ -92,15 +94,15 @@ def test_chat_template_renders_what_the_agent_loop_appends(tiny_dir: Path) -> No
     ]
     rendered = hf.apply_chat_template(messages, tools=specs, tokenize=False,
                                       add_generation_prompt=True)
-    pieces = (fmt.prompt_text(task.prompt, specs)
-              + fmt.reply_text("", [ParsedCall("python", code)])
-              + fmt.observation_text(["1\né"])
-              + fmt.reply_text("Done.", [ParsedCall("submit_answer", {"answer": "1"}),
-                                         ParsedCall("python", {"code": "x"})])
-              + fmt.observation_text(["a", "b"]))
+    pieces = (fmt.prompt(prompt_messages(task.prompt), specs)
+              + fmt.reply_text("", [Call.of("python", code)])
+              + fmt.continuation(tool_messages(["1\né"]), True)
+              + fmt.reply_text("Done.", [Call.of("submit_answer", {"answer": "1"}),
+                                         Call.of("python", {"code": "x"})])
+              + fmt.continuation(tool_messages(["a", "b"]), True))
     assert rendered == pieces
     system = hf.apply_chat_template([{"role": "system", "content": "Be brief."},
                                      {"role": "user", "content": "hi"}], tokenize=False,
                                     add_generation_prompt=True)
-    assert system == fmt.prompt_text([{"role": "system", "content": "Be brief."},
-                                      {"role": "user", "content": "hi"}])
+    assert system == fmt.prompt(prompt_messages([{"role": "system", "content": "Be brief."},
+                                      {"role": "user", "content": "hi"}]), [])

@@ -9,7 +9,7 @@ import pytest
 import torch
 from train_helpers import TINY
 
-from treadle.agent.chat import HFTokenizer
+from treadle.agent.tokenizer import HFTokenizer
 from treadle.train.model import load_model, weights_digest
 from treadle.train.sft import (
     META_FILE,

@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 from train_helpers import record
 
-from treadle.agent.chat import HermesFormat, HFTokenizer, ParsedCall
+from treadle.agent.chat import Call, HermesFormat, prompt_messages
+from treadle.agent.loop import tool_messages
+from treadle.agent.tokenizer import HFTokenizer
 from treadle.train.model import IM_END_ID
 from treadle.train.transcripts import (
     HELDOUT_POOL,
@@ -75,15 +77,15 @@ def test_pieces_are_the_agent_formats_with_the_real_tool_output(
     for tr in transcripts:
         task = tasks[tr.task_id]
         prompt, call, observation, answer = tr.pieces
-        assert prompt == fmt.prompt_text(task.prompt, [tool.spec for tool in suite.tools(task)])
+        assert prompt == fmt.prompt(prompt_messages(task.prompt),
+                                    [tool.spec for tool in suite.tools(task)])
         assert call.endswith("<|im_end|>") and answer.endswith("<|im_end|>")
-        parsed = fmt.parse(call).calls
-        assert parsed == [ParsedCall("python", {"code": program_for(task)})]
+        parsed = fmt.reply(call).calls
+        assert parsed == [Call.of("python", {"code": program_for(task)})]
         # The python tool printed the gold answer (str(Fraction) is how it prints).
-        assert observation == fmt.observation_text([task.metadata["answer"]])
-        (submit,) = fmt.parse(answer).calls
-        assert submit.name == "submit_answer"  # type: ignore[union-attr]
-        assert submit.arguments == {"answer": task.metadata["answer"]}  # type: ignore[union-attr]
+        assert observation == fmt.continuation(tool_messages([task.metadata["answer"]]), True)
+        (submit,) = fmt.reply(answer).calls
+        assert submit == Call.of("submit_answer", {"answer": task.metadata["answer"]})
         assert tr.kind == task.metadata["kind"]
 
 
@@ -113,7 +115,7 @@ def test_answered_directly_is_the_prompt_then_the_same_answer(
         direct = tr.answered_directly()
         assert direct.pieces == (tr.pieces[0], tr.pieces[3])
         assert (direct.task_id, direct.kind) == (tr.task_id, tr.kind)
-        (submit,) = fmt.parse(direct.pieces[1]).calls
-        assert submit.name == "submit_answer"  # type: ignore[union-attr]
+        (submit,) = fmt.reply(direct.pieces[1]).calls
+        assert submit.name == "submit_answer"
         with pytest.raises(ValueError, match="without the tool"):
             direct.answered_directly()

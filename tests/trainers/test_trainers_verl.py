@@ -30,7 +30,7 @@ from engines.engines_fakes import FakeVLLMServer
 from engines.tiny_model import build
 from service.service_helpers import running_service
 from trainers.trainers_helpers import trainer_python
-from treadle.agent.chat import HFTokenizer
+from treadle.agent.tokenizer import HFTokenizer
 from treadle.gateway.harness import Harness
 from treadle.service.schemas import EngineRequest
 from treadle.service.state import ServiceConfig

@@ -94,7 +94,7 @@ def canonical_tokenizer(data: dict[str, Any]) -> dict[str, Any]:
 def _serialized(source: object) -> str:
     # A transformers tokenizer wraps the Rust tokenizer it encodes with; treadle's
     # HFTokenizer keeps its own in `_tok` (chat.py has no public accessor for it).
-    from treadle.agent.chat import HFTokenizer
+    from treadle.agent.tokenizer import HFTokenizer
 
     inner: Any = source
     if isinstance(source, HFTokenizer):

@@ -1,21 +1,23 @@
-"""One trajectory, token in and token out: prompt, then (reply, tools, observation)*.
+"""treadle's agent loop: one trajectory, prompt then (reply, tools, observation)*.
 
     runner = EngineTurns(engine)                       # or the runtime's scheduled turns
     async with open_episode(suite, task, sandboxes) as episode:
         traj = await run_agent(episode, tokenizer, runner, traj_id="t0",
                                key=GroupKey(task.task_id, 0))
 
-The loop keeps one token list for the whole context and only ever appends to it:
+The loop is one driver of a `agent.conversation.Conversation` (the harness
+gateway's sessions are the other): the token context, the record and the runner's
+events are the conversation's. The loop adds the agent's rules only:
 
-- the **prompt** piece (`HermesFormat.prompt_text`) is tokenized once;
-- a **reply** is appended as the engine's output ids, with mask 1 and the engine's
-  logprobs and policy version for every id;
-- an **observation** piece (`HermesFormat.observation_text` of the tool results) is
-  tokenized on its own and appended with mask 0 and logprob 0.0.
-
-Nothing is ever decoded and encoded again: the reply is decoded only to find its
-tool calls. The trajectory's `TokenSegment` is therefore exactly the token sequence
-the engine saw, and `loss_mask` covers exactly the tokens it sampled.
+- the **prompt**: the task's prompt as messages (a text is one user message; chat
+  messages must have roles system/user/assistant, a system message first) with the
+  episode's initial observation after it, rendered by the chat format with the
+  suite's tools;
+- a **reply**: the engine's ids, parsed by the format for tool calls; the calls run
+  in written order, a malformed one shown to the model as ``[error] ...``;
+- an **observation**: the tool results as ``tool`` messages, appended (mask 0) —
+  nothing is ever decoded and encoded again, so the record is exactly the token
+  sequence the engine saw and `loss_mask` covers exactly the tokens it sampled.
 
 How a trajectory ends (`Trajectory.status`, `reason`):
 
@@ -28,23 +30,20 @@ TRUNCATED              ``max_tokens_per_turn``: a reply cut at the per-turn limi
 MAX_TURNS              ``max_turns`` replies and the model still wants tools
 TIMEOUT                ``deadline``: the deadline (on the loop's clock) passed mid-turn
                        or mid-tool
-ERROR                  an infrastructure failure, with `failure_stage`: ``engine``
-                       (`EngineError` from the runner), ``tool`` (a tool's
-                       infrastructure raised), ``eval`` (the reward raised),
-                       ``runtime`` (anything else: a bug, reported, not raised)
+ERROR                  an infrastructure failure, with `failure_stage`: ``init`` (the
+                       task's prompt cannot be rendered), ``engine`` (`EngineError`
+                       from the runner), ``tool`` (a tool's infrastructure raised),
+                       ``eval`` (the reward raised), ``runtime`` (anything else: a
+                       bug, reported, not raised)
 =====================  ==============================================================
 
-Every status but ERROR is scored by the suite's reward: a wrong, cut or missing
-answer is data for the trainer. ERROR carries no reward. Malformed tool calls, unknown
-tools and bad arguments are observations for the model, never errors. Cancelling
-the coroutine cancels the turn or tool in flight and propagates (the caller records
-the trajectory as aborted). Limits are checked before every turn and every
+Every status but ERROR is scored by the suite's reward on the last reply's text
+(after any reasoning block): a wrong, cut or missing answer is data for the
+trainer. ERROR carries no reward. Malformed tool calls, unknown tools and bad
+arguments are observations for the model, never errors. Cancelling the coroutine
+cancels the turn or tool in flight and propagates (the caller records the
+trajectory as aborted). Limits are checked before every turn and every
 observation, so no context ever exceeds ``max_total_tokens``.
-
-The runner hears the scheduling events of the trajectory (`TurnRunner`): a turn's
-end (``final`` when no turn follows), the tool call's start and end, and `ended`
-when the trajectory stops without a final turn or final tool (deadline, failure,
-cancel).
 """
 
 from __future__ import annotations
@@ -52,28 +51,23 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-from treadle.agent.chat import IM_END, CallError, HermesFormat, Reply, Tokenizer
+from treadle.agent.chat import DEFAULT_FORMAT, CallError, Message, ParsedReply, prompt_messages
+from treadle.agent.chat import chat_format as _chat_format
+from treadle.agent.context import Begun
+from treadle.agent.conversation import Conversation
+from treadle.agent.runner import DEFAULT_SAMPLING, Sampling, TurnOutput, TurnRunner
+from treadle.agent.tokenizer import Tokenizer
 from treadle.clock import MONOTONIC, Clock
-from treadle.engines.base import Engine, FinishReason, GenerateRequest, derived_seed
 from treadle.engines.errors import EngineError
 from treadle.envs.base import Episode
 from treadle.errors import TreadleError
-from treadle.types import (
-    FailureStage,
-    GroupKey,
-    TokenSegment,
-    ToolCall,
-    Trajectory,
-    TrajectoryStatus,
-    Turn,
-)
+from treadle.types import FailureStage, GroupKey, ToolCall, Trajectory, TrajectoryStatus, Turn
 
 log = logging.getLogger(__name__)
-HERMES = HermesFormat()
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,118 +91,6 @@ class AgentLimits:
             raise ValueError(f"deadline_s must be > 0, got {self.deadline_s}")
 
 
-@dataclass(frozen=True, slots=True)
-class Sampling:
-    """Sampling parameters sent with every turn."""
-
-    temperature: float = 1.0  # 0 = greedy
-    top_p: float = 1.0  # nucleus mass
-    # Base seed: turn t of a trajectory of task `task` (sample `repetition`) samples
-    # with seed derived_seed(seed, task, repetition, t), so the same task, sample and
-    # policy give the same tokens in any job (evaluations share their random
-    # numbers). None: the engine's own randomness.
-    seed: int | None = None
-
-    def for_turn(self, task_id: str, repetition: int, turn: int) -> Sampling:
-        """These parameters with the seed of one turn (unchanged when unseeded)."""
-        if self.seed is None:
-            return self
-        return dataclasses.replace(self, seed=derived_seed(self.seed, task_id, repetition,
-                                                           turn))
-
-
-@dataclass(frozen=True, slots=True)
-class TurnOutput:
-    """One reply as the runner got it (possibly over several engine calls, if the
-    turn was preempted and resumed: the ids and logprobs are concatenated)."""
-
-    output_ids: list[int]  # sampled ids, the stop token included when sampled
-    logprobs: list[float]  # one per output id
-    policy_versions: list[int]  # weights version that sampled each output id
-    finish_reason: FinishReason  # "stop" or "length" ("abort" never reaches the agent)
-    engine_id: str | None = None  # the engine of the last call
-    queued_s: float = 0.0  # waiting for an engine, preemptions included
-    generating_s: float = 0.0  # inside engine calls
-
-    @property
-    def last_version(self) -> int:
-        """The policy version of the last sampled token (0 for an empty reply)."""
-        return self.policy_versions[-1] if self.policy_versions else 0
-
-    def turn(self, index: int) -> Turn:
-        """The trajectory's record of this reply as turn `index`."""
-        return Turn(index, len(self.output_ids), self.engine_id, queued_s=self.queued_s,
-                    generating_s=self.generating_s, policy_version=self.last_version)
-
-
-class TurnRunner(Protocol):
-    """Where the agent's LLM turns run, and who hears its scheduling events."""
-
-    async def generate(self, prompt_ids: list[int], max_tokens: int, sampling: Sampling,
-                       stop_ids: list[int]) -> TurnOutput:
-        """Run one turn on the context `prompt_ids`; raises `EngineError` on failure."""
-        ...
-
-    def turn_finished(self, output_tokens: int, context_tokens: int, final: bool) -> None:
-        """The reply is in; `final`: no tool call and no turn follow."""
-        ...
-
-    def tool_started(self) -> None: ...
-
-    def tool_finished(self, latency_s: float, output_tokens: int, final: bool) -> None:
-        """The tools returned; `final`: the trajectory ends here (no turn follows)."""
-        ...
-
-    def ended(self, reason: str) -> None:
-        """The trajectory stopped between events (deadline, failure, cancel)."""
-        ...
-
-
-class EngineTurns:
-    """A `TurnRunner` on one engine, without a scheduler: each turn is one call.
-
-    For single rollouts, evaluation and tests; the runtime's runner schedules turns
-    over a pool of engines instead. `policy_version` stamps every sampled token.
-    Request ids are ``<request_prefix>-<n>`` (default prefix: unique per runner); a
-    fixed prefix makes them reproducible, for engines that seed sampling by id.
-    """
-
-    def __init__(self, engine: Engine, *, engine_id: str = "engine", policy_version: int = 0,
-                 request_timeout_s: float | None = 600.0,
-                 request_prefix: str | None = None) -> None:
-        self.engine = engine
-        self.engine_id = engine_id
-        self.policy_version = policy_version
-        self.request_timeout_s = request_timeout_s
-        self.request_prefix = request_prefix if request_prefix is not None else f"{id(self):x}"
-        self._calls = 0
-
-    async def generate(self, prompt_ids: list[int], max_tokens: int, sampling: Sampling,
-                       stop_ids: list[int]) -> TurnOutput:
-        self._calls += 1
-        result = await self.engine.generate(GenerateRequest(
-            request_id=f"{self.request_prefix}-{self._calls}", prompt_ids=prompt_ids,
-            max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
-            seed=sampling.seed, stop_token_ids=stop_ids, timeout_s=self.request_timeout_s))
-        if result.finish_reason == "abort":
-            raise EngineError(f"engine {self.engine_id} aborted the request")
-        return TurnOutput(result.output_ids, result.logprobs,
-                          [self.policy_version] * len(result.output_ids), result.finish_reason,
-                          self.engine_id, result.queued_s or 0.0, result.generating_s)
-
-    def turn_finished(self, output_tokens: int, context_tokens: int, final: bool) -> None:
-        pass
-
-    def tool_started(self) -> None:
-        pass
-
-    def tool_finished(self, latency_s: float, output_tokens: int, final: bool) -> None:
-        pass
-
-    def ended(self, reason: str) -> None:
-        pass
-
-
 class _Stop(Exception):
     """Ends the loop with a status (internal)."""
 
@@ -218,103 +100,78 @@ class _Stop(Exception):
         self.status, self.reason, self.stage = status, reason, stage
 
 
-@dataclass(slots=True)
-class _State:
-    traj: Trajectory
-    segment: TokenSegment
-    context: list[int]  # prompt + everything appended
-    final_message: str | None = None  # the last reply's text
-    events_done: bool = False  # the runner heard a final turn or final tool
-
-
 async def run_agent(episode: Episode, tokenizer: Tokenizer, runner: TurnRunner, *,
                     traj_id: str, key: GroupKey, limits: AgentLimits = AgentLimits(),
-                    sampling: Sampling = Sampling(), fmt: HermesFormat = HERMES,
+                    sampling: Sampling = DEFAULT_SAMPLING, chat_format: str = DEFAULT_FORMAT,
                     clock: Clock = MONOTONIC) -> Trajectory:
     """Run the episode to its end and score it; see the module docstring.
 
     `episode` must be started (its initial observation, if any, is shown after the
-    task's prompt). The deadline, the tool latencies and the start and finish times
-    are on `clock` (the runtime passes its own). Returns the trajectory; raises only
-    `CancelledError`.
+    task's prompt). `chat_format` names the model family's format (`agent.chat`;
+    ValueError for an unknown one). The deadline, the tool gaps and the start and
+    finish times are on `clock` (the runtime passes its own). Returns the trajectory;
+    raises only `CancelledError`.
     """
+    fmt = _chat_format(chat_format)
     task = episode.task
-    start = clock.now()
     traj = Trajectory(traj_id, key, task_id=task.task_id, status=TrajectoryStatus.RUNNING)
-    traj.timings.started_at = start
-    deadline = None if limits.deadline_s is None else start + limits.deadline_s
-    stop_ids = [tokenizer.token_id(IM_END)]
-    prompt = _with_observation(task.prompt, episode.initial_observation)
+    conv = Conversation(traj, tokenizer, fmt, runner, clock)
+    deadline = None if limits.deadline_s is None else clock.now() + limits.deadline_s
+    answers: list[str] = []  # each reply's text: the last one is scored
     try:
-        prompt_ids = tokenizer.encode(fmt.prompt_text(prompt, episode.tool_specs))
+        prompt = prompt_messages(_with_observation(task.prompt, episode.initial_observation))
     except ValueError as e:
         # A task whose prompt the chat format cannot render (an unknown role, a
         # system message mid-conversation) is a failure of the task's setup, not of
         # the policy: excluded, and attributed.
-        traj.status, traj.failure_stage = TrajectoryStatus.ERROR, FailureStage.INIT
-        traj.reason = f"init: the task's prompt cannot be rendered: {e}"
-        runner.ended(traj.reason)
-        traj.timings.finished_at = clock.now()
-        return traj
-    state = _State(traj, TokenSegment(prompt_ids=prompt_ids), list(prompt_ids))
-    traj.prompt_tokens = len(prompt_ids)
-    traj.segments.append(state.segment)
+        reason = f"init: the task's prompt cannot be rendered: {e}"
+        conv.ended(reason)
+        return conv.finish(TrajectoryStatus.ERROR, reason, FailureStage.INIT)
+    stop = _Stop(TrajectoryStatus.RUNNING)
     try:
-        if len(prompt_ids) >= limits.max_total_tokens:
-            raise _Stop(TrajectoryStatus.TRUNCATED, "max_total_tokens")
-        await _turns(episode, tokenizer, runner, state, limits, sampling, fmt, stop_ids,
-                     deadline, clock)
-    except _Stop as stop:
-        traj.status, traj.reason, traj.failure_stage = stop.status, stop.reason, stop.stage
+        await _turns(episode, conv, prompt, limits, sampling, deadline, answers)
+    except _Stop as s:
+        stop = s
     except asyncio.CancelledError:
-        if not state.events_done:
-            runner.ended("cancelled")
+        conv.ended("cancelled")
         raise
     except Exception as e:  # a bug must not take the trajectory's siblings down
         log.exception("trajectory %s failed inside the agent loop", traj_id)
-        traj.status, traj.failure_stage = TrajectoryStatus.ERROR, FailureStage.RUNTIME
-        traj.reason = f"agent loop: {type(e).__name__}: {e}"
-    if not state.events_done:
-        runner.ended(traj.reason or traj.status.value)
-        state.events_done = True
-    if traj.status is not TrajectoryStatus.ERROR:
-        await _score(episode, state)
-    traj.timings.finished_at = clock.now()
-    return traj
+        stop = _Stop(TrajectoryStatus.ERROR, f"agent loop: {type(e).__name__}: {e}",
+                     FailureStage.RUNTIME)
+    conv.ended(stop.reason or stop.status.value)
+    if stop.status is not TrajectoryStatus.ERROR:
+        stop = await _score(episode, traj, answers[-1] if answers else None, stop)
+    return conv.finish(stop.status, stop.reason, stop.stage)
 
 
-async def _turns(episode: Episode, tokenizer: Tokenizer, runner: TurnRunner, state: _State,
-                 limits: AgentLimits, sampling: Sampling, fmt: HermesFormat,
-                 stop_ids: list[int], deadline: float | None, clock: Clock) -> None:
-    traj, context = state.traj, state.context
+async def _turns(episode: Episode, conv: Conversation, prompt: list[Message],
+                 limits: AgentLimits, sampling: Sampling, deadline: float | None,
+                 answers: list[str]) -> None:
+    traj, clock, tools = conv.trajectory, conv.clock, episode.tool_specs
+    begun = conv.begin(prompt, tools)
+    if len(begun.prompt_ids) >= limits.max_total_tokens:
+        raise _Stop(TrajectoryStatus.TRUNCATED, "max_total_tokens")
     for index in range(limits.max_turns):
-        room = limits.max_total_tokens - len(context)
-        budget = min(limits.max_tokens_per_turn, room)
+        budget = min(limits.max_tokens_per_turn, limits.max_total_tokens - len(begun.prompt_ids))
         try:
             async with clock.timeout(_left(deadline, clock)):
-                out = await runner.generate(list(context), budget,
-                                            sampling.for_turn(traj.task_id, traj.key.repetition,
-                                                              index), stop_ids)
-            _append_reply(state, out)  # a malformed reply is the engine's failure
+                out = await conv.generate(begun.prompt_ids, budget, sampling.for_turn(
+                    traj.task_id, traj.key.repetition, index))
         except TimeoutError:
             raise _Stop(TrajectoryStatus.TIMEOUT, "deadline") from None
         except EngineError as e:
             raise _Stop(TrajectoryStatus.ERROR, f"engine: {e}", FailureStage.ENGINE) from None
-        turn = out.turn(index)
-        traj.turns.append(turn)
-        traj.timings.llm_s += out.generating_s
-        traj.timings.queue_s += out.queued_s
-        reply = fmt.parse(tokenizer.decode(_strip_stop(out.output_ids, stop_ids)))
-        state.final_message = reply.text
+        reply = conv.fmt.reply(conv.decode(out.output_ids))
+        turn = conv.record_reply(out, reply)
+        answers.append(reply.text)
         cut = _cut_reason(out, budget, limits)
         if cut is not None or not reply.wants_tools:
-            _final_turn(runner, state, out)
-            if cut is not None:
-                raise _Stop(TrajectoryStatus.TRUNCATED, cut)
-            raise _Stop(TrajectoryStatus.COMPLETED)
-        runner.turn_finished(len(out.output_ids), len(context), final=False)
-        runner.tool_started()
-        started = clock.now()
+            conv.turn_finished(final=True)
+            raise _Stop(TrajectoryStatus.TRUNCATED, cut) if cut is not None \
+                else _Stop(TrajectoryStatus.COMPLETED)
+        conv.turn_finished(final=False)
+        conv.tool_started()
         try:
             async with clock.timeout(_left(deadline, clock)):
                 results = await _call_tools(episode, reply, turn)
@@ -323,30 +180,29 @@ async def _turns(episode: Episode, tokenizer: Tokenizer, runner: TurnRunner, sta
         except TreadleError as e:
             raise _Stop(TrajectoryStatus.ERROR, f"tool: {type(e).__name__}: {e}",
                         FailureStage.TOOL) from None
-        latency = clock.now() - started
-        traj.timings.tool_s += latency
-        obs = tokenizer.encode(fmt.observation_text(results))
-        if episode.done:
-            end: tuple[TrajectoryStatus, str | None] | None = (TrajectoryStatus.COMPLETED, None)
-        elif len(context) + len(obs) >= limits.max_total_tokens:
-            end = (TrajectoryStatus.TRUNCATED, "max_total_tokens")
-        elif index + 1 == limits.max_turns:
-            end = (TrajectoryStatus.MAX_TURNS, "max_turns")
-        else:
-            end = None
-        if end is not None:  # the observation is never shown: it is not in the record
-            runner.tool_finished(latency, 0, final=True)
-            state.events_done = True
-            raise _Stop(*end)
-        _append_observation(state, obs, out)
-        if turn.tool_call is not None:
-            turn.tool_call.output_tokens = len(obs)
-        runner.tool_finished(latency, len(obs), final=False)
+        end = _after_tools(episode, conv, results, tools, index, limits)
+        if isinstance(end, _Stop):  # the observation is never shown: it is not in the record
+            conv.tool_finished(None, final=True)
+            raise end
+        begun = end
+        conv.tool_finished(begun, final=False)
 
 
-def _final_turn(runner: TurnRunner, state: _State, out: TurnOutput) -> None:
-    runner.turn_finished(len(out.output_ids), len(state.context), final=True)
-    state.events_done = True
+def _after_tools(episode: Episode, conv: Conversation, results: list[str],
+                 tools: Sequence[Mapping[str, Any]], index: int,
+                 limits: AgentLimits) -> Begun | _Stop:
+    """The observation appended (its `Begun`), or the `_Stop` that ends the episode
+    before it is shown."""
+    if episode.done:
+        return _Stop(TrajectoryStatus.COMPLETED)
+    begun = conv.begin([*conv.context.history, *tool_messages(results)], tools)
+    if len(begun.prompt_ids) >= limits.max_total_tokens:
+        conv.take_back()
+        return _Stop(TrajectoryStatus.TRUNCATED, "max_total_tokens")
+    if index + 1 == limits.max_turns:
+        conv.take_back()
+        return _Stop(TrajectoryStatus.MAX_TURNS, "max_turns")
+    return begun
 
 
 def _cut_reason(out: TurnOutput, budget: int, limits: AgentLimits) -> str | None:
@@ -355,17 +211,18 @@ def _cut_reason(out: TurnOutput, budget: int, limits: AgentLimits) -> str | None
     return "max_tokens_per_turn" if budget == limits.max_tokens_per_turn else "max_total_tokens"
 
 
-async def _call_tools(episode: Episode, reply: Reply, turn: Turn) -> list[str]:
+async def _call_tools(episode: Episode, reply: ParsedReply, turn: Turn) -> list[str]:
     """Run the reply's calls in order; the observation text of each."""
     results: list[str] = []
-    for call in reply.calls:
+    for call in reply.parts:
         if isinstance(call, CallError):
             results.append(f"[error] {call.message}")
             record = ToolCall("", {"_raw": call.raw}, error=call.message)
         else:
-            result = await episode.call(call.name, call.arguments)
+            arguments = call.parsed_arguments()
+            result = await episode.call(call.name, arguments)
             results.append(result.observation())
-            record = result.to_tool_call(call.name, call.arguments)
+            record = result.to_tool_call(call.name, arguments)
         # One record per turn: the scheduler sees one tool gap; extra calls of the same
         # reply are folded into the first record's latency.
         if turn.tool_call is None:
@@ -377,44 +234,20 @@ async def _call_tools(episode: Episode, reply: Reply, turn: Turn) -> list[str]:
     return results
 
 
-def _append_reply(state: _State, out: TurnOutput) -> None:
-    n = len(out.output_ids)
-    if len(out.logprobs) != n or len(out.policy_versions) != n:
-        raise EngineError(f"runner returned {n} ids but {len(out.logprobs)} logprobs and "
-                          f"{len(out.policy_versions)} versions")
-    seg = state.segment
-    state.context.extend(out.output_ids)
-    seg.response_ids.extend(out.output_ids)
-    seg.loss_mask.extend([1] * n)
-    seg.logprobs.extend(out.logprobs)
-    seg.policy_versions.extend(out.policy_versions)
-
-
-def _append_observation(state: _State, ids: list[int], after: TurnOutput) -> None:
-    # Observation tokens carry the version of the reply they answer (not trained on).
-    version = after.last_version
-    seg = state.segment
-    state.context.extend(ids)
-    seg.response_ids.extend(ids)
-    seg.loss_mask.extend([0] * len(ids))
-    seg.logprobs.extend([0.0] * len(ids))
-    seg.policy_versions.extend([version] * len(ids))
-
-
-async def _score(episode: Episode, state: _State) -> None:
-    traj = state.traj
+async def _score(episode: Episode, traj: Trajectory, answer: str | None, stop: _Stop) -> _Stop:
+    """The suite's reward on the final answer; an eval failure when it raises."""
     try:
-        result = await episode.score(state.final_message)
+        result = await episode.score(answer)
     except TreadleError as e:
-        traj.status, traj.failure_stage = TrajectoryStatus.ERROR, FailureStage.EVAL
-        traj.reason = f"eval: {type(e).__name__}: {e}"
-        return
+        return _Stop(TrajectoryStatus.ERROR, f"eval: {type(e).__name__}: {e}", FailureStage.EVAL)
     traj.reward = result.reward
     traj.metrics = dict(result.metrics)
+    return stop
 
 
-def _strip_stop(ids: Sequence[int], stop_ids: Sequence[int]) -> Sequence[int]:
-    return ids[:-1] if ids and ids[-1] in stop_ids else ids
+def tool_messages(results: Sequence[str]) -> list[Message]:
+    """Tool results as the messages the loop shows the model (one ``tool`` message each)."""
+    return [Message("tool", r) for r in results]
 
 
 def _left(deadline: float | None, clock: Clock) -> float | None:
@@ -433,4 +266,4 @@ def _with_observation(prompt: str | list[dict[str, object]],
     return [*prompt, {"role": "user", "content": observation}]
 
 
-__all__ = ["AgentLimits", "EngineTurns", "Sampling", "TurnOutput", "TurnRunner", "run_agent"]
+__all__ = ["AgentLimits", "run_agent", "tool_messages"]

@@ -8,8 +8,9 @@ A session is a trajectory to the scheduler (`runtime.turns`): each call is a tur
 and the time from a reply to the next call is its tool gap (`tool_started` when a
 reply is returned, `tool_finished` when the next call comes), so priority,
 placement, prefix-cache affinity and migration in tool gaps apply as for treadle's
-own agents; the gateway adds no scheduling of its own. The token context is
-`context.SessionContext`'s.
+own agents; the gateway adds no scheduling of its own. The token context, the
+record and the scheduler's events are the session's `agent.conversation.Conversation`,
+the same room treadle's own agent loop drives.
 
 What ends a session, and its status:
 
@@ -41,17 +42,17 @@ Not thread-safe: one event loop. Calls of one session are serialised by refusal
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from treadle.agent.chat import Tokenizer
-from treadle.agent.loop import Sampling, TurnOutput
+from treadle.agent.chat import Message, ParsedReply, ToolChoice, chat_format
+from treadle.agent.conversation import Conversation
+from treadle.agent.runner import Sampling, TurnOutput
+from treadle.agent.tokenizer import Tokenizer
 from treadle.clock import Clock
 from treadle.engines.errors import EngineError, EngineRequestError
-from treadle.gateway.context import SessionContext
 from treadle.gateway.errors import (
     ContextTooLong,
     GatewayEngineError,
@@ -61,7 +62,6 @@ from treadle.gateway.errors import (
     SessionEnded,
     SessionLimit,
 )
-from treadle.gateway.render import Message, ParsedReply, ToolChoice, chat_format
 from treadle.runtime.driver import Runtime
 from treadle.types import FailureStage, GroupKey, ToolCall, Trajectory, TrajectoryStatus
 
@@ -92,7 +92,7 @@ class SessionSpec:
     metadata: Mapping[str, Any] = field(default_factory=dict)  # the caller's, kept in the record
     parent_id: str | None = None  # the parent's session id, for a sub-agent
     trainable: bool = True  # False: a frozen sub-agent, every token at mask 0
-    chat_format: str = "hermes"  # the model family's chat format (`render.chat_format`)
+    chat_format: str = "hermes"  # the model family's chat format (`agent.chat.chat_format`)
     swept: bool = True  # ends at its idle timeout (False: its owner always ends it)
     engine_pool: str = "policy"  # the runtime serving its calls: policy | frozen
 
@@ -125,24 +125,27 @@ class CallResult:
 
 
 class Session:
-    """One session's state; made by `Sessions.create`."""
+    """One session's state; made by `Sessions.create`. Its conversation
+    (`agent.conversation`) holds the token context, the record and the scheduler's
+    events; the session adds the harness protocol: one call at a time (a retry of
+    the running call gets its answer), the limits, forced prefixes, stop strings."""
 
     def __init__(self, spec: SessionSpec, runtime: Runtime, tokenizer: Tokenizer,
                  clock: Clock) -> None:
         self.spec = spec
         self.fmt = chat_format(spec.chat_format)
-        self.context = SessionContext(tokenizer, self.fmt)
         self.tokenizer = tokenizer
         self._runtime = runtime
-        self._runner = runtime.turns(spec.trajectory_id, spec.key.group_id)
         self._clock = clock
         self.trajectory = Trajectory(
             spec.trajectory_id, spec.key, task_id=spec.task_id,
             status=TrajectoryStatus.RUNNING, trainable=spec.trainable, metadata=dict(spec.metadata))
         # Timings on the runtime's clock (the scheduler's, modelled seconds with emulated
         # engines), as treadle's own trajectories have them; idleness on `clock`.
-        self._times = runtime.clock
-        self.trajectory.timings.started_at = self._times.now()
+        self.conversation = Conversation(
+            self.trajectory, tokenizer, self.fmt,
+            runtime.turns(spec.trajectory_id, spec.key.group_id), runtime.clock,
+            trainable=spec.trainable)
         self.children: list[Session] = []
         self.reserved_children = 0  # child slots handed out (before their sessions exist)
         self.last_active = clock.now()  # creation, or the end of the last call
@@ -152,10 +155,13 @@ class Session:
         self._call_task: asyncio.Task[object] | None = None  # the call in flight
         # The call in flight's request and its answer, for a client's retry of it.
         self._running: tuple[CallRequest, asyncio.Future[CallResult]] | None = None
-        self._told_ended = False  # the runner heard `ended`
-        self._gap_since: float | None = None  # a reply was returned: the tool gap runs
         self.final_text: str | None = None  # the last reply's content
         self.final_answer: str | None = None  # what a harness run wrote as its answer
+
+    @property
+    def segments(self) -> int:
+        """Token segments so far."""
+        return len(self.conversation.context.segments)
 
     async def call(self, request: CallRequest) -> CallResult:
         """Run one call; the errors of `gateway.errors` for what cannot run."""
@@ -205,7 +211,7 @@ class Session:
             raise
         except Exception as e:  # a bug must not wedge the session: it ends, attributed
             log.exception("session %s: a call failed in the gateway", self.spec.session_id)
-            self.context.take_back()
+            self.conversation.take_back()
             self.finish(TrajectoryStatus.ERROR, f"runtime: {type(e).__name__}: {e}",
                         FailureStage.RUNTIME)
             raise GatewayInternalError(f"the gateway failed the call: {type(e).__name__}"
@@ -226,63 +232,42 @@ class Session:
             await asyncio.wait({task})
 
     async def _call(self, request: CallRequest) -> CallResult:
-        limits, traj = self.spec.limits, self.trajectory
-        turn = len(traj.turns)
+        limits, conv = self.spec.limits, self.conversation
         forced = self.fmt.forced_prefix(request.tool_choice)
-        version = traj.turns[-1].policy_version if traj.turns else self._runtime.policy_version
-        begun = self.context.begin(request.messages, request.tools, turn, forced, version)
-        if begun.retried:
-            lost = traj.turns.pop()  # the harness never read that reply
-            traj.timings.llm_s -= lost.generating_s
-            traj.timings.queue_s -= lost.queued_s
-            turn -= 1
+        begun = conv.begin(request.messages, request.tools, forced=forced)
+        turn = conv.turns
         if turn >= limits.max_turns:
-            self.context.take_back()
+            conv.take_back()
             raise SessionLimit(f"the session has had its max_turns ({limits.max_turns}) "
                                "calls; end it", param="max_turns")
         room = limits.max_total_tokens - len(begun.prompt_ids)
         if room <= 0:
-            self.context.take_back()
+            conv.take_back()
             raise SessionLimit(f"the context ({len(begun.prompt_ids)} tokens) fills the "
                                f"session's max_total_tokens ({limits.max_total_tokens})",
                                param="max_total_tokens")
         budget = min(limits.max_tokens_per_turn, request.max_tokens or room, room)
-        if self._gap_since is not None:
-            gap = self._times.now() - self._gap_since
-            if traj.turns and traj.turns[-1].tool_call is not None:
-                traj.turns[-1].tool_call.latency_s = gap
-                traj.turns[-1].tool_call.output_tokens = begun.appended
-            traj.timings.tool_s += gap
-            # The context grew by the new messages; a new segment replaced it, and the
-            # scheduler only adds, so it hears the growth over the old context (0 if
-            # the new one is smaller).
-            grown = begun.appended if begun.new_segment is None else max(
-                0, len(begun.prompt_ids) - begun.previous_context)
-            self._runner.tool_finished(gap, grown, final=False)
-            self._gap_since = None
+        if conv.in_tool:
+            # The harness's next call ends the tool gap its last reply opened: the gap
+            # is all the gateway knows of the harness's tools.
+            gap = conv.tool_finished(begun, final=False)
+            last = self.trajectory.turns[-1] if self.trajectory.turns else None
+            if last is not None and last.tool_call is not None:
+                last.tool_call.latency_s = gap
         out = await self._generate(request, begun.prompt_ids, budget, turn)
         ids, logprobs, cut = self._stopped(out, request.stop, forced,
                                            self.fmt.call_end if request.one_call else None)
-        text = forced + self.tokenizer.decode(
-            ids[:-1] if ids and ids[-1] == self.context.stop_id else ids)
+        text = forced + conv.decode(ids)
         if cut is not None:
             text = text[:cut]
         reply = self.fmt.reply(text, request.tool_choice)
-        returned = Message("assistant", reply.content or "", tuple(reply.calls))
-        self.context.reply(ids, logprobs, out.policy_versions[:len(ids)], returned,
-                           trainable=self.spec.trainable)
-        record = out.turn(turn)
-        record.output_tokens = len(ids)
+        record = conv.record_reply(out, reply, kept=len(ids))
         if reply.calls:
             first = reply.calls[0]
-            record.tool_call = ToolCall(first.name, json.loads(first.arguments))
-        traj.turns.append(record)
-        traj.timings.llm_s += out.generating_s
-        traj.timings.queue_s += out.queued_s
+            record.tool_call = ToolCall(first.name, first.parsed_arguments())
         self.final_text = reply.content
-        self._runner.turn_finished(len(ids), len(self.context.context), final=False)
-        self._runner.tool_started()
-        self._gap_since = self._times.now()
+        conv.turn_finished(final=False)
+        conv.tool_started()
         finish = "tool_calls" if reply.calls else (
             "length" if out.finish_reason == "length" and cut is None else "stop")
         return CallResult(reply, finish, ids, logprobs, len(begun.prompt_ids), turn)
@@ -297,15 +282,14 @@ class Session:
         if request.seed is None:
             sampling = sampling.for_turn(self.spec.task_id, self.spec.key.repetition, turn)
         try:
-            return await self._runner.generate(prompt_ids, budget, sampling,
-                                               [self.context.stop_id])
+            return await self.conversation.generate(prompt_ids, budget, sampling)
         except EngineRequestError as e:
-            self.context.take_back()
+            self.conversation.take_back()
             self.finish(TrajectoryStatus.TRUNCATED, f"engine refused: {e}")
             raise ContextTooLong(f"the engine refused the call: {e}",
                                  param="messages") from None
         except EngineError as e:
-            self.context.take_back()
+            self.conversation.take_back()
             self.finish(TrajectoryStatus.ERROR, f"engine: {e}", FailureStage.ENGINE)
             raise GatewayEngineError(f"the engines failed the call: {e}") from None
 
@@ -347,15 +331,8 @@ class Session:
         if self.ended:
             return
         self.ended = True
-        traj = self.trajectory
-        traj.status, traj.reason, traj.failure_stage = status, reason, stage
-        traj.segments = self.context.segments
-        traj.prompt_tokens = len(traj.segments[0].prompt_ids) if traj.segments else 0
-        traj.children = [c.spec.trajectory_id for c in self.children]
-        traj.timings.finished_at = self._times.now()
-        if self._gap_since is not None:
-            traj.timings.tool_s += self._times.now() - self._gap_since
-            self._gap_since = None
+        self.trajectory.children = [c.spec.trajectory_id for c in self.children]
+        self.conversation.finish(status, reason, stage)
         task = self._call_task
         if task is not None and not task.done() and task is not asyncio.current_task():
             task.cancel()
@@ -363,9 +340,7 @@ class Session:
             self._tell_ended()
 
     def _tell_ended(self) -> None:
-        if not self._told_ended:
-            self._told_ended = True
-            self._runner.ended(self.trajectory.reason or self.trajectory.status.value)
+        self.conversation.ended(self.trajectory.reason or self.trajectory.status.value)
 
 
 __all__ = ["CallRequest", "CallResult", "Session", "SessionLimits", "SessionSpec"]

@@ -20,7 +20,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from treadle.agent.chat import Tokenizer
+from treadle.agent.tokenizer import Tokenizer
 from treadle.clock import MONOTONIC, Clock
 from treadle.errors import ServiceBusy
 from treadle.gateway.errors import SessionBusy, SessionEnded, UnknownSession

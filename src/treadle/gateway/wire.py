@@ -39,8 +39,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from treadle.agent.chat import Call, Message, Role, ToolChoice, canonical_json
 from treadle.gateway.errors import GatewayError, InvalidRequest
-from treadle.gateway.render import Call, Message, Role, ToolChoice, canonical_json
 from treadle.gateway.session import CallRequest, CallResult
 
 _HONOURED = {"model", "messages", "tools", "tool_choice", "temperature", "top_p",

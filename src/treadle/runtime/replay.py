@@ -22,7 +22,7 @@ import random
 from array import array
 from dataclasses import dataclass
 
-from treadle.agent.loop import Sampling, TurnRunner
+from treadle.agent.runner import Sampling, TurnRunner
 from treadle.clock import Clock
 from treadle.engines.emulated import VOCAB
 from treadle.types import ToolCall, Turn

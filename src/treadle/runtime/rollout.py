@@ -28,8 +28,10 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from treadle.agent.chat import HermesFormat, Tokenizer
-from treadle.agent.loop import HERMES, AgentLimits, Sampling, run_agent
+from treadle.agent.chat import DEFAULT_FORMAT
+from treadle.agent.loop import AgentLimits, run_agent
+from treadle.agent.runner import Sampling
+from treadle.agent.tokenizer import Tokenizer
 from treadle.clock import Clock
 from treadle.engines.errors import EngineError
 from treadle.envs.base import Suite, open_episode
@@ -47,10 +49,11 @@ log = logging.getLogger(__name__)
 async def run_task(runtime: Runtime, suite: Suite, task: Task, *, traj_id: str, key: GroupKey,
                    tokenizer: Tokenizer, sandboxes: SandboxBackend | SandboxPool | None,
                    limits: AgentLimits | None = None, sampling: Sampling | None = None,
-                   fmt: HermesFormat = HERMES, attempt: int = 0,
+                   chat_format: str = DEFAULT_FORMAT, attempt: int = 0,
                    clock: Clock | None = None) -> Trajectory:
-    """One suite task, start to end, on the runtime's engines (see the module docstring).
-    Its deadline and times are on `clock`, by default the runtime's."""
+    """One suite task, start to end, on the runtime's engines (see the module docstring),
+    its conversation in the chat format named `chat_format` (`agent.chat`). Its
+    deadline and times are on `clock`, by default the runtime's."""
     clock = clock or runtime.clock
     turns = runtime.turns(traj_id, key.group_id)
     try:
@@ -69,7 +72,7 @@ async def run_task(runtime: Runtime, suite: Suite, task: Task, *, traj_id: str, 
                 return traj
             traj = await run_agent(episode, tokenizer, turns, traj_id=traj_id, key=key,
                                    limits=limits or AgentLimits(), sampling=sampling or Sampling(),
-                                   fmt=fmt, clock=clock)
+                                   chat_format=chat_format, clock=clock)
             ran.append(traj)
         traj.attempt = attempt
         return traj

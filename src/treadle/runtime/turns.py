@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 
-from treadle.agent.loop import Sampling, TurnOutput
+from treadle.agent.runner import Sampling, TurnOutput
 from treadle.core.events import (
     ToolCallFinished,
     ToolCallStarted,
@@ -78,6 +78,10 @@ class ScheduledTurns:
         self.done = False  # no more events will be sent
 
     # -- TurnRunner ------------------------------------------------------------------
+
+    @property
+    def policy_version(self) -> int:
+        return self._rt.policy_version
 
     async def generate(self, prompt_ids: list[int], max_tokens: int, sampling: Sampling,
                        stop_ids: list[int]) -> TurnOutput:

@@ -30,7 +30,7 @@ may mount (root).
 from treadle.sandbox.base import ExecResult, Limits, Sandbox, SandboxBackend
 from treadle.sandbox.bwrap import BwrapBackend
 from treadle.sandbox.local import LocalBackend
-from treadle.sandbox.pool import PoolStats, SandboxPool, TokenBucket
+from treadle.sandbox.pool import PoolSettings, PoolStats, SandboxPool, TokenBucket
 from treadle.sandbox.registry import BACKENDS, exec_once, get_backend
 
 __all__ = [
@@ -39,6 +39,7 @@ __all__ = [
     "ExecResult",
     "Limits",
     "LocalBackend",
+    "PoolSettings",
     "PoolStats",
     "Sandbox",
     "SandboxBackend",

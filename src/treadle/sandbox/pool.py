@@ -1,6 +1,6 @@
 """A pool of sandboxes: warm spares, a creation rate limit, a cap on live ones.
 
-    pool = SandboxPool(backend, Limits(memory_mb=512), warm=4, max_live=64)
+    pool = SandboxPool(backend, Limits(memory_mb=512), PoolSettings(warm=4, max_live=64))
     async with pool:
         async with pool.sandbox() as sb:
             result = await sb.exec(["python3", "solve.py"], timeout_s=30)
@@ -85,30 +85,35 @@ class PoolStats:
     waiting: int  # callers waiting for a slot
 
 
+@dataclass(frozen=True, slots=True)
+class PoolSettings:
+    """How a pool keeps its sandboxes (the module docstring's contracts)."""
+
+    warm: int = 0  # idle sandboxes kept ready (within max_live)
+    max_live: int = 16  # sandboxes at once: in use, warm, or being created
+    create_rate_per_s: float = 8.0  # sandbox starts a second (token bucket)
+    create_burst: int = 4  # starts saved up at most
+    grace_s: float = 10.0  # seconds close() waits for borrowed sandboxes
+
+    def __post_init__(self) -> None:
+        if self.max_live < 1 or self.warm < 0:
+            raise ValueError("max_live must be >= 1 and warm >= 0")
+        if self.create_rate_per_s <= 0 or self.create_burst < 1:
+            raise ValueError("create_rate_per_s must be > 0 and create_burst >= 1")
+
+
 class SandboxPool:
     """See the module docstring."""
 
-    def __init__(
-        self,
-        backend: SandboxBackend,
-        limits: Limits,
-        *,
-        warm: int = 0,
-        max_live: int = 16,
-        create_rate_per_s: float = 8.0,
-        create_burst: int = 4,
-        grace_s: float = 10.0,
-        clock: Clock = MONOTONIC,
-    ) -> None:
-        if max_live < 1 or warm < 0:
-            raise ValueError("max_live must be >= 1 and warm >= 0")
+    def __init__(self, backend: SandboxBackend, limits: Limits,
+                 settings: PoolSettings = PoolSettings(), *, clock: Clock = MONOTONIC) -> None:
         self.backend = backend
         self.limits = limits
-        self.warm = min(warm, max_live)
-        self.max_live = max_live
-        self.grace_s = grace_s  # seconds of `clock` that close() waits for borrowed sandboxes
+        self.warm = min(settings.warm, settings.max_live)
+        self.max_live = settings.max_live
+        self.grace_s = settings.grace_s  # seconds of `clock` close() waits for borrowed ones
         self.clock = clock  # the rate limit's, the close grace's and the warm retry's
-        self._bucket = TokenBucket(create_rate_per_s, create_burst, clock)
+        self._bucket = TokenBucket(settings.create_rate_per_s, settings.create_burst, clock)
         self._cond = asyncio.Condition()
         self._idle: collections.deque[Sandbox] = collections.deque()
         self._in_use: set[Sandbox] = set()

@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import sys
 from typing import TYPE_CHECKING, Any
 
 import pydantic
+
+from treadle.agent.chat import DEFAULT_FORMAT, FORMATS
 
 if TYPE_CHECKING:
     from treadle.service.schemas import EngineRequest
@@ -84,6 +87,9 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
                    help="--max-model-len of the vLLM engines started here")
     p.add_argument("--tokenizer", default=None, metavar="DIR",
                    help="the served model's tokenizer.json directory (needed for suite tasks)")
+    p.add_argument("--chat-format", default=DEFAULT_FORMAT, choices=sorted(FORMATS),
+                   help="the served model's chat format: how suite jobs and gateway "
+                        "sessions render conversations unless they name one")
     p.add_argument("--sandbox", default="bwrap", choices=("bwrap", "local", "remote", "none"),
                    help="where tools run (local isolates nothing; development only)")
     p.add_argument("--sandbox-max-live", type=int, default=64,
@@ -145,6 +151,10 @@ def run_serve(args: argparse.Namespace) -> int:
             raise ValueError("--time-scale must be > 0, --emulate >= 0, --max-live >= 1")
         if args.sandbox_rate <= 0 or args.sandbox_max_live < 1:
             raise ValueError("--sandbox-rate must be > 0, --sandbox-max-live >= 1")
+        pools = ServiceConfig().sandbox_pool
+        pools = dataclasses.replace(pools, max_live=args.sandbox_max_live,
+                                    create_rate_per_s=args.sandbox_rate,
+                                    warm=min(pools.warm, args.sandbox_max_live))
         engines = _engines("--engine", args.engine, args.engine_kind, args.served_model)
         frozen = _engines("--frozen-engine", args.frozen_engine, args.engine_kind,
                           args.frozen_served_model or args.served_model)
@@ -157,14 +167,14 @@ def run_serve(args: argparse.Namespace) -> int:
                                emulate=args.emulate, time_scale=args.time_scale,
                                tokenizer=args.tokenizer or args.vllm, sandbox=sandbox,
                                max_live=args.max_live, vllm_model=args.vllm,
-                               sandbox_max_live=args.sandbox_max_live,
-                               sandbox_rate_per_s=args.sandbox_rate,
+                               sandbox_pool=pools,
                                vllm_engines=args.vllm_engines,
                                vllm_python=os.path.abspath(args.vllm_python),
                                vllm_max_model_len=args.max_model_len,
                                data_roots=tuple(_data_roots(args.data_root)),
                                harnesses=harnesses(args.harness, args.harness_timeout),
                                public_url=args.public_url, frozen_engines=frozen,
+                               chat_format=args.chat_format,
                                frozen_policy_version=args.frozen_policy_version)
         service = build_service(config)
         if service.gateway.url is None:  # where harness jobs' commands reach it

@@ -32,21 +32,22 @@ import logging
 import uuid
 from collections.abc import Mapping
 
-from treadle.agent.chat import Tokenizer
+from treadle.agent.chat import DEFAULT_FORMAT, chat_format
 from treadle.agent.fingerprint import tokenizer_fingerprint
-from treadle.agent.loop import Sampling
+from treadle.agent.runner import Sampling
+from treadle.agent.tokenizer import Tokenizer
 from treadle.clock import MONOTONIC, Clock
 from treadle.envs.base import open_episode
 from treadle.errors import TreadleError
 from treadle.gateway.errors import SessionBusy
 from treadle.gateway.harness import Harness, HarnessEnv, Verdict, judge, run_harness
-from treadle.gateway.render import chat_format
 from treadle.gateway.session import CallRequest, CallResult, Session, SessionLimits, SessionSpec
 from treadle.gateway.sessions import Sessions
 from treadle.runtime.driver import Runtime
 from treadle.service.errors import RequestRefused
-from treadle.service.jobs import Rollouts
-from treadle.service.planning import Work
+from treadle.service.outbox import Outbox
+from treadle.service.planning import HarnessWork
+from treadle.service.sandboxes import SuitePools
 from treadle.service.schemas import (
     JobRequest,
     SessionCreated,
@@ -58,7 +59,7 @@ from treadle.service.schemas import (
 from treadle.store.aio import AsyncStore
 from treadle.store.errors import NotFound, RecordError, StoreConflict
 from treadle.store.jobs import PlannedTrajectory
-from treadle.types import FailureStage, GroupKey, Task, Trajectory, TrajectoryStatus
+from treadle.types import FailureStage, GroupKey, Trajectory, TrajectoryStatus
 
 log = logging.getLogger(__name__)
 MAX_CHILDREN = 1024  # sub-agent sessions of one session (their repetitions' stride)
@@ -67,28 +68,28 @@ MAX_CHILDREN = 1024  # sub-agent sessions of one session (their repetitions' str
 class Gateway:
     """Sessions over one service's runtime and store (module docstring)."""
 
-    def __init__(self, runtime: Runtime, store: AsyncStore, rollouts: Rollouts,
-                 tokenizer: Tokenizer | None, *, default_format: str = "hermes",
-                 clock: Clock = MONOTONIC, max_sessions: int = 4096,
-                 harnesses: Mapping[str, Harness] | None = None, url: str | None = None,
-                 token: str | None = None, frozen: Runtime | None = None) -> None:
+    def __init__(self, runtime: Runtime, store: AsyncStore, outbox: Outbox,
+                 sandboxes: SuitePools, tokenizer: Tokenizer | None, *,
+                 default_format: str = DEFAULT_FORMAT, clock: Clock = MONOTONIC,
+                 max_sessions: int = 4096, harnesses: Mapping[str, Harness] | None = None,
+                 url: str | None = None, token: str | None = None,
+                 frozen: Runtime | None = None) -> None:
         self.store = store
+        self.outbox = outbox  # where ended sessions' trajectories go
+        self.sandboxes = sandboxes  # the suites' pools (a harness run's verifier)
         # What trainers compare their tokenizer with (`agent.fingerprint`).
         self.tokenizer_fingerprint = (None if tokenizer is None
                                       else tokenizer_fingerprint(tokenizer))
         self.frozen = frozen  # the frozen pool's runtime (None: the service has none)
-        self.rollouts = rollouts
         self.default_format = default_format  # the served model's chat format
         self.harnesses = dict(harnesses or {})  # the harness commands jobs may name
         # Where harnesses reach this service (set by whoever serves it, if not given).
         self.url = url
         self.api_key = token or "treadle"  # what harnesses send as their OpenAI key
         self._harnessed: set[str] = set()  # trajectories a harness run returns itself
-        rollouts.harness_runner = self.run_harness
         self.sessions = None if tokenizer is None else Sessions(
             runtime, tokenizer, on_end=self._ended, clock=clock, max_sessions=max_sessions)
         self._jobs: dict[str, str] = {}  # trajectory id -> its job, for open sessions
-        rollouts.cancel_hooks.append(self._cancelled)
         self._taken: dict[str, set[str]] = {}  # sessions job -> trajectory ids taken here
 
     # -- sessions ---------------------------------------------------------------------
@@ -138,7 +139,7 @@ class Gateway:
             sessions.create(spec, runtime)
         except BaseException:
             # Started in the store with no session to end it: its job must still end.
-            await self.rollouts.deliver(job_id, Trajectory(
+            await self.outbox.deliver(job_id, Trajectory(
                 planned.trajectory_id, spec.key, task_id=planned.task_id,
                 status=TrajectoryStatus.ERROR, failure_stage=FailureStage.RUNTIME,
                 reason="runtime: its session could not be opened"))
@@ -248,7 +249,9 @@ class Gateway:
         await self.store.add_trajectories(spec.job_id, [planned])
         return spec.job_id, planned
 
-    def _cancelled(self, job_id: str) -> None:
+    def job_cancelled(self, job_id: str) -> None:
+        """A cancelled job's open sessions end at once (their trajectories are stored as
+        aborted already)."""
         if self.sessions is not None:
             for traj in self.sessions.abort_job(job_id):
                 self._jobs.pop(traj.trajectory_id, None)
@@ -262,28 +265,27 @@ class Gateway:
         if traj.trajectory_id in self._harnessed:
             return  # its harness run hands it to the job runner, which stores it
         try:
-            await self.rollouts.deliver(job_id, traj)
+            await self.outbox.deliver(job_id, traj)
         except RecordError as e:  # a record the store refuses must not leave it running
             log.error("session trajectory %s: %s", traj.trajectory_id, e)
-            await self.rollouts.deliver(job_id, Trajectory(
+            await self.outbox.deliver(job_id, Trajectory(
                 traj.trajectory_id, traj.key, task_id=traj.task_id,
                 status=TrajectoryStatus.ERROR, failure_stage=FailureStage.RUNTIME,
                 reason=f"runtime: its record was refused: {e}"))
 
     # -- harness jobs -----------------------------------------------------------------
 
-    async def run_harness(self, work: Work, attempt: int) -> Trajectory:
+    async def run_harness(self, work: HarnessWork, attempt: int) -> Trajectory:
         """One trajectory of a harness job: a session, the harness command driving it
         (`gateway.harness`), then its verdict and score. Never raises but
         CancelledError (the job's cancel: the harness is killed)."""
-        assert work.harness is not None and work.suite is not None
         sessions, p = self._open(), work.planned
         harness = self.harnesses[work.harness]
         lim = work.limits
         spec = SessionSpec(
             session_id=uuid.uuid4().hex[:16], trajectory_id=p.trajectory_id,
             job_id=work.job_id, key=GroupKey(p.group_id, p.repetition), task_id=p.task_id,
-            sampling=work.sampling, chat_format=self.default_format,
+            sampling=work.sampling, chat_format=work.chat_format,
             limits=SessionLimits(lim.max_turns, lim.max_total_tokens, lim.max_tokens_per_turn),
             swept=False)
         session = sessions.create(spec)  # (ServiceBusy: the job runner records the error)
@@ -312,8 +314,7 @@ class Gateway:
         session.trajectory.attempt = attempt
         return session.trajectory
 
-    async def _run(self, harness: Harness, work: Work, session: Session) -> Verdict:
-        assert isinstance(work.task, Task) and work.suite is not None
+    async def _run(self, harness: Harness, work: HarnessWork, session: Session) -> Verdict:
         if self.url is None:
             return Verdict(TrajectoryStatus.ERROR, "runtime: the service does not know the "
                            "URL harnesses reach it at (ServiceConfig.public_url)",
@@ -331,15 +332,14 @@ class Gateway:
         session.final_answer = run.answer
         return judge(run, work.score)
 
-    async def _verify(self, work: Work, session: Session,
+    async def _verify(self, work: HarnessWork, session: Session,
                       ) -> tuple[float | None, dict[str, float], str | None]:
         """The suite's reward on the run's final answer: (reward, parts, failure)."""
-        assert isinstance(work.task, Task) and work.suite is not None
         answer = session.final_answer if session.final_answer is not None \
             else session.final_text
         try:
             async with open_episode(work.suite, work.task,
-                                    self.rollouts.pool(work.suite)) as episode:
+                                    self.sandboxes.pool(work.suite)) as episode:
                 result = await episode.score(answer)
         except TreadleError as e:
             return None, {}, f"eval: {type(e).__name__}: {e}"
@@ -350,7 +350,7 @@ def view(session: Session) -> SessionView:
     traj = session.trajectory
     return SessionView(session_id=session.spec.session_id, job_id=session.spec.job_id,
                        trajectory_id=traj.trajectory_id, status=traj.status.value,
-                       turns=len(traj.turns), segments=len(session.context.segments),
+                       turns=len(traj.turns), segments=session.segments,
                        reward=traj.reward, children=[c.spec.trajectory_id
                                                      for c in session.children],
                        engine_pool=session.spec.engine_pool)

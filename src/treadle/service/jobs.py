@@ -45,20 +45,26 @@ import heapq
 import itertools
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from treadle.agent.chat import Tokenizer
-from treadle.envs.base import Suite
+from treadle.agent.tokenizer import Tokenizer
 from treadle.errors import ServiceBusy, TreadleError
 from treadle.runtime.driver import Runtime
 from treadle.runtime.rollout import replay_task, run_task
-from treadle.sandbox.base import SandboxBackend
-from treadle.sandbox.pool import SandboxPool
 from treadle.service.errors import RequestRefused
 from treadle.service.metrics import Metrics
-from treadle.service.planning import Planner, Work, planned_sessions
+from treadle.service.outbox import Outbox
+from treadle.service.planning import (
+    HarnessWork,
+    Planner,
+    ReplayWork,
+    SuiteWork,
+    Work,
+    planned_sessions,
+)
+from treadle.service.sandboxes import SuitePools
 from treadle.service.schemas import (
     JobRequest,
     RolloutRequest,
@@ -66,12 +72,10 @@ from treadle.service.schemas import (
     SuiteTasks,
 )
 from treadle.service.versions import PolicyMismatch, PolicyWindow, ServedPolicy
-from treadle.service.wakeups import JobWakeups
 from treadle.store.aio import AsyncStore
 from treadle.store.errors import NotFound
 from treadle.store.jobs import Delivery, JobInfo, TrajectoryState
 from treadle.types import FailureStage, GroupKey, Trajectory, TrajectoryStatus
-from treadle.workloads import TrajectorySpec
 
 log = logging.getLogger(__name__)
 POLICY_WINDOW = "policy_window"  # the event kind of a job's window (when not the default)
@@ -94,29 +98,38 @@ class _Job:
         return len(self.queue)
 
 
-class Rollouts:
-    """Runs jobs on one `Runtime`, stores them in one store. See the module docstring."""
+class HarnessRunner(Protocol):
+    """Who runs a harness job's trajectories (the gateway), as the job runner sees it."""
 
-    def __init__(self, runtime: Runtime, store: AsyncStore, *, tokenizer: Tokenizer | None,
-                 sandbox_backend: SandboxBackend | None, max_live: int = 4096,
-                 max_queued: int = 262_144, max_context: int = 40_960,
-                 sandbox_warm: int = 2, sandbox_max_live: int = 64,
-                 sandbox_rate_per_s: float = 64.0, data_roots: Sequence[str] = (),
-                 max_data_file_bytes: int = 256 << 20, harnesses: Sequence[str] = (),
-                 metrics: Metrics | None = None) -> None:
+    async def run_harness(self, work: HarnessWork, attempt: int) -> Trajectory:
+        """One trajectory of a harness job, start to end; raises only CancelledError."""
+        ...
+
+    def job_cancelled(self, job_id: str) -> None:
+        """The job was cancelled: its open sessions end now (stored already)."""
+        ...
+
+
+class Rollouts:
+    """Runs jobs on one `Runtime`, stores them in one store. See the module docstring.
+
+    `planner` resolves requests; `outbox` stores what finishes; `sandboxes` are the
+    suites' pools; `harnesses` runs harness jobs' trajectories (None: the service
+    runs none)."""
+
+    def __init__(self, runtime: Runtime, store: AsyncStore, planner: Planner, outbox: Outbox,
+                 sandboxes: SuitePools, *, tokenizer: Tokenizer | None,
+                 harnesses: HarnessRunner | None = None, max_live: int = 4096,
+                 max_queued: int = 262_144) -> None:
         self.runtime = runtime
         self.store = store
+        self.planner = planner
+        self.outbox = outbox
+        self.sandboxes = sandboxes
         self.tokenizer = tokenizer
-        self.sandbox_backend = sandbox_backend
-        self.planner = Planner(tokenizer=tokenizer, sandbox_backend=sandbox_backend,
-                               max_context=max_context, data_roots=data_roots,
-                               max_data_file_bytes=max_data_file_bytes, harnesses=harnesses)
+        self.harnesses = harnesses
         self.max_live = max_live  # trajectories running at once in this process
         self.max_queued = max_queued  # trajectories waiting for a slot, all jobs together
-        self.sandbox_warm = sandbox_warm
-        self.sandbox_max_live = sandbox_max_live  # per suite's pool
-        self.sandbox_rate_per_s = sandbox_rate_per_s  # sandbox starts a second, per pool
-        self.metrics = metrics or Metrics()
         self._jobs: dict[str, _Job] = {}
         # Jobs with work to start, highest priority then oldest first. An entry goes
         # stale when its job is cancelled; _dispatch drops it (one entry per job).
@@ -124,12 +137,7 @@ class Rollouts:
         self._waiting: dict[str, _Job] = {}  # jobs whose policy version is not live yet
         self._order = itertools.count()
         self._live = 0
-        self._pools: dict[str, SandboxPool] = {}
-        self._wakeups = JobWakeups()  # followers of a job, woken by its results
-        # Told the id of every cancelled job (the gateway ends its open sessions).
-        self.cancel_hooks: list[Callable[[str], None]] = []
-        # Runs a harness job's trajectory (the gateway sets it): (work, attempt) -> it.
-        self.harness_runner: Callable[[Work, int], Awaitable[Trajectory]] | None = None
+        self._wakeups = outbox.wakeups
         self._tasks: set[asyncio.Task[None]] = set()  # deliveries of dropped work
         self._closed = False
 
@@ -176,7 +184,7 @@ class Rollouts:
         await asyncio.gather(*tasks, return_exceptions=True)
         # Dropped work's deliveries finish: they are results, not work to resume.
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await asyncio.gather(*(p.close() for p in self._pools.values()), return_exceptions=True)
+        await self.sandboxes.close()
 
     # -- jobs ---------------------------------------------------------------------------
 
@@ -211,8 +219,8 @@ class Rollouts:
 
     async def cancel(self, job_id: str) -> JobInfo:
         info = await self.store.cancel(job_id)
-        for hook in self.cancel_hooks:
-            hook(job_id)
+        if self.harnesses is not None:
+            self.harnesses.job_cancelled(job_id)
         job = self._jobs.pop(job_id, None)
         self._waiting.pop(job_id, None)
         if job is not None:
@@ -282,6 +290,10 @@ class Rollouts:
             await self.cancel(info.job_id)
             raise
         raise RuntimeError(f"job {info.job_id} ended without a result")
+
+    @property
+    def metrics(self) -> Metrics:
+        return self.outbox.metrics
 
     @property
     def live(self) -> int:
@@ -399,17 +411,22 @@ class Rollouts:
         p = work.planned
         key = GroupKey(p.group_id, p.repetition)
         try:
-            if isinstance(work.task, TrajectorySpec):
-                return await replay_task(self.runtime, work.task, traj_id=p.trajectory_id,
-                                         key=key, task_id=p.task_id, attempt=attempt)
-            assert work.suite is not None and self.tokenizer is not None
-            if work.harness is not None:
-                assert self.harness_runner is not None
-                return await self.harness_runner(work, attempt)
-            return await run_task(self.runtime, work.suite, work.task, traj_id=p.trajectory_id,
-                                  key=key, tokenizer=self.tokenizer,
-                                  sandboxes=self.pool(work.suite),
-                                  limits=work.limits, sampling=work.sampling, attempt=attempt)
+            match work:
+                case ReplayWork():
+                    return await replay_task(self.runtime, work.spec, traj_id=p.trajectory_id,
+                                             key=key, task_id=p.task_id, attempt=attempt)
+                case HarnessWork():
+                    if self.harnesses is None:
+                        raise RuntimeError("this service runs no harness jobs")
+                    return await self.harnesses.run_harness(work, attempt)
+                case SuiteWork():
+                    if self.tokenizer is None:  # the planner refuses such jobs
+                        raise RuntimeError("this service has no tokenizer")
+                    return await run_task(
+                        self.runtime, work.suite, work.task, traj_id=p.trajectory_id, key=key,
+                        tokenizer=self.tokenizer, sandboxes=self.sandboxes.pool(work.suite),
+                        limits=work.limits, sampling=work.sampling,
+                        chat_format=work.chat_format, attempt=attempt)
         except asyncio.CancelledError:
             raise
         except Exception as e:
@@ -417,18 +434,6 @@ class Rollouts:
             return Trajectory(p.trajectory_id, key, task_id=p.task_id, attempt=attempt,
                               status=TrajectoryStatus.ERROR, failure_stage=FailureStage.RUNTIME,
                               reason=f"runtime: {type(e).__name__}: {e}")
-
-    def pool(self, suite: Suite) -> SandboxPool | None:
-        """The sandbox pool of a suite's trajectories (None: the service has no sandbox)."""
-        if self.sandbox_backend is None:
-            return None
-        pool = self._pools.get(suite.name)
-        if pool is None:
-            pool = SandboxPool(self.sandbox_backend, suite.limits, warm=self.sandbox_warm,
-                               max_live=self.sandbox_max_live,
-                               create_rate_per_s=self.sandbox_rate_per_s, create_burst=16)
-            self._pools[suite.name] = pool
-        return pool
 
     async def _sessions_interrupted(self, job_id: str) -> None:
         """A sessions job after a restart: the trajectories of sessions that were open
@@ -458,20 +463,8 @@ class Rollouts:
                 reason="runtime: the service restarted during the session"))
 
     async def deliver(self, job_id: str, traj: Trajectory) -> None:
-        """Store a finished trajectory (a duplicate is dropped), count it, and wake the
-        job's followers."""
-        finish = await self.store.finish(job_id, traj)
-        if finish.duplicate:
-            return
-        m = self.metrics
-        m.finished[traj.status.value] += 1
-        if traj.failure_stage is not None:
-            m.failures[traj.failure_stage.value] += 1
-        m.tokens += traj.output_tokens
-        for turn in traj.turns:
-            if turn.tool_call is not None:
-                m.tool_latency.observe(turn.tool_call.latency_s)
-        self._wakeups.wake(job_id)
+        """Store a finished trajectory (`Outbox.deliver`)."""
+        await self.outbox.deliver(job_id, traj)
 
 
 

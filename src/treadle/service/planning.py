@@ -1,13 +1,21 @@
 """Planning a job: its trajectories, each with what to run for it.
 
-`Planner.resolve` turns a `JobRequest` into `Work`: every trajectory's id, GRPO
-group and repetition (`PlannedTrajectory`), and its task — a suite task with the
-suite that runs it, or a workload script to replay — with the job's sampling and
-limits. What cannot run here is refused with `RequestRefused` naming the field:
-an unknown suite or options its constructor refuses, a file outside the data roots,
-suite tasks without a tokenizer or a sandbox, more trajectories than a job may
-plan, a trace line past the served model's window. Suites are built once per
-(name, options) and kept.
+`Planner.resolve` turns a `JobRequest` into `Work`, one type per kind of work,
+each with its trajectory's id, GRPO group and repetition (`PlannedTrajectory`):
+
+==============  ===============================================================
+`SuiteWork`     a suite task run by treadle's agent loop, in the job's chat
+                format, with the job's sampling and limits
+`HarnessWork`   a suite task run by a harness command through the gateway,
+                scored as the job says (`gateway.harness.judge`)
+`ReplayWork`    a workload's trajectory script replayed on the engines
+==============  ===============================================================
+
+What cannot run here is refused with `RequestRefused` naming the field: an unknown
+suite or options its constructor refuses, an unknown chat format, a file outside
+the data roots, suite tasks without a tokenizer or a sandbox, more trajectories
+than a job may plan, a trace line past the served model's window. Suites are
+built once per (name, options) and kept.
 """
 
 from __future__ import annotations
@@ -19,8 +27,10 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from treadle.agent.chat import Tokenizer
-from treadle.agent.loop import AgentLimits, Sampling
+from treadle.agent.chat import DEFAULT_FORMAT, chat_format
+from treadle.agent.loop import AgentLimits
+from treadle.agent.runner import Sampling
+from treadle.agent.tokenizer import Tokenizer
 from treadle.envs.base import Suite
 from treadle.envs.registry import file_options, get_suite
 from treadle.errors import TreadleError
@@ -45,18 +55,44 @@ log = logging.getLogger(__name__)
 _SUITES_KEPT = 64  # suites built for jobs, kept for the next job with the same options
 
 
-@dataclass(slots=True)
-class Work:
-    """One planned trajectory and what to run for it."""
+@dataclass(frozen=True, slots=True)
+class SuiteWork:
+    """A suite task run by treadle's agent loop."""
 
     job_id: str
     planned: PlannedTrajectory
-    task: Task | TrajectorySpec  # a suite task, or a workload script to replay
-    suite: Suite | None  # None for a replay
+    task: Task
+    suite: Suite
     sampling: Sampling
     limits: AgentLimits
-    harness: str | None = None  # run by this harness through the gateway (suite tasks)
-    score: Score = "auto"  # how the harness's run is scored (gateway.harness.judge)
+    chat_format: str  # the model family's format (`agent.chat`), checked when planned
+
+
+@dataclass(frozen=True, slots=True)
+class HarnessWork:
+    """A suite task run by a harness command through the gateway."""
+
+    job_id: str
+    planned: PlannedTrajectory
+    task: Task
+    suite: Suite  # its tools are shown to the harness; its reward may score the run
+    sampling: Sampling
+    limits: AgentLimits  # the session's (no deadline: the harness's timeout is its limit)
+    chat_format: str
+    harness: str  # the harness command's name (`treadle serve --harness`)
+    score: Score  # how the run is scored (`gateway.harness.judge`)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayWork:
+    """A workload trajectory's script, replayed on the engines (no tokens, no reward)."""
+
+    job_id: str
+    planned: PlannedTrajectory
+    spec: TrajectorySpec
+
+
+Work = SuiteWork | HarnessWork | ReplayWork  # one planned trajectory, what to run for it
 
 
 class Planner:
@@ -64,8 +100,10 @@ class Planner:
 
     def __init__(self, *, tokenizer: Tokenizer | None, sandbox_backend: SandboxBackend | None,
                  max_context: int, data_roots: Sequence[str] = (),
-                 max_data_file_bytes: int = 256 << 20, harnesses: Sequence[str] = ()) -> None:
+                 max_data_file_bytes: int = 256 << 20, harnesses: Sequence[str] = (),
+                 chat_format: str = DEFAULT_FORMAT) -> None:
         self.tokenizer = tokenizer  # None: replay tasks only
+        self.chat_format = chat_format  # the served model's, for jobs that name none
         self.sandbox_backend = sandbox_backend  # None: no suite that needs a sandbox
         self.max_context = max_context  # tokens a replayed trajectory may reach
         self.data_roots = tuple(data_roots)  # where files named by suite options may be
@@ -94,7 +132,7 @@ class Planner:
                 planned = PlannedTrajectory(f"{job_id}/{spec.traj_id}",
                                             f"{job_id}/{spec.group_id}", spec.group_id,
                                             repetition)
-                out.append(Work(job_id, planned, spec, None, sampling, limits))
+                out.append(ReplayWork(job_id, planned, spec))
             return out
         if isinstance(tasks, SessionTasks):
             raise RequestRefused("tasks.sessions: sessions are made by harnesses, not run "
@@ -114,6 +152,11 @@ class Planner:
         if harness is not None and request.limits.deadline_s is not None:
             raise RequestRefused("limits.deadline_s: a harness run's time limit is the "
                                  "harness's own (treadle serve --harness-timeout)")
+        fmt = request.chat_format or self.chat_format
+        try:
+            chat_format(fmt)
+        except ValueError as e:
+            raise RequestRefused(f"chat_format: {e}") from None
         key, suite = self._suite(tasks)
         planned_tasks = _suite_tasks(suite, tasks)
         if self.sandbox_backend is None and any(suite.needs_sandbox(t) for t in planned_tasks):
@@ -123,9 +166,10 @@ class Planner:
             for r in range(request.samples_per_task):
                 planned = PlannedTrajectory(f"{job_id}/{task.task_id}/{r}",
                                             f"{job_id}/{task.task_id}", task.task_id, r)
-                out.append(Work(job_id, planned, task, suite, sampling, limits,
-                                None if harness is None else harness.name,
-                                "auto" if harness is None else harness.score))
+                out.append(SuiteWork(job_id, planned, task, suite, sampling, limits, fmt)
+                           if harness is None else
+                           HarnessWork(job_id, planned, task, suite, sampling, limits, fmt,
+                                       harness.name, harness.score))
         self._keep(key, suite)  # only a suite a job could be planned with
         return out
 
@@ -234,4 +278,4 @@ def _replay_specs(tasks: ReplayTasks, max_context: int) -> list[TrajectorySpec]:
     return specs
 
 
-__all__ = ["Planner", "Work", "planned_sessions"]
+__all__ = ["HarnessWork", "Planner", "ReplayWork", "SuiteWork", "Work", "planned_sessions"]

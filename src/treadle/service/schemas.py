@@ -200,6 +200,10 @@ class JobRequest(_Strict):
     harness: HarnessParams | None = Field(
         default=None, description="run each trajectory with this harness through the "
                                   "gateway (suite tasks only)")
+    chat_format: str | None = Field(default=None, min_length=1, max_length=64,
+                                    description="the model family's chat format its "
+                                                "trajectories are rendered in (suite "
+                                                "tasks; default: the service's)")
     priority: int = Field(default=0, ge=-1000, le=1000,
                           description="higher starts first when trajectories queue")
     job_id: str | None = Field(default=None, min_length=1, max_length=128,
@@ -222,7 +226,8 @@ class JobRequest(_Strict):
         # (Compared with the defaults, not `model_fields_set`: a stored request, read
         # back after a restart, names every field.)
         given = [name for name in ("sampling", "limits", "min_policy_version",
-                                   "max_policy_version", "trainer_run", "priority")
+                                   "max_policy_version", "trainer_run", "priority",
+                                   "chat_format")
                  if getattr(self, name) != type(self).model_fields[name].get_default(
                      call_default_factory=True)]
         if isinstance(self.tasks, SessionTasks) and given:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from treadle.agent.chat import HFTokenizer
+from treadle.agent.tokenizer import HFTokenizer
 from treadle.core.cost_model import CostModel
 from treadle.core.policies import build_policy, parse_policy
 from treadle.engines.base import Engine
@@ -26,8 +26,13 @@ from treadle.runtime.clock import ScaledClock, WallClock
 from treadle.runtime.driver import Runtime
 from treadle.runtime.launcher import EmulatedProcess, EngineLauncher, LocalLauncher, VLLMProcess
 from treadle.sandbox.base import SandboxBackend
+from treadle.sandbox.pool import PoolSettings
 from treadle.service.gateway import Gateway
 from treadle.service.jobs import Rollouts
+from treadle.service.metrics import Metrics
+from treadle.service.outbox import Outbox
+from treadle.service.planning import Planner
+from treadle.service.sandboxes import SuitePools
 from treadle.service.schemas import EngineRequest, WeightsView
 from treadle.store.aio import AsyncStore
 from treadle.store.db import Store
@@ -52,11 +57,12 @@ class ServiceConfig:
     time_scale: float = 1.0
     tokenizer: str | None = None  # tokenizer.json directory; None: replay tasks only
     sandbox: SandboxBackend | None = None  # for suites that run code
-    sandbox_max_live: int = 64  # sandboxes at once, per suite (in use, warm, starting)
-    # Sandbox starts a second, per suite (token bucket; bursts of 16). bwrap sustains
-    # ~77 fresh sandboxes a second on 2 cores (benchmarks/sandbox.json), so this guards
-    # against start storms on remote backends without pacing a local one.
-    sandbox_rate_per_s: float = 64.0
+    # Each suite's sandbox pool: 64 sandboxes at once (in use, warm, starting), 2 warm,
+    # 64 starts a second (bursts of 16). bwrap sustains ~77 fresh sandboxes a second on
+    # 2 cores (benchmarks/sandbox.json), so the rate guards against start storms on
+    # remote backends without pacing a local one.
+    sandbox_pool: PoolSettings = field(default_factory=lambda: PoolSettings(
+        warm=2, max_live=64, create_rate_per_s=64.0, create_burst=16))
     max_live: int = 4096  # trajectories running at once
     max_queued: int = 262_144  # trajectories waiting for a slot (a fuller submit is a 503)
     max_body_bytes: int = 64 << 20  # request body limit
@@ -80,7 +86,7 @@ class ServiceConfig:
     data_roots: tuple[str, ...] = ()
     max_data_file_bytes: int = 256 << 20  # largest file such an option may name
     # The harness gateway (docs/gateway.md): the chat format the served model's
-    # template is (gateway.render), the sessions open at once, the model name
+    # template is (agent.chat), the sessions open at once, the model name
     # `GET .../openai/v1/models` lists, and the service's URL as harnesses reach it
     # (None: the URL each session's creation came to).
     chat_format: str = "hermes"
@@ -219,15 +225,14 @@ def build_service(config: ServiceConfig) -> Service:
                       engine_wait_s=config.engine_wait_s)
     store = AsyncStore(Store(config.db))
     tokenizer = HFTokenizer(config.tokenizer) if config.tokenizer else None
-    rollouts = Rollouts(runtime, store, tokenizer=tokenizer, sandbox_backend=config.sandbox,
-                        data_roots=config.data_roots,
-                        max_data_file_bytes=config.max_data_file_bytes,
-                        harnesses=list(config.harnesses), max_live=config.max_live,
-                        max_queued=config.max_queued,
-                        max_context=cost.model.max_context,
-                        sandbox_max_live=config.sandbox_max_live,
-                        sandbox_rate_per_s=config.sandbox_rate_per_s)
-    runtime.control.observer = rollouts.metrics.decisions.observe
+    metrics = Metrics()
+    outbox = Outbox(store, metrics)
+    sandboxes = SuitePools(config.sandbox, config.sandbox_pool)
+    planner = Planner(tokenizer=tokenizer, sandbox_backend=config.sandbox,
+                      max_context=cost.model.max_context, data_roots=config.data_roots,
+                      max_data_file_bytes=config.max_data_file_bytes,
+                      harnesses=list(config.harnesses), chat_format=config.chat_format)
+    runtime.control.observer = metrics.decisions.observe
     restart_s = _RESTART_BASE_S + (launcher.startup_s(1) if launcher is not None else 0.0)
     if any(e.pool != "frozen" for e in config.frozen_engines):
         raise ValueError("frozen_engines: every engine of the frozen pool has pool frozen")
@@ -236,9 +241,13 @@ def build_service(config: ServiceConfig) -> Service:
                      clock=clock, request_timeout_s=config.request_timeout_s,
                      engine_wait_s=config.engine_wait_s, engine_ids="f")
     frozen.policy_version = config.frozen_policy_version
-    gateway = Gateway(runtime, store, rollouts, tokenizer, default_format=config.chat_format,
-                      max_sessions=config.max_sessions, harnesses=config.harnesses,
-                      url=config.public_url, token=config.token, frozen=frozen)
+    gateway = Gateway(runtime, store, outbox, sandboxes, tokenizer,
+                      default_format=config.chat_format, max_sessions=config.max_sessions,
+                      harnesses=config.harnesses, url=config.public_url, token=config.token,
+                      frozen=frozen)
+    rollouts = Rollouts(runtime, store, planner, outbox, sandboxes, tokenizer=tokenizer,
+                        harnesses=gateway, max_live=config.max_live,
+                        max_queued=config.max_queued)
     return Service(config, runtime, store, rollouts, gateway, restart_s=restart_s,
                    frozen=frozen)
 

@@ -27,8 +27,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from treadle.agent.chat import HFTokenizer, Tokenizer
-from treadle.agent.loop import AgentLimits, EngineTurns, Sampling, run_agent
+from treadle.agent.loop import AgentLimits, run_agent
+from treadle.agent.runner import EngineTurns, Sampling
+from treadle.agent.tokenizer import HFTokenizer, Tokenizer
 from treadle.engines.base import Engine
 from treadle.envs.base import open_episode
 from treadle.sandbox.base import SandboxBackend

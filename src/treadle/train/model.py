@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from treadle.agent.chat import _TOOLS_INTRO, _TOOLS_OUTRO, DEFAULT_SYSTEM, IM_END, IM_START
+from treadle.agent.chat.hermes import DEFAULT_SYSTEM, IM_END, IM_START, TOOLS_INTRO, TOOLS_OUTRO
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -62,9 +62,9 @@ CHAT_TEMPLATE = (
     "{% if messages and messages[0]['role'] == 'system' %}"
     "{% set system = messages[0]['content'] %}{% set messages = messages[1:] %}{% endif %}"
     "{{ " + _jinja(IM_START + "system\n") + " + system }}"
-    "{% if tools %}{{ " + _jinja(_TOOLS_INTRO) + " }}"
+    "{% if tools %}{{ " + _jinja(TOOLS_INTRO) + " }}"
     "{% for tool in tools %}{{ '\\n' + (tool | tojson) }}{% endfor %}"
-    "{{ " + _jinja(_TOOLS_OUTRO) + " }}{% endif %}"
+    "{{ " + _jinja(TOOLS_OUTRO) + " }}{% endif %}"
     "{{ " + _jinja(IM_END + "\n") + " }}"
     "{% for m in messages %}"
     "{% if m['role'] == 'tool' %}"

@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from treadle.agent.chat import HFTokenizer
+from treadle.agent.tokenizer import HFTokenizer
 from treadle.train import model as model_module
 from treadle.train import transcripts as transcripts_module
 from treadle.train.model import ModelConfig, build_model, save_checkpoint, train_tokenizer
@@ -96,11 +96,11 @@ def _sources(*modules: Any) -> dict[str, str]:
 
 
 def _data_sources() -> dict[str, str]:
-    from treadle.agent import chat
+    from treadle.agent.chat import base, hermes
     from treadle.envs.suites import math as math_suite
     from treadle.envs.tools import exec as exec_tool
 
-    return _sources(transcripts_module, chat, math_suite, exec_tool)
+    return _sources(transcripts_module, base, hermes, math_suite, exec_tool)
 
 
 def _versions() -> dict[str, str]:

@@ -2,11 +2,11 @@
 
 One transcript is one solved episode, four pieces as the agent loop appends them:
 
-1. prompt: ``HermesFormat().prompt_text(task.prompt, [tool.spec for tool in tools])``;
+1. prompt: the Hermes format's `prompt` of the task's messages and tool specs;
 2. reply: a `python` call whose program is a near-copy of the question
    (``Compute 3 * 4 - 5.`` → ``print(3 * 4 - 5)``; `program_for`);
-3. observation: ``observation_text([result.observation()])`` of that program run by
-   the real `python` tool in a real sandbox, through a real `Episode`;
+3. observation: the format's `continuation` of that program's result as a ``tool``
+   message (run by the real `python` tool in a real sandbox, through a real `Episode`);
 4. reply: `submit_answer` with what the program printed.
 
 `Transcript.answered_directly` drops pieces 2 and 3: the same answer without the
@@ -31,7 +31,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from treadle.agent.chat import HermesFormat, ParsedCall, Tokenizer
+from treadle.agent.chat import Call, HermesFormat, Message, prompt_messages
+from treadle.agent.tokenizer import Tokenizer
 from treadle.envs.base import open_episode
 from treadle.envs.suites.math import MathSuite
 from treadle.sandbox.base import SandboxBackend
@@ -126,7 +127,7 @@ class Example:
 async def _record(task: Task, backend: SandboxBackend, suite: MathSuite) -> Transcript:
     program = program_for(task)
     async with open_episode(suite, task, backend) as episode:
-        prompt = FORMAT.prompt_text(task.prompt, episode.tool_specs)
+        prompt = FORMAT.prompt(prompt_messages(task.prompt), episode.tool_specs)
         result = await episode.call("python", {"code": program})
         if not result.ok:
             raise RuntimeError(f"task {task.task_id}: the program failed: {result.observation()}")
@@ -138,9 +139,9 @@ async def _record(task: Task, backend: SandboxBackend, suite: MathSuite) -> Tran
                            f"({score.detail})")
     return Transcript(task.task_id, str(task.metadata["kind"]), (
         prompt,
-        FORMAT.reply_text("", [ParsedCall("python", {"code": program})]),
-        FORMAT.observation_text([result.observation()]),
-        FORMAT.reply_text("", [ParsedCall("submit_answer", {"answer": printed})])))
+        FORMAT.reply_text("", [Call.of("python", {"code": program})]),
+        FORMAT.continuation([Message("tool", result.observation())], reply_closed=True),
+        FORMAT.reply_text("", [Call.of("submit_answer", {"answer": printed})])))
 
 
 async def record_transcripts(tasks: Sequence[Task], backend: SandboxBackend, *,

@@ -1,9 +1,11 @@
-"""One session's token context: what each call appends, and when a new segment begins.
+"""One trajectory's token context: what each turn appends, and when a new segment begins.
 
-The gateway never trusts the text a harness sends back. It keeps the conversation
-it has rendered (`Message`s, its own replies as it returned them) and the token ids
-of the current segment, and for every call compares the request's messages with
-them:
+Both doors keep their context here: treadle's agent loop (its task's prompt, then
+its tool results as ``tool`` messages) and the harness gateway (whatever messages a
+harness sends). The context never trusts text sent back to it. It keeps the
+conversation it has rendered (`Message`s, its own replies as they were returned)
+and the token ids of the current segment, and for every turn compares the turn's
+messages with them:
 
 - **extension** — the messages are the conversation so far (every earlier message
   equal; each echoed assistant reply the same as returned, up to whitespace and the
@@ -20,7 +22,7 @@ them:
   `TokenSegment`, whose `start_turn` and `start_reason` say where and why:
 
   ================  ===========================================================
-  start             the session's first call
+  start             the first turn
   tools_changed     the tools differ from the previous call's
   system_changed    the first message (the system prompt) differs
   reply_edited      an echoed assistant reply is not the one returned
@@ -30,7 +32,8 @@ them:
   ================  ===========================================================
 
 Each segment is prefix-consistent: its context is exactly what the engine was sent
-on each of its calls. This module is pure (no I/O, no clock): `session` drives it.
+on each of its calls. This module is pure (no I/O, no clock): `agent.conversation`
+drives it. (treadle's own agent loop only ever extends its conversation.)
 """
 
 from __future__ import annotations
@@ -39,20 +42,29 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from treadle.agent.chat import Tokenizer
-from treadle.gateway.render import ChatFormat, Message, canonical_json
+from treadle.agent.chat import ChatFormat, Message, canonical_json
+from treadle.agent.tokenizer import Tokenizer
 from treadle.types import TokenSegment
 
 
 @dataclass(frozen=True, slots=True)
 class Begun:
-    """What `SessionContext.begin` did for a call."""
+    """What `TokenContext.begin` did for a turn."""
 
     prompt_ids: list[int]  # the whole context to send the engine
     appended: int  # tokens added before sampling (the new messages, or a new prompt)
     new_segment: str | None  # the new segment's start reason, or None (an extension)
     retried: bool  # the previous call's reply was taken back (a retried request)
     previous_context: int  # tokens of the context before this call (after a retry's undo)
+
+    @property
+    def grown(self) -> int:
+        """How much the context grew, as the scheduler hears it (it only adds): the
+        appended tokens of an extension; over the old context for a new segment (0 if
+        the new one is smaller)."""
+        if self.new_segment is None:
+            return self.appended
+        return max(0, len(self.prompt_ids) - self.previous_context)
 
 
 @dataclass(slots=True)
@@ -68,20 +80,25 @@ class _Undo:
     tools_key: str  # and its tools
 
 
-class SessionContext:
-    """The token context of one session (see the module docstring). Not thread-safe;
-    one call at a time (the session refuses concurrent calls)."""
+class TokenContext:
+    """The token context of one trajectory (see the module docstring). Not
+    thread-safe; one turn at a time."""
 
     def __init__(self, tokenizer: Tokenizer, fmt: ChatFormat) -> None:
         self.tokenizer = tokenizer
         self.fmt = fmt
-        self.segments: list[TokenSegment] = []  # the session's token record, in order
+        self.segments: list[TokenSegment] = []  # the trajectory's token record, in order
         self.context: list[int] = []  # the current segment's prompt and responses
         self._history: list[Message] = []  # the conversation the context holds
         self._tools_key = ""
         self._closed = True  # the last reply ended with the stop token
         self._undo: _Undo | None = None
         self.stop_id = tokenizer.token_id(fmt.stop_token)
+
+    @property
+    def history(self) -> list[Message]:
+        """The conversation the context holds, replies as returned (a copy)."""
+        return list(self._history)
 
     def begin(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]],
               turn: int, forced: str = "", version: int = 0) -> Begun:
@@ -175,4 +192,4 @@ class SessionContext:
         seg.policy_versions.extend([version] * len(ids))
 
 
-__all__ = ["Begun", "SessionContext"]
+__all__ = ["Begun", "TokenContext"]
