@@ -13,8 +13,9 @@ live runtime fills the token ids as well.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 
 class TrajectoryStatus(enum.Enum):
@@ -73,6 +74,34 @@ class ToolCall:
     latency_s: float = 0.0  # wall (or simulated) seconds from start to result
     output_tokens: int = 0  # tokens of the observation appended to the context
     error: str | None = None  # tool-side error shown to the model as an observation
+
+
+class ConstraintKind(enum.Enum):
+    """What an engine can be asked to decode under (structured output)."""
+
+    JSON_SCHEMA = "json_schema"  # a JSON value valid against a given JSON schema
+    JSON_OBJECT = "json_object"  # any JSON object
+
+
+@dataclass(frozen=True, slots=True)
+class JsonSchemaConstraint:
+    """The reply is decoded as a JSON value valid against `schema` (every token is
+    sampled from those the schema allows next)."""
+
+    schema: Mapping[str, Any]  # the JSON schema, as the caller gave it
+    name: str | None = None  # the caller's name for it (OpenAI's json_schema.name)
+    kind: ClassVar[ConstraintKind] = ConstraintKind.JSON_SCHEMA
+
+
+@dataclass(frozen=True, slots=True)
+class JsonObjectConstraint:
+    """The reply is decoded as a JSON object, of any shape."""
+
+    kind: ClassVar[ConstraintKind] = ConstraintKind.JSON_OBJECT
+
+
+# What a turn's reply was decoded under; None where it was sampled freely.
+OutputConstraint = JsonSchemaConstraint | JsonObjectConstraint
 
 
 @dataclass(slots=True)
