@@ -20,11 +20,49 @@
 An aborted request is not an error: `generate` returns `finish_reason="abort"` with
 the tokens so far. Like the sandbox and envs trees, these mean the infrastructure
 failed, which a trainer must tell apart from the model's output being bad.
+
+Their messages name the engine by its address (for the logs). An engine's address
+is internal to the service: `public_text` is what an answer to a client (a harness,
+an API caller) may carry of such a message, every address of an engine this
+process has made a client for (`remember_address`) replaced by ``<engine>``.
 """
 
 from __future__ import annotations
 
+import threading
+from urllib.parse import urlsplit
+
 from treadle.errors import TreadleError
+
+ENGINE_PLACEHOLDER = "<engine>"
+# Every engine address this process has made a client for, each as its URL and its
+# host:port: an error may name either (a failed connect says host:port). Bounded by
+# the engines a service ever knew; never shrinks, as their errors may outlive them.
+_ADDRESSES: set[str] = set()
+_LOCK = threading.Lock()  # clients are made in the service's and in tests' threads
+
+
+def remember_address(base_url: str) -> None:
+    """Note `base_url` as an engine's address, for `public_text` to hide."""
+    parts = urlsplit(base_url)
+    netloc = parts.netloc.rpartition("@")[2]
+    forms = {base_url.rstrip("/")}
+    if netloc:
+        forms |= {f"{parts.scheme}://{netloc}", netloc}
+    with _LOCK:
+        _ADDRESSES.update(f for f in forms if f)
+
+
+def public_text(text: str) -> str:
+    """`text` with every engine address in it (`remember_address`) replaced by
+    ``<engine>``: what an error body may say. The longest forms are replaced first,
+    so a URL goes whole, not host:port inside it."""
+    with _LOCK:
+        forms = sorted(_ADDRESSES, key=len, reverse=True)
+    for form in forms:
+        if form in text:
+            text = text.replace(form, ENGINE_PLACEHOLDER)
+    return text
 
 
 class EngineError(TreadleError):

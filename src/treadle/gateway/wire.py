@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from treadle.agent.chat import Call, Message, Role, ToolChoice, canonical_json
+from treadle.engines.errors import public_text
 from treadle.gateway.errors import GatewayError, InvalidRequest
 from treadle.gateway.session import CallRequest, CallResult
 
@@ -152,8 +153,9 @@ def chunks(result: CallResult, options: ChatOptions, call_id: str,
 
 
 def error_body(error: GatewayError) -> dict[str, Any]:
-    """OpenAI's error object for `error`."""
-    return {"error": {"message": str(error)[:2000], "type": error.kind,
+    """OpenAI's error object for `error`; its message shows no engine's address
+    (`engines.errors.public_text`: the logs have them)."""
+    return {"error": {"message": public_text(str(error))[:2000], "type": error.kind,
                       "param": error.param, "code": error.code}}
 
 
