@@ -115,6 +115,9 @@ class Turn:
     queued_s: float = 0.0  # waiting before the first token (scheduler + engine queues)
     generating_s: float = 0.0  # from first token (prefill included) to last token
     policy_version: int = 0  # weights version that sampled this turn
+    # What the reply was decoded under (structured output: the harness's
+    # response_format); None: sampled freely.
+    constraint: OutputConstraint | None = None
 
 
 @dataclass(slots=True)
