@@ -1,7 +1,8 @@
 """Structured output on the engine side: a request's constraint as each engine's wire
 takes it (vLLM's `structured_outputs`, SGLang's `sampling_params.json_schema`), the
 kinds each engine declares, and engines without a grammar refusing a constraint
-instead of sampling freely (TorchEngine's refusal: tests/train/test_train_engine.py).
+instead of sampling freely (TorchEngine's refusal: tests/train/test_train_engine.py);
+and the context an engine serves (`context_window`).
 The constraint decoded by real vLLM: tests/gateway/test_gateway_structured_real.py."""
 
 from __future__ import annotations
@@ -70,6 +71,22 @@ def test_the_emulated_engine_refuses_a_constraint(
             with pytest.raises(EngineRequestError, match="no structured-output constraint"):
                 await client.generate(_req(constraint))
             assert (await client.generate(_req(None))).output_ids  # unconstrained: served
+
+    with serve_in_thread(engine, "m") as srv:
+        asyncio.run(main(srv.url, srv.model))
+
+
+def test_an_engine_says_how_long_a_context_it_serves() -> None:
+    engine = EmulatedEngine(CostModel.named("qwen3-8b", "h100"), time_scale=0.01, seed=1,
+                            max_model_len=3000)
+
+    async def main(url: str, model: str) -> None:
+        async with EmulatedEngineClient(url, model) as client:
+            assert await client.context_window() == 3000
+        async with VLLMEngine(url, "another-model") as other:
+            assert await other.context_window() is None  # not the model it serves
+        async with VLLMEngine("http://127.0.0.1:9", "m") as nowhere:
+            assert await nowhere.context_window() is None  # cannot tell: never raises
 
     with serve_in_thread(engine, "m") as srv:
         asyncio.run(main(srv.url, srv.model))

@@ -242,6 +242,20 @@ class HttpEngine(Engine):
         if not task.done():
             await HttpEngine.abort(self, request_id)
 
+    async def _max_model_len(self, model: str | None) -> int | None:
+        """`max_model_len` of the served model named `model` (or of the first, when
+        None) in `/v1/models`, as vLLM and SGLang list it; None where not given."""
+        try:
+            listed = await self._get_json("/v1/models", Any, _LOAD_TIMEOUT_S)
+        except EngineError:
+            return None
+        entries = listed.get("data") if isinstance(listed, dict) else None
+        for entry in entries if isinstance(entries, list) else []:
+            if isinstance(entry, dict) and (model is None or entry.get("id") == model):
+                value = entry.get("max_model_len")
+                return value if type(value) is int and value > 0 else None
+        return None
+
     async def health(self) -> bool:
         try:
             reply = await self._transport.request("GET", "/health",

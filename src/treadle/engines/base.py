@@ -138,6 +138,11 @@ class Engine(ABC):
         from the others."""
         raise EngineRequestError(f"{type(self).__name__} cannot load weights in place")
 
+    async def context_window(self) -> int | None:
+        """The longest context (prompt and reply, in tokens) this engine serves, or
+        None: it cannot tell. Never raises."""
+        return None
+
     async def model_problem(self) -> str | None:
         """Why this engine cannot serve the model its client asks for (it serves
         another), or None: it does, or this engine cannot tell. Never raises."""

@@ -155,6 +155,10 @@ class SGLangEngine(HttpEngine):
         return EngineCapabilities(constraints=frozenset({ConstraintKind.JSON_SCHEMA,
                                                          ConstraintKind.JSON_OBJECT}))
 
+    async def context_window(self) -> int | None:
+        """The served model's `max_model_len` (`GET /v1/models`; SGLang serves one)."""
+        return await self._max_model_len(None)
+
     async def _call(self, request: GenerateRequest, started: float) -> GenerateResult:
         data = await self._post_json("/generate", generate_body(request), GenerateReply)
         return parse_generate(data, request, time.monotonic() - started)

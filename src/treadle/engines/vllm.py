@@ -210,6 +210,10 @@ class VLLMEngine(HttpEngine):
         return (f"the engine at {self.base_url} serves {', '.join(served) or 'no model'}, "
                 f"not {self.model!r}")
 
+    async def context_window(self) -> int | None:
+        """The served model's `max_model_len` (`GET /v1/models`)."""
+        return await self._max_model_len(self.model)
+
     def _model_missing(self, reply: WireReply) -> bool:
         # vLLM: {"error": {"message": "The model `x` does not exist.", "code": 404}}
         return "does not exist" in reply.text[:1000]

@@ -126,6 +126,9 @@ class TorchEngine(Engine):
         if problem is not None:
             raise EngineRequestError(problem)
 
+    async def context_window(self) -> int | None:
+        return self.max_model_len
+
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         self._check(request)
         slot = _Slot(request, asyncio.get_running_loop().create_future(), time.perf_counter())
