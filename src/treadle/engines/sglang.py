@@ -152,8 +152,7 @@ class SGLangEngine(HttpEngine):
 
     @property
     def capabilities(self) -> EngineCapabilities:
-        return EngineCapabilities(constraints=frozenset({ConstraintKind.JSON_SCHEMA,
-                                                         ConstraintKind.JSON_OBJECT}))
+        return EngineCapabilities(constraints=frozenset(ConstraintKind))  # its grammars
 
     async def context_window(self) -> int | None:
         """The served model's `max_model_len` (`GET /v1/models`; SGLang serves one)."""

@@ -61,7 +61,7 @@ from treadle.types import (
 
 _MODELS_TIMEOUT_S = 10.0
 # What vLLM decodes under (its structured outputs).
-STRUCTURED = frozenset({ConstraintKind.JSON_SCHEMA, ConstraintKind.JSON_OBJECT})
+STRUCTURED = frozenset(ConstraintKind)
 
 _METRICS = {
     "vllm:num_requests_running": "running",
