@@ -135,9 +135,10 @@ def test_a_refusal_names_the_value_in_full() -> None:
 
 
 def test_response_format_becomes_the_constraint_of_the_call() -> None:
-    assert parse_chat(body(response_format={"type": "text"}))[2] is None
-    assert parse_chat(body())[2] is None
-    assert parse_chat(body(response_format={"type": "json_object"}))[2] == \
+    assert parse_chat(body(response_format={"type": "text"}))[0].constraint is None
+    assert parse_chat(body())[0].constraint is None
+    assert parse_chat(body(response_format={"type": "json_object"}))[0].constraint == \
         JsonObjectConstraint()
     sent = {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}}
-    assert parse_chat(body(response_format=sent))[2] == JsonSchemaConstraint(SCHEMA, "answer")
+    assert parse_chat(body(response_format=sent))[0].constraint == \
+        JsonSchemaConstraint(SCHEMA, "answer")

@@ -17,9 +17,10 @@ honoured                   model (any name: the session serves its policy),
                            stream, stream_options.include_usage, logprobs
                            parallel_tool_calls (false: the reply is cut after its
                            first tool call, as if the model had stopped there),
-                           response_format (text; json_object and json_schema
-                           become the constraint the reply is decoded under:
-                           `parse_chat`'s third value)
+                           response_format (text, json_object, json_schema: the
+                           call's constraint, which the engine decodes the
+                           reply under; `gateway.session` says when it is
+                           refused)
 accepted, no effect on     user, metadata, store, service_tier, prompt_cache_key,
 the reply                  safety_identifier
 only their neutral value   n (1), top_logprobs (0), frequency_penalty and
@@ -82,10 +83,10 @@ class ChatOptions:
     logprobs: bool = False
 
 
-def parse_chat(body: Any) -> tuple[CallRequest, ChatOptions, OutputConstraint | None]:
-    """The call a request body asks for, how to answer it, and what its reply is
-    decoded under (`response_format`; None: sampled freely); InvalidRequest naming
-    the parameter. The body is validated by `chat_request.ChatRequest` (the route's
+def parse_chat(body: Any) -> tuple[CallRequest, ChatOptions]:
+    """The call a request body asks for (its response_format as the constraint its
+    reply is decoded under) and how to answer it; InvalidRequest naming the
+    parameter. The body is validated by `chat_request.ChatRequest` (the route's
     OpenAPI schema), then for what a schema cannot say."""
     if not isinstance(body, dict):
         raise InvalidRequest("the body must be a JSON object")
@@ -112,11 +113,12 @@ def parse_chat(body: Any) -> tuple[CallRequest, ChatOptions, OutputConstraint | 
         top_p=None if chat.top_p is None else float(chat.top_p),
         seed=chat.seed,
         stop=(chat.stop,) if isinstance(chat.stop, str) else tuple(chat.stop or ()),
-        one_call=chat.parallel_tool_calls is False)
+        one_call=chat.parallel_tool_calls is False,
+        constraint=_constraint(chat.response_format))
     usage = chat.stream_options
     options = ChatOptions(chat.model, bool(chat.stream),
                           bool(usage is not None and usage.include_usage), bool(chat.logprobs))
-    return request, options, _constraint(chat.response_format)
+    return request, options
 
 
 def completion(result: CallResult, options: ChatOptions, call_id: str,

@@ -62,10 +62,7 @@ async def chat_completions(session_id: str, request: Request,
             body = strict_json.loads(await request.body())
         except (ValueError, UnicodeDecodeError) as e:
             raise InvalidRequest(f"the body is not JSON: {str(e)[:200]}") from None
-        call, options, constraint = wire.parse_chat(body)
-        if constraint is not None:
-            raise InvalidRequest(f"response_format: {constraint.kind.value} is not served by "
-                                 "the sessions yet", param="response_format")
+        call, options = wire.parse_chat(body)
         result = await service.gateway.call(session_id, call)
     except GatewayError as e:
         return _error(e)
