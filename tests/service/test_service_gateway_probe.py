@@ -16,6 +16,7 @@ import httpx
 import openai
 import pytest
 from service_helpers import running_service
+from test_service_gateway import CALL, TOOLS
 
 from agent.agent_helpers import build_tokenizer
 from engines.engines_fakes import FakeVLLMServer
@@ -31,10 +32,6 @@ from treadle.types import FailureStage, JsonSchemaConstraint, Trajectory, Trajec
 
 pytestmark = [pytest.mark.integration]
 TOKEN = "probe-token"
-TOOLS = [{"type": "function", "function": {
-    "name": "python", "description": "run a program",
-    "parameters": {"type": "object", "properties": {"code": {"type": "string"}}}}}]
-CALL = '<tool_call>\n{"name": "python", "arguments": {"code": "print(1 + 2)"}}\n</tool_call>'
 USER = [{"role": "user", "content": "hi"}]
 SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"}}}
 
