@@ -138,9 +138,9 @@ def test_pydantic_ai_structured_output_is_decoded_under_its_format(
     output_type = NativeOutput(Answer) if mode == "native" else PromptedOutput(Answer)
     try:
         result = asyncio.run(_run(info["base_url"], "What is 6 * 7?", output_type, [],
-                                  requests=2))
-    except UnexpectedModelBehavior:  # JSON of another shape (json_object), twice
-        assert mode == "prompted"
+                                  requests=3))
+    except (UnexpectedModelBehavior, UsageLimitExceeded):  # JSON of another shape, twice
+        assert mode == "prompted"  # (json_object: any object; json_schema: the schema's)
         result = None
     served.end(info, reward=float(isinstance(result, Answer) and result.answer == 42))
     (traj,) = served.trajectories(info["job_id"])
