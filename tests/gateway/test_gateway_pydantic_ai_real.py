@@ -16,7 +16,7 @@ import json
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from openai import AsyncOpenAI
@@ -88,8 +88,8 @@ def test_pydantic_ai_drives_token_exact_math_sessions(served: Served,
     assert created.status_code in (200, 201), created.text
     observed: dict[str, list[tuple[int, str]]] = {}
     rewards: dict[str, float] = {}
-    for task in heldout_tasks(4):
-        info = served.session(job_id=job)
+    for k, task in enumerate(heldout_tasks(4)):
+        info = served.session(job_id=job, sampling={"seed": k})  # reproducible draws
         trajectory_id = info["trajectory_id"]
         outputs = observed.setdefault(trajectory_id, [])
 
@@ -116,18 +116,21 @@ def test_pydantic_ai_drives_token_exact_math_sessions(served: Served,
         assert traj.reward == rewards[trajectory_id]
         n = assert_token_exact(traj, served.engine)
         assert n == len(traj.turns) >= 1
-        if len(traj.segments) == 1:  # it appends, unless it dropped a reply to retry
-            checked += assert_observed_at_mask_0(traj, tokenizer, observed[trajectory_id], n)
+        checked += assert_observed_at_mask_0(traj, tokenizer, observed[trajectory_id], n)
         calls.append(n)
     # The model runs a program, reads its output, then goes on (once in four at least).
-    assert max(calls) >= 2 and checked >= 1, (calls, rewards)
+    assert max(calls) >= 2 and checked >= 1, (calls, rewards, [
+        [(g.start_turn, g.start_reason) for g in t.segments] for t in got.values()])
 
 
 # --- Structured output ----------------------------------------------------------
 
 
 class Answer(BaseModel):
-    answer: int
+    """Bounded values (an enum): the small model never learnt JSON, and a value it may
+    extend without end (an integer, a string) it does extend to its token budget."""
+
+    answer: Literal["yes", "no"]
 
 
 @pytest.mark.parametrize(("mode", "kind"), [("native", ConstraintKind.JSON_SCHEMA),
@@ -137,12 +140,12 @@ def test_pydantic_ai_structured_output_is_decoded_under_its_format(
     info = served.session()
     output_type = NativeOutput(Answer) if mode == "native" else PromptedOutput(Answer)
     try:
-        result = asyncio.run(_run(info["base_url"], "What is 6 * 7?", output_type, [],
-                                  requests=3))
+        result = asyncio.run(_run(info["base_url"], "Is 6 * 7 = 42? Answer yes or no.",
+                                  output_type, [], requests=3))
     except (UnexpectedModelBehavior, UsageLimitExceeded):  # JSON of another shape, twice
         assert mode == "prompted"  # (json_object: any object; json_schema: the schema's)
         result = None
-    served.end(info, reward=float(isinstance(result, Answer) and result.answer == 42))
+    served.end(info, reward=float(isinstance(result, Answer) and result.answer == "yes"))
     (traj,) = served.trajectories(info["job_id"])
     n = assert_token_exact(traj, served.engine)
     assert n == len(traj.turns) >= 1
@@ -151,10 +154,14 @@ def test_pydantic_ai_structured_output_is_decoded_under_its_format(
         assert request.constraint is not None and request.constraint.kind is kind
         assert turn.constraint == request.constraint
         assert len(reply.logprobs) == len(reply.output_ids) >= 1
-        ids = reply.output_ids[:-1] if reply.finish_reason == "stop" else reply.output_ids
-        value = json.loads(tokenizer.decode(ids))
-        assert isinstance(value, dict)
+        text = tokenizer.decode(reply.output_ids[:-1] if reply.finish_reason == "stop"
+                                else reply.output_ids)
         if kind is ConstraintKind.JSON_SCHEMA:
-            Answer.model_validate(value)  # the schema's: decoded under it
+            assert reply.finish_reason == "stop"
+            Answer.model_validate_json(text)  # the schema's: decoded under it
+        elif reply.finish_reason == "stop":  # any object: the small model may not close one
+            assert isinstance(json.loads(text), dict)
+        else:
+            assert text.startswith("{")
     if mode == "native":
         assert isinstance(result, Answer)
