@@ -135,7 +135,6 @@ class Session:
         self.spec = spec
         self.fmt = chat_format(spec.chat_format)
         self.tokenizer = tokenizer
-        self._runtime = runtime
         self._clock = clock
         self.trajectory = Trajectory(
             spec.trajectory_id, spec.key, task_id=spec.task_id,
