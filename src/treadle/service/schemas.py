@@ -315,6 +315,14 @@ class SessionCreated(BaseModel):
     tokenizer_fingerprint: str | None = None  # the served model's tokenizer's
 
 
+class SessionOpened(SessionCreated):
+    """`POST /v1/sessions`'s answer: the session and its key."""
+
+    api_key: str = Field(description="the session's key: the harness's OpenAI API key. It "
+                                     "opens this session's OpenAI routes only, until the "
+                                     "session ends (docs/security.md)")
+
+
 class SessionEndRequest(_Strict):
     """`POST /v1/sessions/{id}/end`."""
 
@@ -464,6 +472,29 @@ class WeightUpdateRequest(_Strict):
                                     pattern=TRAINER_RUN,
                                     description="the trainer run whose weights these are "
                                                 "(jobs naming another run are refused)")
+
+
+class KeyRequest(_Strict):
+    """`POST /v1/keys`: a trainer key for one trainer run."""
+
+    trainer_run: str = Field(min_length=1, max_length=128, pattern=TRAINER_RUN,
+                             description="the run the key speaks for: it sees and changes "
+                                         "that run's jobs, sessions and weights only")
+
+
+class KeyView(BaseModel):
+    """A trainer key, listed: never the key itself."""
+
+    key_id: str  # its public name (DELETE /v1/keys/{key_id})
+    trainer_run: str
+    source: str  # api (POST /v1/keys, kept in the store) | file (treadle serve --keys)
+    created_at: float | None  # None for a keys file's
+
+
+class KeyCreated(KeyView):
+    """`POST /v1/keys`'s answer: the only time the key is shown."""
+
+    key: str
 
 
 class WeightsView(BaseModel):
