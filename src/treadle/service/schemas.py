@@ -160,8 +160,12 @@ class HarnessParams(_Strict):
     (configured at `treadle serve --harness NAME=CMD`), not by treadle's agent loop."""
 
     name: str = Field(min_length=1, max_length=64, description="a harness the service has")
-    score: Literal["auto", "verifier", "reward_file", "exit_code"] = Field(
-        default="auto", description="how a finished run is scored (docs/gateway.md)")
+    score: Literal["verifier", "exit_code", "reward_file", "auto"] = Field(
+        default="verifier",
+        description="how a finished run is scored, and so what the reward trusts: the "
+                    "suite's verifier on its answer (auto: the same), its exit status, or "
+                    "its own reward file — the harness's word, which a command it runs "
+                    "unsandboxed can write too (docs/security.md)")
 
 
 class JobRequest(_Strict):

@@ -249,14 +249,15 @@ def build_service(config: ServiceConfig) -> Service:
                      clock=clock, request_timeout_s=config.request_timeout_s,
                      engine_wait_s=config.engine_wait_s, engine_ids="f")
     frozen.policy_version = config.frozen_policy_version
+    session_keys = SessionKeys()
     gateway = Gateway(runtime, store, outbox, sandboxes, tokenizer,
                       default_format=config.chat_format, max_sessions=config.max_sessions,
-                      harnesses=config.harnesses, url=config.public_url, token=config.token,
+                      harnesses=config.harnesses, url=config.public_url, keys=session_keys,
                       frozen=frozen)
     rollouts = Rollouts(runtime, store, planner, outbox, sandboxes, tokenizer=tokenizer,
                         harnesses=gateway, max_live=config.max_live,
                         max_queued=config.max_queued)
-    keys = KeyRing(config.token, store, SessionKeys(), _open_sessions(gateway),
+    keys = KeyRing(config.token, store, session_keys, _open_sessions(gateway),
                    file_keys=config.trainer_keys)
     return Service(config, runtime, store, rollouts, gateway, keys, restart_s=restart_s,
                    frozen=frozen)

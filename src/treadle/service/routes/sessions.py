@@ -40,7 +40,7 @@ async def create(body: SessionRequest, request: Request, caller: CallerDep,
     if body.parent_session_id is not None:
         service.keys.owned_session(caller, body.parent_session_id)
     base = service.config.public_url or str(request.base_url)
-    created = await service.gateway.create(body, base)
+    created = await service.gateway.create(body, base, owner=owner_of(caller))
     key = service.keys.grant_session(created.session_id, owner_of(caller))
     return SessionOpened(**created.model_dump(), api_key=key)
 
