@@ -5,6 +5,7 @@ every route declares the scope it needs."""
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 from collections.abc import Iterator
@@ -14,12 +15,15 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.routing import APIRoute
+from fastapi.testclient import TestClient
 from service_helpers import running_service
 
 from agent.agent_helpers import build_tokenizer
+from treadle.cli import main
 from treadle.service import deps
 from treadle.service.app import create_app
-from treadle.service.keys import file_line, new_key, read_keys_file
+from treadle.service.keys import digest, file_line, new_key, read_keys_file
+from treadle.service.limits import RequestGate
 from treadle.service.routes import engines, jobs, keys, openai, rollouts, sessions, system, weights
 from treadle.service.state import ServiceConfig, build_service
 
@@ -315,3 +319,69 @@ def test_trainer_keys_made_through_the_api_outlive_a_restart_until_revoked(
         assert admin.delete(f"/v1/keys/{made['key_id']}").status_code == 204
         assert run_c.get("/v1/jobs/c1").status_code == 401
         assert admin.get("/v1/jobs/c1").status_code == 200
+
+
+def test_a_session_a_trainer_ends_is_its_runs_and_scored_by_its_owner(
+        url: str, run_a: httpx.Client, run_b: httpx.Client) -> None:
+    a = _session(run_a)
+    ended = run_a.post(f"/v1/sessions/{a['session_id']}/end", json={"reward": 0.5})
+    assert ended.status_code == 200
+    # The job made for it is run-a's: its stream is run-a's to read, no one else's.
+    _no_job(run_b.get(f"/v1/jobs/{a['job_id']}/trajectories"), a["job_id"])
+    with run_a.stream("GET", f"/v1/jobs/{a['job_id']}/trajectories") as stream:
+        (line,) = [x for x in stream.iter_lines() if x]
+    record = json.loads(line)["trajectory"]
+    assert (record["reward"], record["reward_source"]) == (0.5, "owner")
+
+
+def test_the_routes_check_every_scope_without_the_gate(tmp_path: Path) -> None:
+    """The gate refuses wrong keys first; the routes' own scope dependencies hold
+    without it (an app mounted some other way)."""
+    config = _config(tmp_path)
+    config.emulate = 0
+    service = build_service(config)
+    app = create_app(service)
+    app.user_middleware = [m for m in app.user_middleware if m.cls is not RequestGate]
+    with TestClient(app) as client:
+        def call(key: str, method: str, path: str, body: Any = None) -> int:
+            r = client.request(method, path, json=body,
+                               headers={"authorization": f"Bearer {key}"})
+            return r.status_code
+
+        a_key = client.post("/v1/keys", json={"trainer_run": "run-a"},
+                            headers={"authorization": f"Bearer {TOKEN}"}).json()["key"]
+        assert call(a_key, "POST", "/v1/jobs", {**REPLAY, "job_id": "j-a"}) == 201
+        a = client.post("/v1/sessions", json={},
+                        headers={"authorization": f"Bearer {a_key}"}).json()
+        b = client.post("/v1/sessions", json={},
+                        headers={"authorization": f"Bearer {TOKEN}"}).json()
+        door_a, door_b = (f"/v1/sessions/{s['session_id']}/openai/v1/models" for s in (a, b))
+        assert call("sek_nothing", "GET", "/v1/weights") == 401
+        assert call(a["api_key"], "GET", door_a) == 200
+        assert [call(a["api_key"], *req) for req in (
+            ("GET", door_b), ("GET", "/v1/jobs/j-a"), ("GET", "/v1/weights"),
+            ("POST", f"/v1/sessions/{a['session_id']}/end", {}), ("GET", "/metrics"),
+        )] == [403] * 5
+        assert call(FILE_KEY, "GET", "/v1/jobs/j-a") == 404
+        assert call(FILE_KEY, "GET", door_a) == 404
+        assert call(FILE_KEY, "POST", f"/v1/sessions/{a['session_id']}/end", {}) == 404
+        assert call(FILE_KEY, "GET", "/v1/keys") == 403
+        assert call(FILE_KEY, "POST", "/v1/weights/resume",
+                    {"policy_version": 1, "trainer_run": "run-a"}) == 403
+        assert call(a_key, "GET", "/v1/jobs/j-a") == 200
+
+
+def test_keys_new_writes_a_digest_and_serve_takes_keys_only_with_a_token(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    keys = tmp_path / "keys.txt"
+    assert main(["keys", "new", "run-7", "--file", str(keys)]) == 0
+    key = capsys.readouterr().out.strip()
+    assert key.startswith("trk_") and key not in keys.read_text()
+    assert [(k.trainer_run, k.digest) for k in read_keys_file(keys)] == [
+        ("run-7", digest(key))]
+    assert main(["keys", "new", "no spaces", "--file", str(keys)]) == 2
+    assert main(["serve", "--keys", str(keys), "--db", ":memory:"]) == 2
+    assert "--keys needs --token" in capsys.readouterr().err
+    keys.write_text("run-8 sha256:123\n")
+    assert main(["serve", "--keys", str(keys), "--token", "t", "--db", ":memory:"]) == 2
+    assert f"{keys}:1: not 'TRAINER_RUN sha256:" in capsys.readouterr().err
