@@ -41,7 +41,8 @@ from pathlib import Path
 from treadle.gateway.errors import UnknownSession
 from treadle.service.errors import Forbidden
 from treadle.store.aio import AsyncStore
-from treadle.store.errors import NotFound, StoreConflict
+from treadle.store.errors import StoreConflict
+from treadle.store.jobs import TrainerKey
 
 TRAINER_PREFIX = "trk_"  # trainer keys
 SESSION_PREFIX = "sek_"  # session keys
@@ -245,11 +246,11 @@ class KeyRing:
         self.sessions = sessions
         self._live = live
         self._file = {k.digest: k.trainer_run for k in file_keys}
-        self._stored: dict[bytes, tuple[str, str, float]] = {}  # digest -> id, run, at
+        self._stored: dict[bytes, TrainerKeyView] = {}  # the API's, by digest
 
     async def load(self) -> None:
         """The trainer keys kept in the store (made through the API before)."""
-        self._stored = {bytes.fromhex(k.digest): (k.key_id, k.trainer_run, k.created_at)
+        self._stored = {bytes.fromhex(k.digest): _api_view(k)
                         for k in await self._store.trainer_keys()}
 
     def principal(self, authorization: bytes | None) -> Principal | None:
@@ -276,7 +277,7 @@ class KeyRing:
             return Trainer(run)
         stored = self._stored.get(found)
         if stored is not None:
-            return Trainer(stored[1])
+            return Trainer(stored.trainer_run)
         grant = self.sessions.lookup(found)
         if grant is not None and self._live(grant.session_id):
             return SessionHolder(grant.session_id)
@@ -305,28 +306,32 @@ class KeyRing:
         key = new_key(TRAINER_PREFIX)
         kept = await self._store.add_trainer_key("k" + secrets.token_hex(8),
                                                  digest(key).hex(), trainer_run)
-        self._stored[digest(key)] = (kept.key_id, kept.trainer_run, kept.created_at)
-        return TrainerKeyView(kept.key_id, kept.trainer_run, "api", kept.created_at), key
+        self._stored[digest(key)] = view = _api_view(kept)
+        return view, key
 
     def trainer_keys(self) -> list[TrainerKeyView]:
         """Every trainer key: the keys file's, then those made through the API."""
         return [*(TrainerKeyView(file_key_id(d), run, "file", None)
                   for d, run in self._file.items()),
-                *(TrainerKeyView(key_id, run, "api", at)
-                  for key_id, run, at in sorted(self._stored.values(), key=lambda k: k[2]))]
+                *sorted(self._stored.values(), key=lambda k: k.created_at or 0.0)]
 
     async def revoke_trainer_key(self, key_id: str) -> None:
-        """Revoke a key made through the API; NotFound for no such key, StoreConflict
-        for a keys file's (the file is what keeps it: edit it and restart)."""
+        """Revoke a key made through the API, at once; NotFound for no such key,
+        StoreConflict for a keys file's (the file is what keeps it: edit it and
+        restart)."""
         if any(file_key_id(d) == key_id for d in self._file):
-            raise StoreConflict(f"key {key_id!r} comes from the keys file: remove its line "
-                             "and restart the service")
-        for found, (stored_id, _, _) in self._stored.items():
-            if stored_id == key_id:
-                await self._store.delete_trainer_key(key_id)
-                del self._stored[found]
-                return
-        raise NotFound(f"no trainer key {key_id!r}")
+            raise StoreConflict(f"key {key_id!r} comes from the keys file: remove its "
+                                "line and restart the service")
+        found = next((d for d, k in self._stored.items() if k.key_id == key_id), None)
+        if found is not None:
+            del self._stored[found]  # refused from now on, before the store's write
+        # NotFound for none; a write that failed (or whose request was cancelled) is
+        # made again by repeating the revocation.
+        await self._store.delete_trainer_key(key_id)
+
+
+def _api_view(key: TrainerKey) -> TrainerKeyView:
+    return TrainerKeyView(key.key_id, key.trainer_run, "api", key.created_at)
 
 
 def file_key_id(key_digest: bytes) -> str:
