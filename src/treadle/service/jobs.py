@@ -279,10 +279,12 @@ class Rollouts:
 
     async def rollout(self, request: RolloutRequest, *,
                       owner: str | None = None) -> dict[str, Any]:
-        """One trajectory, run now (as a one-trajectory job of `owner`); its record."""
+        """One trajectory, run now (as a one-trajectory job of trainer run `owner`, on
+        its weights; None: the admin's, on any); its record."""
         job = JobRequest(tasks=SuiteTasks(suite=request.suite, tasks=[request.task],
                                           options=request.options),
-                         sampling=request.sampling, limits=request.limits, priority=1000)
+                         sampling=request.sampling, limits=request.limits, priority=1000,
+                         trainer_run=owner)
         info = await self.submit(job, owner=owner)
         try:
             async for delivery in self.results(info.job_id, follow=True):
