@@ -43,11 +43,10 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
-from service_helpers import running_service
+from service_helpers import running_service, service_schema
 
 from agent.agent_helpers import build_tokenizer
-from treadle.service.app import create_app
-from treadle.service.state import ServiceConfig, build_service
+from treadle.service.state import ServiceConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TOKEN = "fuzz-token"
@@ -68,17 +67,8 @@ def _config(db: str) -> ServiceConfig:
                          tokenizer=str(TOKENIZER))
 
 
-def _openapi() -> dict[str, Any]:
-    """The schema of an app configured like the one under test (nothing started)."""
-    service = build_service(_config(":memory:"))
-    try:
-        schema: dict[str, Any] = create_app(service).openapi()
-    finally:
-        service.store.store.close()
-    return schema
-
-
-schema = schemathesis.openapi.from_dict(_openapi())
+# The schema of an app configured like the one under test.
+schema = schemathesis.openapi.from_dict(service_schema(_config(":memory:")))
 # Configured, not passed per call: schemathesis's auth probes then know the token is
 # the real one and drop or spoil it to see the 401.
 schema.config.update(headers={"Authorization": f"Bearer {TOKEN}"})

@@ -32,11 +32,10 @@ import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
-from service_helpers import running_service
+from service_helpers import running_service, service_schema
 
 from agent.agent_helpers import build_tokenizer
-from treadle.service.app import create_app
-from treadle.service.state import ServiceConfig, build_service
+from treadle.service.state import ServiceConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TOKEN = "fuzz-keys-admin"
@@ -58,16 +57,8 @@ def _config(db: str) -> ServiceConfig:
                          tokenizer=str(TOKENIZER))
 
 
-def _openapi() -> dict[str, Any]:
-    service = build_service(_config(":memory:"))
-    try:
-        schema: dict[str, Any] = create_app(service).openapi()
-    finally:
-        service.store.store.close()
-    return schema
-
-
-schema = schemathesis.openapi.from_dict(_openapi()).exclude(path="/healthz")  # needs no key
+schema = schemathesis.openapi.from_dict(service_schema(_config(":memory:"))).exclude(
+    path="/healthz")  # (which needs no key)
 answers: dict[str, collections.Counter[int]] = collections.defaultdict(collections.Counter)
 
 

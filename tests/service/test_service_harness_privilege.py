@@ -16,14 +16,13 @@ from typing import Any
 
 import httpx
 import pytest
-from service_helpers import running_service
+from service_helpers import running_service, service_schema
 
 from agent.agent_helpers import build_tokenizer
 from engines.engines_fakes import FakeVLLMServer
 from treadle.gateway.harness import Harness
-from treadle.service.app import create_app
 from treadle.service.schemas import EngineRequest
-from treadle.service.state import ServiceConfig, build_service
+from treadle.service.state import ServiceConfig
 
 pytestmark = [pytest.mark.integration]
 TOKEN = "privilege-admin"
@@ -79,11 +78,7 @@ def _bodies(ids: dict[str, str]) -> dict[str, tuple[str, Any]]:
 def _routes(ids: dict[str, str]) -> list[tuple[str, str, Any]]:
     """Every route of the service (its schema's, and the schema itself), and its
     own session's end: (method, path, body)."""
-    service = build_service(ServiceConfig(db=":memory:", token=TOKEN))
-    try:
-        schema = create_app(service).openapi()
-    finally:
-        service.store.store.close()
+    schema = service_schema(ServiceConfig(db=":memory:", token=TOKEN))
     served = {f"{m.upper()} {p}" for p, ops in schema["paths"].items() for m in ops
               if p != "/healthz"} | {"GET /openapi.json"}
     bodies = _bodies(ids)

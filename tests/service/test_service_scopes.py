@@ -16,7 +16,7 @@ import httpx
 import pytest
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
-from service_helpers import running_service
+from service_helpers import running_service, service_schema
 
 from agent.agent_helpers import build_tokenizer
 from treadle.cli import main
@@ -101,11 +101,7 @@ SCOPES = {  # route -> the scope dependency it must declare
 
 
 def test_every_route_but_liveness_declares_the_scope_it_needs() -> None:
-    service = build_service(ServiceConfig(db=":memory:", token=TOKEN))
-    try:
-        schema = create_app(service).openapi()
-    finally:
-        service.store.store.close()
+    schema = service_schema(ServiceConfig(db=":memory:", token=TOKEN))
     served = {f"{method.upper()} {path}" for path, ops in schema["paths"].items()
               for method in ops} | {"GET /openapi.json"}
     found = {}
