@@ -24,8 +24,9 @@ id of a finished job and a quarter of the engine ids by a live engine's, so the
 routes' paths past the 404 are fuzzed too; half of the session ids by an open
 session's (a fresh one for each call that ends a session, so that every end can
 succeed), so the gateway's chat completions are fuzzed past its 404 on a real
-session with emulated engines (OpenAI-shaped errors, never a 5xx). Examples are
-derandomized (same schema, same requests).
+session with emulated engines (OpenAI-shaped errors, never a 5xx); and half of the
+key ids by a trainer key made for the call (so that each revocation can succeed).
+Examples are derandomized (same schema, same requests).
 """
 
 from __future__ import annotations
@@ -93,8 +94,13 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
             assert created.status_code == 201, created.text
             return str(created.json()["session_id"])
 
+        def key() -> str:
+            made = client.post("/v1/keys", json={"trainer_run": "fuzz-run"})
+            assert made.status_code == 201, made.text
+            return str(made.json()["key_id"])
+
         yield {"url": url, "client": client, "engines": engines, "session": session,
-               "known_session": session()}
+               "known_session": session(), "key": key}
 
 
 def _aim(case: schemathesis.Case, service: dict[str, Any]) -> None:
@@ -105,8 +111,9 @@ def _aim(case: schemathesis.Case, service: dict[str, Any]) -> None:
     mine = engines[:1] if case.path.endswith("/drain") else engines[1:]
     sessions = [service["session"]() if case.path.endswith("/end")
                 else service["known_session"]]
+    keys = [service["key"]()] if "key_id" in params else []  # one to revoke, each time
     for name, known in (("job_id", [KNOWN_JOB]), ("engine_id", mine),
-                        ("session_id", sessions)):
+                        ("session_id", sessions), ("key_id", keys)):
         value = params.get(name)
         if isinstance(value, str) and known:
             pick = zlib.crc32(value.encode())
