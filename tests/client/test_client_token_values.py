@@ -138,10 +138,9 @@ def test_verl_step_records_are_the_segments_and_the_groups_mean(segments: str) -
 # -- SkyRL ---------------------------------------------------------------------------
 
 
-def test_skyrl_step_wise_rows_are_the_trained_segments_token_by_token() -> None:
-    batch = with_a_tokenless_failure()
-    out = to_skyrl(batch, step_wise=True).data
-    rows = expected_rows(batch, keep_excluded=False)
+def check_skyrl_rows(out: dict[str, Any], rows: list[Row]) -> None:
+    """The GeneratorOutput's rows are `rows`: tokens, rewards and SkyRL ids (built from
+    treadle's group id and repetition)."""
     assert len(out["response_ids"]) == len(rows)
     for i, row in enumerate(rows):
         check_token_lists(row, out["prompt_token_ids"][i], out["response_ids"][i],
@@ -149,6 +148,14 @@ def test_skyrl_step_wise_rows_are_the_trained_segments_token_by_token() -> None:
         assert out["rewards"][i] == row.t.reward
         assert out["trajectory_ids"][i] == SkyRLTrajectoryID(row.t.key.group_id,
                                                              row.t.key.repetition)
+
+
+def test_skyrl_step_wise_rows_are_the_trained_segments_token_by_token() -> None:
+    batch = with_a_tokenless_failure()
+    out = to_skyrl(batch, step_wise=True).data
+    rows = expected_rows(batch, keep_excluded=False)
+    check_skyrl_rows(out, rows)
+    for i, row in enumerate(rows):
         assert out["is_last_step"][i] is row.last
         assert out["stop_reasons"][i] == stop_reason(row.t.status)
         assert out["env_metrics"][i] == row.t.metrics
@@ -167,13 +174,7 @@ def test_skyrl_plain_rows_are_the_prompts_trajectories_token_by_token() -> None:
     batch = [varied("j/a/0", "j/a", 0, 0.75), varied("j/a/1", "j/a", 1, 0.125),
              varied("j/b/0", "j/b", 0, 0.0, status=TrajectoryStatus.TIMEOUT)]
     out = to_skyrl(batch).data
-    rows = expected_rows(batch, keep_excluded=False)
-    for i, row in enumerate(rows):
-        check_token_lists(row, out["prompt_token_ids"][i], out["response_ids"][i],
-                          out["loss_masks"][i], out["rollout_logprobs"][i])
-        assert out["rewards"][i] == row.t.reward
-        assert out["trajectory_ids"][i] == SkyRLTrajectoryID(row.t.key.group_id,
-                                                             row.t.key.repetition)
+    check_skyrl_rows(out, expected_rows(batch, keep_excluded=False))
     assert out["stop_reasons"] == ["stop", "stop", "timeout"]
 
 
