@@ -134,8 +134,6 @@ class Cgroups(ABC):
     """Makes per-exec groups under our parent groups (`bases`: controller -> its
     directory, one for all controllers on v2). Use `detect_cgroups()`."""
 
-    version: int
-
     def __init__(self, bases: dict[str, str]) -> None:
         self.bases = bases  # controller -> our parent group directory
 
@@ -155,8 +153,6 @@ class Cgroups(ABC):
 
 class CgroupV1(Cgroups):
     """A group per controller hierarchy, under the caller's own group of each."""
-
-    version = 1
 
     def create(self, limits: Limits) -> ExecCgroup:
         name = _exec_name()
@@ -185,8 +181,6 @@ class CgroupV1(Cgroups):
 class CgroupV2(Cgroups):
     """One group per exec in the unified hierarchy, holding every controller, under a
     base whose ``cgroup.subtree_control`` enables them (see the module docstring)."""
-
-    version = 2
 
     def create(self, limits: Limits) -> ExecCgroup:
         group = ExecCgroup(oom_file="memory.events")
