@@ -127,15 +127,22 @@ def _dies(pid: int) -> bool:
 
 
 def test_a_run_past_its_time_is_a_timeout_and_leaves_nothing_running(tmp_path: Path) -> None:
-    fifo = _fifo(tmp_path / "child.pid")
-    harness = Harness("h", (sys.executable, "-c", SPAWNS, str(tmp_path / "child.pid")),
-                      timeout_s=2.0)
-    run = asyncio.run(run_harness(harness, ENV))
-    assert run.timed_out and run.exit_code is None
-    assert judge(run, "auto").status is TrajectoryStatus.TIMEOUT
-    child = _pid_from(fifo, None)  # (a machine too slow to start it in 2 s never did)
-    if child is not None:
-        assert _dies(child), "the harness's child survived"
+    # The check of the child must run: a machine too slow to start it before the
+    # time is up gets a longer time (four tries, up to 128 s: a bound for a hang).
+    child = None
+    for attempt, timeout_s in enumerate((2.0, 8.0, 32.0, 128.0)):
+        fifo = _fifo(tmp_path / f"child-{attempt}.pid")
+        harness = Harness("h", (sys.executable, "-c", SPAWNS,
+                                str(tmp_path / f"child-{attempt}.pid")), timeout_s=timeout_s)
+        run = asyncio.run(run_harness(harness, ENV))
+        assert run.timed_out and run.exit_code is None
+        assert judge(run, "auto").status is TrajectoryStatus.TIMEOUT
+        child = _pid_from(fifo, None)
+        os.close(fifo)
+        if child is not None:
+            break
+    assert child is not None, "the harness never started its child, even in 128 s"
+    assert _dies(child), "the harness's child survived"
 
 
 def test_a_cancelled_run_kills_the_harness_and_what_it_started(tmp_path: Path) -> None:
