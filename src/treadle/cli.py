@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     from treadle.run.cli import add_run_parser
     from treadle.sandbox.cli import add_parser as add_sandbox_parser
     from treadle.sandbox.cli import add_server_parser
-    from treadle.service.cli import add_serve_parser
+    from treadle.service.cli import add_keys_parser, add_serve_parser
     from treadle.train.cli import add_train_parser
 
     add_bench_parser(bench_sub)
@@ -72,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_server_parser(sub)
     add_engine_parser(sub)
     add_serve_parser(sub)
+    add_keys_parser(sub)
     add_run_parser(sub)
     add_train_parser(sub)
     from treadle.demo import add_demo_parser
@@ -85,8 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "sim":
             return _sim(args)
-        if args.command in ("sandbox", "sandbox-server", "engine", "serve", "run", "train",
-                            "demo") or (
+        if args.command in ("sandbox", "sandbox-server", "engine", "serve", "keys", "run",
+                            "train", "demo") or (
                 args.command == "bench" and args.bench in ("sandbox", "live", "service", "chaos",
                                                     "gateway")):
             result: int = args.func(args)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import sys
 import time
 from pathlib import Path
@@ -89,7 +90,9 @@ def run_demo(args: argparse.Namespace) -> int:
         f"tools in {name} sandboxes")
     harness = Harness(HARNESS, (sys.executable, "-m", "treadle.examples.math_harness"),
                       timeout_s=300.0)
-    service = ServiceConfig(db=str(out / "demo.db"), vllm_model=str(model),
+    # A token of its own: the harness's commands get their session's key only.
+    token = secrets.token_urlsafe(32)
+    service = ServiceConfig(db=str(out / "demo.db"), token=token, vllm_model=str(model),
                             tokenizer=str(model), sandbox=backend,
                             vllm_python=os.path.abspath(args.vllm_python), policy="treadle",
                             harnesses={HARNESS: harness})
@@ -113,7 +116,7 @@ def run_demo(args: argparse.Namespace) -> int:
             "one by an unmodified OpenAI-client harness (treadle.examples.math_harness) "
             "through the gateway")
         for door, request in jobs:
-            code = watch_job(request, url, None, where, out, tallies=tallies, label=door)
+            code = watch_job(request, url, token, where, out, tallies=tallies, label=door)
             if code:
                 return code
     print(side_by_side(tallies))

@@ -27,6 +27,8 @@ escaping treadle is a bug. Each package owns a branch::
     │   └── GatewayInternalError        session ends, stage runtime)
     ├── ServiceBusy                     treadle.service.errors: too many trajectories
     │                                   queued to take the job now (the API's 503)
+    ├── Forbidden                       treadle.service.errors: a key whose scope does
+    │                                   not cover the request (the API's 403)
     ├── PolicyMismatch                  treadle.service.versions: the engines serve
     │                                   weights a job is not for (past its version, or
     │                                   another trainer run's; the API's 409)

@@ -47,6 +47,18 @@ class FailureStage(enum.Enum):
     RUNTIME = "runtime"  # treadle itself (a bug or a lost process); the reason says what
 
 
+class RewardSource(enum.Enum):
+    """What scored a trajectory: how far its reward can be trusted (docs/security.md)."""
+
+    VERIFIER = "verifier"  # the suite's verifier (treadle's agent loop, or a harness
+    # job's final answer in a fresh episode): the policy cannot write it
+    EXIT_CODE = "exit_code"  # a harness job's exit status (0 → 1.0, 1 → 0.0)
+    REWARD_FILE = "reward_file"  # a harness job's own reward file: the harness's word,
+    # taken only where the job chose it
+    OWNER = "owner"  # the reward the session's owner gave at its end (POST .../end),
+    # or, for a sub-agent without one, its parent's
+
+
 @dataclass(frozen=True, slots=True)
 class GroupKey:
     """Identifies one trajectory inside its GRPO group."""
@@ -190,6 +202,9 @@ class Trajectory:
     # converters never train on it.
     trainable: bool = True
     metadata: dict[str, Any] = field(default_factory=dict)  # the caller's, JSON-able
+    # What scored it (set only with a reward); None: unscored, or not said (records
+    # written before version 3, or a producer that does not say).
+    reward_source: RewardSource | None = None
 
     @property
     def infra_failure(self) -> bool:

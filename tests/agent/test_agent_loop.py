@@ -16,7 +16,7 @@ from treadle.agent.loop import AgentLimits, run_agent, tool_messages
 from treadle.agent.runner import Sampling
 from treadle.agent.tokenizer import HFTokenizer
 from treadle.engines.base import derived_seed
-from treadle.envs.base import Episode, RewardResult, Suite, open_episode
+from treadle.envs.base import RewardResult, Suite, open_episode
 from treadle.envs.tools.answer import SubmitAnswerTool
 from treadle.envs.tools.base import Tool, ToolContext, ToolResult
 from treadle.errors import SandboxError
@@ -252,7 +252,6 @@ def test_math_with_the_real_python_tool(tok: HFTokenizer, tmp_path: Path) -> Non
 
     async def go() -> Any:
         async with open_episode(suite, task, LocalBackend(work_root=str(tmp_path))) as ep:
-            assert isinstance(ep, Episode)
             first = await run_agent(ep, tok, runner, traj_id="t0", key=GroupKey("m", 0))
             return first, ep.history[0].result.output.strip()
 

@@ -85,14 +85,32 @@ def test_a_seeded_request_samples_the_same_tokens_again(vllm_url: str) -> None:
 
 
 def test_load_parses_real_metrics(vllm_url: str) -> None:
+    # Known loads: an idle engine reads nothing running, waiting or held in KV; with
+    # 16 long requests in it, its metrics show requests running and KV in use. A
+    # paused engine publishes no metrics, so the requests run; the poll is bounded by
+    # their end (16 requests of up to ~1,000 tokens outlast many polls of /metrics).
     async def main() -> None:
-        async with VLLMEngine(vllm_url, MODEL) as engine:
-            load = await engine.load()
-            assert isinstance(load, EngineLoad)
-            assert load.running >= 0 and load.waiting >= 0
-            assert 0.0 <= load.kv_usage <= 1.0
+        async with VLLMEngine(vllm_url, MODEL) as engine, \
+                httpx.AsyncClient(base_url=vllm_url, timeout=60) as http:
+            while (await http.get("/load")).json()["server_load"] != 0:  # others' ended
+                await asyncio.sleep(0.05)
+            assert await engine.load() == EngineLoad(0, 0, 0.0)
+            tasks = [asyncio.create_task(engine.generate(
+                req(f"load-{i}", max_tokens=MAX_MODEL_LEN - len(PROMPT), stop_token_ids=[])))
+                for i in range(16)]
+            seen = None
+            while seen is None and not all(task.done() for task in tasks):
+                load = await engine.load()
+                seen = load if load.running else None
+            await asyncio.gather(*tasks)
+            assert seen is not None, "the metrics never showed the 16 requests in the engine"
+            assert 1 <= seen.running <= 16 and seen.running + seen.waiting <= 16, seen
+            assert 0.0 < seen.kv_usage <= 1.0, seen
+            while (await http.get("/load")).json()["server_load"] != 0:
+                await asyncio.sleep(0.05)
+            assert await engine.load() == EngineLoad(0, 0, 0.0)
 
-    asyncio.run(main())
+    asyncio.run(asyncio.wait_for(main(), 300))  # a bound for a hang, not a measure
 
 
 def test_priority_is_accepted(vllm_url: str) -> None:

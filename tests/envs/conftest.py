@@ -1,8 +1,9 @@
 """Fixtures for the envs tests: one sandbox backend for the session, on a private root.
 
-Integration tests run through bwrap. Where bwrap cannot run they fall back to the
-local backend rather than skip, and every assertion message names the backend and
-why bwrap was not used, so a CI log shows it (CI installs bwrap).
+Integration tests run through bwrap, and fail (not skip, never fall back to the local
+backend) where bwrap is missing or cannot run, as tests/sandbox's do: a test named
+for a sandbox must have run in one. Set TREADLE_ALLOW_NO_BWRAP=1 to skip them on a
+machine without it.
 """
 
 from __future__ import annotations

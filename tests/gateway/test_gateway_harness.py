@@ -4,6 +4,7 @@ failure, a bad finish is data; limits, the reward file and the answer file."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import select
@@ -21,31 +22,45 @@ from treadle.gateway.harness import (
     parse_reward,
     run_harness,
 )
-from treadle.types import FailureStage, TrajectoryStatus
+from treadle.types import FailureStage, RewardSource, TrajectoryStatus
 
 ENV = HarnessEnv("http://127.0.0.1:9/v1/sessions/s/openai/v1", "tok", "s",
                  {"task_id": "t", "prompt": "2 + 2?", "tools": []})
+TRUSTING = dataclasses.replace(ENV, reads_reward=True)  # a job scored by the reward file
 
 
-def _run(code: str, **limits: float) -> HarnessRun:
+def _run(code: str, env: HarnessEnv = ENV, **limits: float) -> HarnessRun:
     harness = Harness("h", (sys.executable, "-c", code), **limits)  # type: ignore[arg-type]
-    return asyncio.run(run_harness(harness, ENV))
+    return asyncio.run(run_harness(harness, env))
+
+
+ANSWERS = ("import json, os, sys\n"
+           "task = json.loads(sys.stdin.read())\n"
+           "assert json.loads(os.environ['TREADLE_TASK']) == task\n"
+           "assert os.environ['OPENAI_BASE_URL'].endswith('/openai/v1')\n"
+           "assert os.environ['OPENAI_API_KEY'] == 'tok'\n"
+           "open(os.environ['TREADLE_ANSWER_FILE'], 'w').write(task['prompt'][:5])\n"
+           "open(os.environ['TREADLE_REWARD_FILE'], 'w').write('{\"reward\": 0.5, "
+           "\"rewards\": {\"style\": 1}}')\n")
 
 
 def test_the_harness_gets_its_session_and_task_and_can_answer() -> None:
-    run = _run("import json, os, sys\n"
-               "task = json.loads(sys.stdin.read())\n"
-               "assert json.loads(os.environ['TREADLE_TASK']) == task\n"
-               "assert os.environ['OPENAI_BASE_URL'].endswith('/openai/v1')\n"
-               "assert os.environ['OPENAI_API_KEY'] == 'tok'\n"
-               "open(os.environ['TREADLE_ANSWER_FILE'], 'w').write(task['prompt'][:5])\n"
-               "open(os.environ['TREADLE_REWARD_FILE'], 'w').write('{\"reward\": 0.5, "
-               "\"rewards\": {\"style\": 1}}')\n")
+    run = _run(ANSWERS, TRUSTING)
     assert run.exit_code == 0, run.stderr_tail
     assert run.answer == "2 + 2" and run.reward_file is not None
-    verdict = judge(run, "auto")
-    assert (verdict.status, verdict.reward, verdict.rewards) == (
-        TrajectoryStatus.COMPLETED, 0.5, {"style": 1.0})
+    verdict = judge(run, "reward_file")
+    assert (verdict.status, verdict.reward, verdict.rewards, verdict.source) == (
+        TrajectoryStatus.COMPLETED, 0.5, {"style": 1.0}, RewardSource.REWARD_FILE)
+
+
+@pytest.mark.parametrize("score", ["verifier", "auto", "exit_code"])
+def test_a_reward_file_counts_only_where_the_job_chose_it(score: str) -> None:
+    run = _run(ANSWERS)  # written, but the job did not choose it: not even read
+    assert run.exit_code == 0 and run.reward_file is None
+    verdict = judge(run, score)  # type: ignore[arg-type]
+    assert verdict.rewards == {}
+    assert (verdict.reward, verdict.verify, verdict.source) == (
+        (1.0, False, RewardSource.EXIT_CODE) if score == "exit_code" else (None, True, None))
 
 
 @pytest.mark.parametrize(("code", "score", "status", "reward", "verify"), [
@@ -112,15 +127,22 @@ def _dies(pid: int) -> bool:
 
 
 def test_a_run_past_its_time_is_a_timeout_and_leaves_nothing_running(tmp_path: Path) -> None:
-    fifo = _fifo(tmp_path / "child.pid")
-    harness = Harness("h", (sys.executable, "-c", SPAWNS, str(tmp_path / "child.pid")),
-                      timeout_s=2.0)
-    run = asyncio.run(run_harness(harness, ENV))
-    assert run.timed_out and run.exit_code is None
-    assert judge(run, "auto").status is TrajectoryStatus.TIMEOUT
-    child = _pid_from(fifo, None)  # (a machine too slow to start it in 2 s never did)
-    if child is not None:
-        assert _dies(child), "the harness's child survived"
+    # The check of the child must run: a machine too slow to start it before the
+    # time is up gets a longer time (four tries, up to 128 s: a bound for a hang).
+    child = None
+    for attempt, timeout_s in enumerate((2.0, 8.0, 32.0, 128.0)):
+        fifo = _fifo(tmp_path / f"child-{attempt}.pid")
+        harness = Harness("h", (sys.executable, "-c", SPAWNS,
+                                str(tmp_path / f"child-{attempt}.pid")), timeout_s=timeout_s)
+        run = asyncio.run(run_harness(harness, ENV))
+        assert run.timed_out and run.exit_code is None
+        assert judge(run, "auto").status is TrajectoryStatus.TIMEOUT
+        child = _pid_from(fifo, None)
+        os.close(fifo)
+        if child is not None:
+            break
+    assert child is not None, "the harness never started its child, even in 128 s"
+    assert _dies(child), "the harness's child survived"
 
 
 def test_a_cancelled_run_kills_the_harness_and_what_it_started(tmp_path: Path) -> None:
@@ -142,9 +164,10 @@ def test_a_cancelled_run_kills_the_harness_and_what_it_started(tmp_path: Path) -
 
 
 def test_a_bad_reward_file_or_a_missing_one_is_the_harness_failing() -> None:
-    run = _run("import os; open(os.environ['TREADLE_REWARD_FILE'], 'w').write('NaN')")
-    assert judge(run, "auto").stage is FailureStage.HARNESS
-    assert judge(_run("pass"), "reward_file").stage is FailureStage.HARNESS
+    run = _run("import os; open(os.environ['TREADLE_REWARD_FILE'], 'w').write('NaN')",
+               TRUSTING)
+    assert judge(run, "reward_file").stage is FailureStage.HARNESS
+    assert judge(_run("pass", TRUSTING), "reward_file").stage is FailureStage.HARNESS
     assert parse_reward("1") == (1.0, {})
     for bad in ["true", '{"reward": "1"}', '{"reward": 1, "rewards": {"a": "x"}}', "1e400"]:
         with pytest.raises(ValueError):
@@ -155,7 +178,7 @@ def test_what_the_harness_leaves_is_read_safely(tmp_path: Path) -> None:
     secret = tmp_path / "secret"
     secret.write_text("host file")
     run = _run(f"import os; os.symlink({str(secret)!r}, os.environ['TREADLE_ANSWER_FILE']);"
-               "os.mkfifo(os.environ['TREADLE_REWARD_FILE'])")
+               "os.mkfifo(os.environ['TREADLE_REWARD_FILE'])", TRUSTING)
     assert run.answer is None and run.reward_file is None  # no host file, no blocking
 
 

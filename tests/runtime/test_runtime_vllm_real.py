@@ -83,11 +83,13 @@ def test_a_multi_turn_trajectory_is_what_vllm_returned(vllm_server: VLLMServer) 
     sampled = [lp for lp, m in zip(seg.logprobs, seg.loss_mask, strict=True) if m]
     assert sampled == r1.logprobs + r2.logprobs + r3.logprobs  # bit for bit
     assert sum(seg.loss_mask) == sum(len(r.output_ids) for r in engine.results)
-    # Each call's prompt was the trajectory so far: prompt + replies + observations.
+    # Each call's prompt was the trajectory so far, id for id: prompt + replies +
+    # observations; and the engine counted those tokens.
+    second = seg.prompt_ids + r1.output_ids + observations[0]
+    assert [request.prompt_ids for request, _ in engine.calls] == [
+        seg.prompt_ids, second, second + r2.output_ids + observations[1]]
     assert [r.prompt_tokens for r in engine.results] == [
-        len(seg.prompt_ids), len(seg.prompt_ids) + len(r1.output_ids) + len(observations[0]),
-        len(seg.prompt_ids) + len(r1.output_ids) + len(observations[0]) +
-        len(r2.output_ids) + len(observations[1])]
+        len(request.prompt_ids) for request, _ in engine.calls]
 
     forced = teacher_forced(vllm_server.model_dir, seg.prompt_ids, seg.response_ids)
     deltas = [abs(f - lp) for f, lp, m in zip(forced, seg.logprobs, seg.loss_mask, strict=True)

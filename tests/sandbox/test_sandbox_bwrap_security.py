@@ -59,6 +59,11 @@ def host_can_fork() -> bool:
     return subprocess.run(["true"], check=False).returncode == 0
 
 
+# Where treadle gets no memory cgroup (docs/sandbox.md, "When the host offers less").
+NO_MEMORY_CGROUP = ("no writable memory cgroup on this host: a v1 memory hierarchy, or a "
+                    "cgroup v2 group delegated to treadle with nothing else in it")
+
+
 def memory_cgroup(backend: SandboxBackend) -> bool:
     """Whether the backend's execs get a memory cgroup (a remote one: this host's bwrap's)."""
     if isinstance(backend, BwrapBackend):
@@ -199,7 +204,9 @@ def test_writes_outside_the_work_dir_fail_and_host_is_unchanged(bwrap: BwrapBack
 
 def test_fork_bomb_is_contained(bwrap: BwrapBackend) -> None:
     result = sh(bwrap, "bomb() { bomb | bomb & }; bomb; wait", timeout_s=2)
-    assert isinstance(result, ExecResult) and result.duration_s < 10
+    # It dies out (forks refused) or its time runs out; either way it is over.
+    assert (result.exit_code, result.killed) in ((0, None), (None, "timeout")), result
+    assert result.duration_s < 10, result
     assert host_can_fork()
     assert wait_until(lambda: not processes_with("bomb()"))
 
@@ -230,7 +237,7 @@ def test_memory_bomb_is_oom_killed_by_the_cgroup(bwrap: BwrapBackend) -> None:
     if not memory_cgroup(bwrap):
         # Without a cgroup nothing but RLIMIT_AS bounds memory; running the bomb
         # with address_space_mb=0 would then exhaust the host.
-        pytest.skip("no writable cgroup v1 memory controller on this host")
+        pytest.skip(NO_MEMORY_CGROUP)
     limits = Limits(cpu_s=5, memory_mb=128, address_space_mb=0, max_processes=64)
     result = sandbox_exec(bwrap, ["tail", "/dev/zero"], limits=limits, timeout_s=8)
     assert result.killed == "memory" and result.exit_code is None, result
@@ -274,9 +281,11 @@ def test_killing_the_parent_or_everything_does_not_reach_the_host(bwrap: BwrapBa
         me, sentinel_pid = os.getpid(), sentinel.pid
         result = sh(bwrap, f"kill -9 {me} {sentinel_pid} 1; kill -9 -1; echo survived",
                     timeout_s=5)
-        assert isinstance(result, ExecResult)  # and we are alive to check it
         assert sentinel.poll() is None, "a host process was killed from inside"
-        assert "survived" in result.stdout or result.killed is not None
+        # No such process for the host's pids and pid 1, none left for -1: the shell
+        # goes on, and the sandbox with it.
+        assert (result.exit_code, result.killed, result.stdout) == (0, None, "survived\n"), \
+            result
     finally:
         sentinel.kill()
         sentinel.wait()
@@ -432,7 +441,7 @@ def test_dev_shm_is_sized_like_tmp_and_dev_is_read_only(bwrap: BwrapBackend) -> 
 
 def test_a_child_killed_by_the_memory_limit_is_reported(bwrap: BwrapBackend) -> None:
     if not memory_cgroup(bwrap):
-        pytest.skip("no writable cgroup v1 memory controller on this host")
+        pytest.skip(NO_MEMORY_CGROUP)
     limits = Limits(cpu_s=5, memory_mb=64, address_space_mb=0, max_processes=16)
     result = sh(bwrap, "tail /dev/zero; echo survived", limits=limits, timeout_s=8)
     assert (result.killed, result.exit_code, result.stdout) == ("memory", 0, "survived\n"), result

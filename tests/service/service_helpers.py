@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import uvicorn
 
@@ -26,3 +27,13 @@ def running_service(config: ServiceConfig) -> Iterator[str]:
     with serving_in_thread(server, sock, name=f"treadle-service-{port}",
                            startup_timeout_s=60):
         yield f"http://127.0.0.1:{port}"
+
+
+def service_schema(config: ServiceConfig) -> dict[str, Any]:
+    """The OpenAPI schema of a service configured so (nothing started)."""
+    service = build_service(config)
+    try:
+        schema: dict[str, Any] = create_app(service).openapi()
+    finally:
+        service.store.store.close()
+    return schema

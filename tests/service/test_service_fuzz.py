@@ -24,8 +24,9 @@ id of a finished job and a quarter of the engine ids by a live engine's, so the
 routes' paths past the 404 are fuzzed too; half of the session ids by an open
 session's (a fresh one for each call that ends a session, so that every end can
 succeed), so the gateway's chat completions are fuzzed past its 404 on a real
-session with emulated engines (OpenAI-shaped errors, never a 5xx). Examples are
-derandomized (same schema, same requests).
+session with emulated engines (OpenAI-shaped errors, never a 5xx); and half of the
+key ids by a trainer key made for the call (so that each revocation can succeed).
+Examples are derandomized (same schema, same requests).
 """
 
 from __future__ import annotations
@@ -43,11 +44,10 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
-from service_helpers import running_service
+from service_helpers import running_service, service_schema
 
 from agent.agent_helpers import build_tokenizer
-from treadle.service.app import create_app
-from treadle.service.state import ServiceConfig, build_service
+from treadle.service.state import ServiceConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TOKEN = "fuzz-token"
@@ -68,17 +68,8 @@ def _config(db: str) -> ServiceConfig:
                          tokenizer=str(TOKENIZER))
 
 
-def _openapi() -> dict[str, Any]:
-    """The schema of an app configured like the one under test (nothing started)."""
-    service = build_service(_config(":memory:"))
-    try:
-        schema: dict[str, Any] = create_app(service).openapi()
-    finally:
-        service.store.store.close()
-    return schema
-
-
-schema = schemathesis.openapi.from_dict(_openapi())
+# The schema of an app configured like the one under test.
+schema = schemathesis.openapi.from_dict(service_schema(_config(":memory:")))
 # Configured, not passed per call: schemathesis's auth probes then know the token is
 # the real one and drop or spoil it to see the 401.
 schema.config.update(headers={"Authorization": f"Bearer {TOKEN}"})
@@ -103,8 +94,13 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
             assert created.status_code == 201, created.text
             return str(created.json()["session_id"])
 
+        def key() -> str:
+            made = client.post("/v1/keys", json={"trainer_run": "fuzz-run"})
+            assert made.status_code == 201, made.text
+            return str(made.json()["key_id"])
+
         yield {"url": url, "client": client, "engines": engines, "session": session,
-               "known_session": session()}
+               "known_session": session(), "key": key}
 
 
 def _aim(case: schemathesis.Case, service: dict[str, Any]) -> None:
@@ -115,8 +111,9 @@ def _aim(case: schemathesis.Case, service: dict[str, Any]) -> None:
     mine = engines[:1] if case.path.endswith("/drain") else engines[1:]
     sessions = [service["session"]() if case.path.endswith("/end")
                 else service["known_session"]]
+    keys = [service["key"]()] if "key_id" in params else []  # one to revoke, each time
     for name, known in (("job_id", [KNOWN_JOB]), ("engine_id", mine),
-                        ("session_id", sessions)):
+                        ("session_id", sessions), ("key_id", keys)):
         value = params.get(name)
         if isinstance(value, str) and known:
             pick = zlib.crc32(value.encode())

@@ -119,8 +119,17 @@ def test_a_multi_turn_tool_conversation_is_recorded_token_exact(gateway: Gateway
         "<|im_start|>assistant\n")
     assert seg.response_ids == r1 + observation + r2
     assert seg.loss_mask == [1] * len(r1) + [0] * len(observation) + [1] * len(r2)
-    assert seg.logprobs[:len(r1)] == [-0.1 * (i + 1) for i in range(len(r1))]
+    assert seg.logprobs == [-0.1 * (i + 1) for i in range(len(r1))] + [0.0] * len(
+        observation) + [-0.1 * (i + 1) for i in range(len(r2))]  # both replies', exactly
     assert [t.tool_call.name if t.tool_call else None for t in traj.turns] == ["python", None]
+
+
+def _runs(mask: list[int]) -> list[tuple[int, int]]:
+    """The [start, end) spans of the mask's runs of 1 (the model's replies)."""
+    edges = [0, *mask, 0]
+    starts = [i for i in range(len(mask)) if edges[i + 1] and not edges[i]]
+    ends = [i for i in range(1, len(mask) + 1) if edges[i] and not edges[i + 1]]
+    return list(zip(starts, ends, strict=True))
 
 
 def test_what_the_gateway_cannot_honour_is_a_400_naming_the_parameter(
@@ -214,7 +223,13 @@ def test_stop_strings_and_one_call_replies_are_cut_where_the_model_stops(
     assert gateway.tok.decode([r for m, r in zip(seg.loss_mask, seg.response_ids,
                                                  strict=True) if m]).count("</tool_call>") == 1
     assert "and more" not in gateway.tok.decode(seg.response_ids)
-    assert len(kept) < len(gateway.fake.replies[0]) + len(gateway.fake.replies[1])
+    # Each reply's sampled run is a strict prefix of what the engine returned, with
+    # the engine's logprobs: cut, never re-encoded.
+    runs = _runs(seg.loss_mask)
+    assert len(runs) == 2 and sum(j - i for i, j in runs) == len(kept)
+    for (i, j), reply in zip(runs, gateway.fake.replies, strict=True):
+        assert 0 < j - i < len(reply) and seg.response_ids[i:j] == reply[:j - i], (i, j)
+        assert seg.logprobs[i:j] == [-0.1 * (k + 1) for k in range(j - i)], (i, j)
 
 
 def test_a_second_call_while_one_runs_is_409_and_an_engine_failure_is_503(

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from service_helpers import running_service
@@ -35,10 +35,15 @@ def test_the_docs_example_runs_as_written(tmp_path: Path,
             monkeypatch.setenv("TREADLE_URL", url)
             monkeypatch.setenv("TREADLE_TOKEN", "docs-token")
             out = io.StringIO()
+            scope: dict[str, Any] = {"__name__": "docs_example"}
             with contextlib.redirect_stdout(out):
-                exec(compile(example, str(DOC), "exec"), {"__name__": "docs_example"})
+                exec(compile(example, str(DOC), "exec"), scope)
     printed = out.getvalue().splitlines()
     assert printed[0] == "reply: 42"
     assert printed[1] == (f"prompt tokens: {len(fake.requests[0]['prompt'])} "
                           f"sampled: {len(fake.reply_ids or [])}")
-    assert os.environ.get("TREADLE_URL") == url
+    # The segment the example read is the engine's one call, token for token.
+    reply, segment = fake.reply_ids or [], scope["segment"]
+    assert len(fake.requests) == 1 and segment.prompt_ids == fake.requests[0]["prompt"]
+    assert segment.response_ids == reply and segment.loss_mask == [1] * len(reply)
+    assert segment.logprobs == [-0.1 * (i + 1) for i in range(len(reply))]

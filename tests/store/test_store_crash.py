@@ -19,18 +19,24 @@ HERE = Path(__file__).parent
 PLANNED = 50 * 16
 
 
-def _run_child(db: Path, kill_after: int | None) -> list[tuple[int, str]]:
-    """Run the child; SIGKILL it once it has reported `kill_after` finishes."""
+def _run_child(db: Path, kill_after: int | None,
+               hold: bool = False) -> list[tuple[int, str]]:
+    """Run the child; SIGKILL it once it has reported `kill_after` finishes (with
+    `hold`, once it has then started one more trajectory and holds it in flight)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), *sys.path])}
-    proc = subprocess.Popen([sys.executable, str(HERE / "store_crash_child.py"), str(db), "job"],
-                            stdout=subprocess.PIPE, text=True, env=env)
+    held = [] if not hold or kill_after is None else [str(kill_after)]
+    proc = subprocess.Popen([sys.executable, str(HERE / "store_crash_child.py"), str(db), "job",
+                             *held], stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdout is not None
     reported: list[tuple[int, str]] = []
     try:
         for line in proc.stdout:
             seq, tid = line.split()
+            if seq == "running":  # its start committed, its finish will not come
+                proc.send_signal(signal.SIGKILL)
+                break
             reported.append((int(seq), tid))
-            if kill_after is not None and len(reported) >= kill_after:
+            if kill_after is not None and len(reported) >= kill_after and not hold:
                 # The child is still writing flat out: the kill lands anywhere,
                 # inside a transaction or between two.
                 proc.send_signal(signal.SIGKILL)
@@ -86,8 +92,14 @@ def test_kill_9_mid_job_then_resume(tmp_path: Path) -> None:
         assert reported[0][0] == delivered + 1  # the resumed run continues the numbering
         delivered = _check_consistent(db, reported)
         assert delivered >= reported[-1][0]
+    # Those kills land anywhere, between two transactions too, where nothing is in
+    # flight; this one lands with a trajectory started and not finished.
+    reported = _run_child(db, 5, hold=True)
+    assert [seq for seq, _ in reported] == list(range(delivered + 1, delivered + 6))
+    delivered = _check_consistent(db, reported)
     with Store(db) as store:
         in_flight = [s for s in store.unfinished("job") if s.status is TrajectoryStatus.RUNNING]
+    assert len(in_flight) == 1, in_flight
     reported = _run_child(db, None)  # finish the job
     assert [seq for seq, _ in reported] == list(range(delivered + 1, PLANNED + 1))
     assert _check_consistent(db, reported) == PLANNED

@@ -30,7 +30,7 @@ from treadle.types import (
 def test_v2_round_trip_keeps_every_new_field() -> None:
     for t in (parent(), frozen_child(0), frozen_child(1)):
         record = trajectory_to_record(t)
-        assert record["version"] == RECORD_VERSION == 2
+        assert record["version"] == RECORD_VERSION == 3
         back = loads_record(dumps_record(record))
         assert back == t and trajectory_from_record(record) == t
         assert dumps_record(trajectory_to_record(back)) == dumps_record(record)
@@ -74,9 +74,9 @@ def test_a_v1_record_reads_with_the_defaults() -> None:
     assert [(s.start_turn, s.start_reason) for s in t.segments] == [(0, "start"), (0, "start")]
     assert t.reward == 0.5 and t.segments[0].logprobs == [-0.5, -1.0, 0.0]
     assert loads_record(json.dumps(v1_record())) == t
-    # Written again it is a version 2 record, which reads back the same.
+    # Written again it is a current record, which reads back the same.
     again = trajectory_to_record(t)
-    assert again["version"] == 2 and trajectory_from_record(again) == t
+    assert again["version"] == 3 and trajectory_from_record(again) == t
 
 
 def test_a_v1_record_may_not_have_v2_fields() -> None:
@@ -93,9 +93,9 @@ def test_a_v1_record_may_not_have_v2_fields() -> None:
 
 def test_an_unknown_version_is_refused_before_its_fields() -> None:
     record = trajectory_to_record(parent())
-    record.update(version=3, subagent_tree={})
-    with pytest.raises(RecordError, match=r"version: 3 is not a record version this treadle "
-                                          r"reads \(it reads 1 and 2\)"):
+    record.update(version=4, subagent_tree={})
+    with pytest.raises(RecordError, match=r"version: 4 is not a record version this treadle "
+                                          r"reads \(it reads 1, 2 and 3\)"):
         trajectory_from_record(record)
     del record["version"], record["subagent_tree"]
     with pytest.raises(RecordError, match="record: missing field\\(s\\) 'version'"):

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,6 +32,27 @@ SCRIPT = Path(__file__).with_name("skyrl_script.py")
 SAMPLES, TEMPERATURE, MAX_GENERATE_LENGTH = 3, 0.7, 48
 UIDS = [uid for uid in ("0", "1", "2") for _ in range(SAMPLES)]
 SHUFFLE = [7, 0, 4, 8, 3, 1, 5, 2, 6]  # the input order of the script's last run
+
+
+def check_rows_against_the_engine(out: dict[str, Any], fake: FakeVLLMServer, job: str,
+                                  reply: list[int]) -> None:
+    """Each row, token by token, is the one call of its trajectory: the prompt the
+    engine was sent, its reply's ids at mask 1 and the reply's logprobs. Row k of a
+    uid (in output order, which is the input's) is repetition k of group
+    ``{job}/{uid}``: the trajectory ``{job}/{uid}/{k}`` of the engine's request ids."""
+    sent = {str(body["request_id"]).split(":")[0]: (body["prompt"], ids)
+            for body, ids in zip(fake.requests, fake.replies, strict=True)}
+    taken: dict[str, int] = {}
+    for i, uid in enumerate(out["uids"]):
+        k = taken.get(uid, 0)
+        taken[uid] = k + 1
+        prompt, ids = sent[f"{job}/{uid}/{k}"]
+        assert ids == reply
+        assert out["prompt_token_ids"][i] == prompt, (job, uid, k)
+        assert out["response_ids"][i] == ids, (job, uid, k)
+        assert out["loss_masks"][i] == [1] * len(ids), (job, uid, k)
+        assert out["rollout_logprobs"][i] == [-0.1 * (j + 1) for j in range(len(ids))], \
+            (job, uid, k)
 
 
 def test_the_docs_generator_gives_skyrl_its_own_uids_in_both_modes(tmp_path: Path) -> None:
@@ -79,6 +101,14 @@ def test_the_docs_generator_gives_skyrl_its_own_uids_in_both_modes(tmp_path: Pat
     assert shuffled["uids"] == [UIDS[i] for i in SHUFFLE]
     assert shuffled["repetitions"] == [i % SAMPLES for i in SHUFFLE]
     assert shuffled["rewards"] == [rewards[UIDS[i]] for i in SHUFFLE]
+    # The rows are the engine's prompts and replies, token by token; the jobs ran in
+    # the order plain, step-wise, shuffled.
+    jobs = list(dict.fromkeys(str(body["request_id"]).split(":")[0].rsplit("/", 2)[0]
+                              for body in fake.requests))
+    assert len(jobs) == 3
+    for job, mode in zip(jobs, ("plain", "step_wise", "shuffled"), strict=True):
+        check_rows_against_the_engine(result[mode], fake, job, reply)
+    assert result["step_wise"]["is_last_step"] == [True] * len(UIDS)
     # Three jobs of 9 trajectories, one turn each, sampled as SkyRL's config says.
     assert len(fake.requests) == 3 * len(UIDS)
     assert {r["temperature"] for r in fake.requests} == {TEMPERATURE}

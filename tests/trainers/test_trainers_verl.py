@@ -6,9 +6,12 @@ endpoints here) with a tiny model's tokenizer; verl's side runs in .venv-verl
 (tests/trainers/verl_script.py), configured with the docs' overrides (docs/trainers.md,
 "verl") and fed the docs' dataset snippet. It checks the rollout manager's DataProto
 with verl's own code (its AgentLoopOutput model, DataProto's consistency check, and
-its agent loop worker's batching of the same records, tensor by tensor), runs fit's
-join, GRPO advantages and a policy update with verl's loss on CPU, a harness whose
-trajectories have two segments, and two weight pushes through the service's barrier.
+its agent loop worker's batching, tensor by tensor, of records built from the job's
+trajectories without treadle's converter: verl_expected.py), and here against what
+the scripted engine was sent and sampled, row by row and token by token; it runs
+fit's join, GRPO advantages and a policy update with verl's loss on CPU, a harness
+whose trajectories have two segments (or one with an observation inside), and two
+weight pushes through the service's barrier.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import json
 import os
 import re
 import shlex
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -51,6 +55,7 @@ class ReloadingVLLM(FakeVLLMServer):
     def __init__(self, right: list[int], wrong: list[int]) -> None:
         super().__init__()
         self.reloads: list[str] = []  # weights_path of each reload_weights
+        self.sampled: dict[str, tuple[list[int], list[float]]] = {}  # request id -> reply
         self.versions: list[str] = []  # each update_weight_version
         self.pauses = 0
         # The base class's completions route replies one way; this one by repetition.
@@ -65,6 +70,7 @@ class ReloadingVLLM(FakeVLLMServer):
             repetition = int(str(body["request_id"]).split(":")[0].rsplit("/", 1)[1])
             ids = (right if repetition % 2 == 0 else wrong)[:body["max_tokens"]]
             lps = [-0.1 * (i + 1) for i in range(len(ids))]
+            self.sampled[str(body["request_id"])] = (ids, lps)
             choice = {"index": 0, "text": "x" * len(ids), "finish_reason": "stop",
                       "stop_reason": None, "token_ids": ids, "prompt_token_ids": body["prompt"],
                       "logprobs": {"tokens": [str(t) for t in ids], "token_logprobs": lps,
@@ -131,13 +137,78 @@ def with_test_values(overrides: list[str], values: dict[str, str]) -> list[str]:
     return out + [f"{k}={v}" for k, v in values.items()]
 
 
+def float32(x: float) -> float:
+    """`x` as verl's float32 logprob tensor holds it."""
+    value: float = struct.unpack("f", struct.pack("f", x))[0]
+    return value
+
+
+Call = tuple[list[int], list[int], list[float]]  # prompt sent, ids sampled, their logprobs
+
+
+def check_rows_against_the_engine(rows: list[dict[str, Any]], fake: ReloadingVLLM,
+                                  segments: str, right: list[int]) -> None:
+    """Every row of the manager's batch, padding removed, is what the scripted engine
+    was sent and sampled. A trajectory's calls, in order, make its rows: a row's
+    prompt is the prompt of its first call; each reply follows at mask 1 with its
+    logprobs; the tokens up to where the next call's prompt ends (the observation
+    the context was extended with) are at mask 0 with logprob 0.0; a call whose
+    prompt does not extend the row so far opens the next row (a new segment); with
+    "last" a trajectory's row is its last segment. The reward is the last reply's
+    (1 for the right answer). An excluded trajectory's row trains nothing."""
+    calls: dict[str, list[Call]] = {}
+    for body in fake.requests:  # in arrival order: a trajectory's calls in turn order
+        request_id = str(body["request_id"])
+        ids, lps = fake.sampled[request_id]
+        calls.setdefault(request_id.split(":")[0], []).append((body["prompt"], ids, lps))
+    by_trajectory: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_trajectory.setdefault(row["trajectory_id"], []).append(row)
+    for tid, mine in by_trajectory.items():
+        if mine[0]["excluded"]:
+            for row in mine:
+                assert set(row["response_mask"]) <= {0}, row
+                assert set(row["rollout_log_probs"]) <= {0.0}, row
+            continue
+        pending = list(calls[tid])
+        if segments == "last":  # its calls from the one that opened the last segment
+            prompt = mine[-1]["prompt_ids"]
+            pending = pending[max(i for i, c in enumerate(pending) if c[0] == prompt):]
+        for row in mine:
+            check_row(tid, row, pending)
+            assert row["reward"] == (1.0 if calls[tid][-1][1] == right else 0.0), tid
+        assert not pending, (tid, "calls left without a row")
+
+
+def check_row(tid: str, row: dict[str, Any], pending: list[Call]) -> None:
+    """Takes the calls of `row` off the front of `pending`, checking the row against them."""
+    prompt, response = row["prompt_ids"], row["response_ids"]
+    mask, lps = row["response_mask"], row["rollout_log_probs"]
+    assert pending and pending[0][0] == prompt, (tid, "no call was sent this row's prompt")
+    at = 0
+    while pending and pending[0][0] == prompt + response[:at]:
+        _sent, ids, sampled = pending.pop(0)
+        end = at + len(ids)
+        assert (response[at:end], mask[at:end]) == (ids, [1] * len(ids)), (tid, at)
+        assert lps[at:end] == [float32(lp) for lp in sampled], (tid, at)
+        at = end
+        # The observation: up to the end of the next call's prompt, if that call goes on
+        # from this row's context; else the rest of the row.
+        goes_on = bool(pending) and pending[0][0][:len(prompt) + at] == prompt + response[:at]
+        upto = len(pending[0][0]) - len(prompt) if goes_on else len(response)
+        assert (mask[at:upto], lps[at:upto]) == ([0] * (upto - at), [0.0] * (upto - at)), \
+            (tid, at)
+        at = upto
+    assert at == len(response), (tid, "tokens after the last call", response[at:])
+
+
 def test_verl_rollouts_and_weights_through_treadle(tmp_path: Path) -> None:
     python = trainer_python("verl")
     model = build(tmp_path / "model")
     tok = HFTokenizer(model)
     end = tok.token_id("<|im_end|>")
-    fake = ReloadingVLLM([*tok.encode("the answer is \\boxed{4}"), end],
-                         [*tok.encode("the answer is \\boxed{7}"), end])
+    right = [*tok.encode("the answer is \\boxed{4}"), end]
+    fake = ReloadingVLLM(right, [*tok.encode("the answer is \\boxed{7}"), end])
     overrides, snippet = docs_verl()
     work = tmp_path / "work"
     (work / "gsm8k").mkdir(parents=True)
@@ -155,7 +226,7 @@ def test_verl_rollouts_and_weights_through_treadle(tmp_path: Path) -> None:
                 "actor_rollout_ref.model.path": str(model),
                 "actor_rollout_ref.rollout.name": "vllm",
                 "actor_rollout_ref.rollout.n": "2",
-                "data.max_prompt_length": "1024", "data.max_response_length": "32",
+                "data.max_prompt_length": "1024", "data.max_response_length": "96",
                 "data.train_batch_size": "3",
                 "actor_rollout_ref.actor.ppo_mini_batch_size": "3",
                 "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "2",
@@ -177,6 +248,14 @@ def test_verl_rollouts_and_weights_through_treadle(tmp_path: Path) -> None:
     loop = report["agent_loop"]
     assert (loop["rows_in"], loop["rows_out"], loop["max_segments"]) == (6, 6, 1)
     assert loop["rewards"] == [0.0, 1.0] and loop["min_policy_version"] == 0
+    # Token for token what the engine was sent and sampled (verl_script.py also checks
+    # the batch against verl's own batching of the same trajectories).
+    for name, segments in (("agent_loop", "all"), ("harness_all", "all"),
+                           ("harness_last", "last")):
+        check_rows_against_the_engine(report[name]["rows"], fake, segments, right)
+    # (the harness's conversations have observation tokens inside a trained response)
+    assert any(0 in r["response_mask"] and not r["excluded"]
+               for r in report["harness_all"]["rows"])
     step = report["training_step"]
     assert step["nonzero_advantages"] > 0 and step["params_changed"] > 0
     # A harness that rewrote its prompt: two segments, two rows, one uid...

@@ -9,7 +9,10 @@ It does what verl's RayPPOTrainer does around the rollout manager, with verl's o
 code wherever verl has it (config composition, RLHFDataset, `_get_gen_batch`,
 `repeat`, `union`, `compute_advantage`, the policy loss), and checks the manager's
 output with verl's own checks and against verl's own `AgentLoopWorker` batching of
-the same records. Every check is an assert; the findings go to REPORT as JSON.
+records built from the job's trajectories by verl_expected.py (never by treadle's
+converter, the code under test). Every check is an assert; the findings go to REPORT
+as JSON, with each row of the manager's batch for the test to compare with its
+engine.
 """
 
 from __future__ import annotations
@@ -35,9 +38,9 @@ from verl.trainer.ppo.reward import extract_reward
 from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.dataset.rl_dataset import collate_fn
 from verl.utils.torch_functional import logprobs_from_logits
+from verl_expected import expected_records, wire_records
 
 from treadle.client import RolloutClient
-from treadle.client.verl import plan_step, rows_in_order, step_records
 from treadle.client.verl_manager import (
     TreadleAgentLoopManager,
     TreadleCheckpointManager,
@@ -109,17 +112,17 @@ def check_against_verl(config: Any, manager: TreadleAgentLoopManager, gen: DataP
     n = len(out)
     assert out.batch["prompts"].shape == (n, P) and out.batch["responses"].shape == (n, R)
     assert out.batch["input_ids"].shape == out.batch["attention_mask"].shape == (n, P + R)
-    # The same trajectories, fetched again and converted by treadle's converter.
+    # The same trajectories, fetched again as plain JSON and turned into records here,
+    # without treadle's converter (verl_expected.py), then batched by verl's own code.
     inputs = {k: v for k, v in gen.non_tensor_batch.items()}
     uids = [str(u) for u in inputs["uid"]]
-    plan = plan_step(uids, list(inputs["treadle_task"]))
-    with RolloutClient(manager.settings.url, token=os.environ.get("TREADLE_TOKEN")) as client:
-        delivered = [d.trajectory for d in client.trajectories(manager.last_job_id)]
-    rows = rows_in_order(plan, manager.last_job_id, delivered)
-    step = step_records(rows, segments=segments)  # type: ignore[arg-type]
-    for record in step.records:
+    job_id = manager.last_job_id
+    assert job_id is not None
+    trajectories = wire_records(manager.settings.url, os.environ.get("TREADLE_TOKEN"), job_id)
+    records, rows = expected_records(job_id, uids, trajectories, segments, R)
+    for record in records:
         AgentLoopOutput(**record)  # verl's pydantic model validates every record
-    ref = verl_reference(config, step.records, step.rows, inputs)
+    ref = verl_reference(config, records, rows, inputs)
     assert set(out.batch.keys()) == set(ref.batch.keys()), (out.batch.keys(), ref.batch.keys())
     for key in ref.batch.keys():  # noqa: SIM118 (a TensorDict iterates over rows)
         assert out.batch[key].dtype == ref.batch[key].dtype, key
@@ -130,7 +133,7 @@ def check_against_verl(config: Any, manager: TreadleAgentLoopManager, gen: DataP
     assert ours - theirs == set(), ours - theirs
     for key in theirs - {"min_global_steps", "max_global_steps"}:
         assert _deep_equal(out.non_tensor_batch[key], ref.non_tensor_batch[key], set()), key
-    for i, r in enumerate(step.records):
+    for i, r in enumerate(records):
         versions = [v for v, m in zip(r["extra_fields"]["treadle_policy_versions"],
                                       r["response_mask"], strict=True) if m]
         assert out.non_tensor_batch["min_global_steps"][i] == (min(versions) if versions
@@ -152,7 +155,26 @@ def check_against_verl(config: Any, manager: TreadleAgentLoopManager, gen: DataP
                 for t in by_trajectory),
             "excluded": sorted({str(x) for x in out.non_tensor_batch["treadle_excluded"]
                                 if x is not None}),
-            "rewards": sorted({float(x) for x in out.batch["rm_scores"].sum(-1)})}
+            "rewards": sorted({float(x) for x in out.batch["rm_scores"].sum(-1)}),
+            "rows": batch_rows(out, P)}
+
+
+def batch_rows(out: DataProto, P: int) -> list[dict[str, Any]]:
+    """Each row of the manager's batch with its padding taken off, for the test to
+    compare with what its scripted engine was sent and sampled."""
+    rows = []
+    for i in range(len(out)):
+        attention = out.batch["attention_mask"][i].bool()
+        kept = attention[P:]
+        rows.append({
+            "trajectory_id": str(out.non_tensor_batch["treadle_trajectory_id"][i]),
+            "prompt_ids": out.batch["prompts"][i][attention[:P]].tolist(),
+            "response_ids": out.batch["responses"][i][kept].tolist(),
+            "response_mask": out.batch["response_mask"][i][kept].tolist(),
+            "rollout_log_probs": out.batch["rollout_log_probs"][i][kept].tolist(),
+            "reward": float(out.batch["rm_scores"][i].sum()),
+            "excluded": out.non_tensor_batch["treadle_excluded"][i] is not None})
+    return rows
 
 
 def union_as_fit(config: Any, batch: DataProto, out: DataProto) -> DataProto:

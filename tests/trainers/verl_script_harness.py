@@ -6,7 +6,8 @@ depends on the task's question.
   first call's (the harness rewrote its prompt), which the gateway records as a new
   token segment ("system_changed"): the trajectory has two segments;
 - one containing "crash": exits 3 before any call (an infrastructure failure);
-- any other: one call, one segment.
+- any other: two calls of one conversation (the second adds the first reply and a
+  user's question), one segment whose response has the question at mask 0.
 
 It writes the last reply's text to $TREADLE_ANSWER_FILE for the suite to score, and
 uses httpx only (what the service's environment has).
@@ -37,10 +38,14 @@ def main() -> int:
     with httpx.Client(base_url=os.environ["OPENAI_BASE_URL"], timeout=60,
                       headers={"authorization": f"Bearer {os.environ['OPENAI_API_KEY']}"}
                       ) as client:
-        answer = chat(client, [{"role": "user", "content": prompt}])
+        messages = [{"role": "user", "content": prompt}]
+        answer = chat(client, messages)
         if "edit" in prompt:
             answer = chat(client, [{"role": "system", "content": "Answer briefly."},
-                                   {"role": "user", "content": prompt}])
+                                   *messages])
+        else:  # the conversation goes on: one segment, the question between at mask 0
+            answer = chat(client, [*messages, {"role": "assistant", "content": answer},
+                                   {"role": "user", "content": "Are you sure?"}])
     with open(os.environ["TREADLE_ANSWER_FILE"], "w", encoding="utf-8") as f:
         f.write(answer)
     return 0

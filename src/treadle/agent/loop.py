@@ -65,7 +65,15 @@ from treadle.clock import MONOTONIC, Clock
 from treadle.engines.errors import EngineError
 from treadle.envs.base import Episode
 from treadle.errors import TreadleError
-from treadle.types import FailureStage, GroupKey, ToolCall, Trajectory, TrajectoryStatus, Turn
+from treadle.types import (
+    FailureStage,
+    GroupKey,
+    RewardSource,
+    ToolCall,
+    Trajectory,
+    TrajectoryStatus,
+    Turn,
+)
 
 log = logging.getLogger(__name__)
 
@@ -241,6 +249,7 @@ async def _score(episode: Episode, traj: Trajectory, answer: str | None, stop: _
     except TreadleError as e:
         return _Stop(TrajectoryStatus.ERROR, f"eval: {type(e).__name__}: {e}", FailureStage.EVAL)
     traj.reward = result.reward
+    traj.reward_source = RewardSource.VERIFIER
     traj.metrics = dict(result.metrics)
     return stop
 

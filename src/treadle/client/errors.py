@@ -11,9 +11,11 @@
         │                            caller declared (more members than its size;
         │                            also a ValueError)
         ├── ServiceError             the service answered with an error status:
-        │                            `status` (401 bad token, 404 unknown job or
-        │                            engine, 409 job id taken, 413 body too large,
-        │                            422 bad request, 503 busy) and its `detail`
+        │                            `status` (401 bad key, 403 a key's scope does
+        │                            not cover the route, 404 unknown job or engine
+        │                            — or another trainer run's —, 409 job id taken,
+        │                            413 body too large, 422 bad request, 503 busy)
+        │                            and its `detail`
         ├── ServiceUnavailable       the service could not be reached, or a stream
         │                            could not be resumed, within the retries;
         │                            `attempts` and the last `cause`

@@ -6,6 +6,10 @@
             batch = group.batch()                  # infrastructure failures dropped
             ...
 
+`token` is the key the client speaks with: the service token (the admin's) or a
+trainer key, which sees its own run's jobs only (another run's job is a
+ServiceError 404) and pushes its own run's weights only (docs/security.md).
+
 One method per route of `treadle.service.app` (its docstring lists them); answers
 are the dataclasses of `treadle.client.wire`, error answers `ServiceError` (status
 and detail), and a service that cannot be reached `ServiceUnavailable` after the

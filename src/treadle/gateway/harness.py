@@ -1,8 +1,8 @@
 """Running an agent harness for one session, and what its run says about the episode.
 
     harness = Harness("mini", ("python", "my_agent.py"), timeout_s=600)
-    run = await run_harness(harness, HarnessEnv(base_url, api_key, session_id, task))
-    verdict = judge(run, score="auto")
+    run = await run_harness(harness, HarnessEnv(base_url, session_key, session_id, task))
+    verdict = judge(run, score="verifier")
 
 `run_harness` starts the command as a subprocess of its own (a new session and
 process group, killed with treadle if treadle dies) in a fresh private work
@@ -13,7 +13,9 @@ these — an unmodified OpenAI-based harness needs only the first two:
 =====================  =========================================================
 OPENAI_BASE_URL        the session's gateway URL (also OPENAI_API_BASE, which
                        litellm and older SDKs read)
-OPENAI_API_KEY         the service's token ("treadle" when it has none)
+OPENAI_API_KEY         the session's own key: it opens this session's OpenAI
+                       routes and nothing else, and dies with the session (never
+                       the service's token)
 TREADLE_SESSION_ID     the session
 TREADLE_TASK           the task as JSON: ``{"task_id", "prompt", "tools"}`` (the
                        suite's tool specs); never its hidden data (answers, tests)
@@ -21,7 +23,8 @@ TREADLE_TASK_FILE      the same JSON in a file (also written to the harness's st
 TREADLE_ANSWER_FILE    where the harness may write its final answer (a suite's
                        verifier scores it; else the session's last reply)
 TREADLE_REWARD_FILE    where the harness may write its own reward: a number, or
-                       ``{"reward": x, "rewards": {name: value}}``
+                       ``{"reward": x, "rewards": {name: value}}``; read only
+                       when the job's score is ``reward_file``
 =====================  =========================================================
 
 Limits: the whole run must end within `timeout_s` (then the process group is
@@ -29,7 +32,8 @@ killed), address space `max_memory_mb` and CPU time `max_cpu_s` per process
 (rlimits). A harness is not sandboxed by treadle: it must reach the gateway over
 the network, and it runs its own tools (a harness that can, like mini-swe-agent
 with bubblewrap, sandboxes its commands itself). Treat harness commands as
-trusted code configured by the operator; a job only names one.
+trusted code configured by the operator; a job only names one. What the model
+makes the harness run is not trusted: docs/security.md.
 
 `judge` turns the run into the episode's outcome. The rule that keeps training
 data honest: a harness that *crashes* is an infrastructure failure (status error,
@@ -46,10 +50,24 @@ signal                 in the reason (Python exits 1 on an uncaught exception,
 timeout                status timeout, scored like a finished run
 =====================  =========================================================
 
-Scores: ``reward_file`` (the file must be there and valid, else a harness
-failure), ``verifier`` (the suite's reward on the final answer), ``exit_code``
-(exit 0 is 1.0, exit 1 is 0.0), ``auto`` (the reward file if written, else the
-verifier).
+Scores, and what each trusts (`Verdict.source` names it, and the record keeps it):
+
+- ``verifier`` (the default): the suite's verifier on the final answer, in a fresh
+  episode with the task's hidden data. It trusts nothing the run writes but the
+  answer, which is the policy's to give. ``auto`` is read as ``verifier`` (it once
+  preferred the reward file: jobs stored with it run the same way).
+- ``exit_code``: exit 0 is 1.0, exit 1 is 0.0. It trusts the harness command's
+  exit status: the operator's command (a test runner judging the work), which a
+  model-written command can sway only by what it changes in what that command
+  checks.
+- ``reward_file``: the harness's own word, ``TREADLE_REWARD_FILE`` (it must be
+  there and valid, else a harness failure). It trusts the harness *and everything
+  it runs*: a command the harness runs in its own environment (same user, same
+  files) can write that file as well as the harness can, so take it only from a
+  harness that runs its model's commands in a sandbox that cannot reach the file
+  (the example harness's bubblewrap does not mount the work directory). treadle
+  cannot check that it does: choosing this score is the job's statement that it
+  trusts the harness.
 """
 
 from __future__ import annotations
@@ -71,9 +89,9 @@ from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
 from treadle.runtime.launcher import die_with_parent
-from treadle.types import FailureStage, TrajectoryStatus
+from treadle.types import FailureStage, RewardSource, TrajectoryStatus
 
-Score = Literal["auto", "verifier", "reward_file", "exit_code"]
+Score = Literal["verifier", "exit_code", "reward_file", "auto"]
 STDERR_TAIL = 2000  # characters of a crashed harness's stderr kept in the reason
 # The service's environment variables a harness inherits (`Harness.env` adds more).
 PASSED_ENV = frozenset({"PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR",
@@ -97,9 +115,10 @@ class HarnessEnv:
     """What one run is told."""
 
     base_url: str  # the session's OpenAI base URL
-    api_key: str  # the service's token
+    api_key: str  # the session's key (never the service's token)
     session_id: str
     task: Mapping[str, Any]  # {"task_id", "prompt", "tools"}: nothing hidden
+    reads_reward: bool = False  # the job scores by the reward file: read it after the run
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +131,9 @@ class HarnessRun:
     seconds: float  # wall time
     stderr_tail: str  # the last STDERR_TAIL characters of its stderr
     answer: str | None  # what it wrote to TREADLE_ANSWER_FILE
-    reward_file: str | None  # what it wrote to TREADLE_REWARD_FILE (unparsed)
+    # What it wrote to TREADLE_REWARD_FILE (unparsed); None when not read (the job's
+    # score is not reward_file) or not written.
+    reward_file: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +146,7 @@ class Verdict:
     reward: float | None = None  # set when the run says it
     rewards: dict[str, float] = field(default_factory=dict)
     verify: bool = False  # the suite's verifier must score the final answer
+    source: RewardSource | None = None  # what scored it (the verifier once it has)
 
 
 async def run_harness(harness: Harness, env: HarnessEnv) -> HarnessRun:
@@ -171,7 +193,7 @@ async def run_harness(harness: Harness, env: HarnessEnv) -> HarnessRun:
             signal=-code if code is not None and code < 0 and not timed_out else None,
             timed_out=timed_out, seconds=time.monotonic() - started,
             stderr_tail=tail, answer=_read(work / "answer.txt"),
-            reward_file=_read(work / "reward.json"))
+            reward_file=_read(work / "reward.json") if env.reads_reward else None)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -187,19 +209,21 @@ def judge(run: HarnessRun, score: Score) -> Verdict:
         tail = run.stderr_tail.strip()
         return Verdict(TrajectoryStatus.ERROR, f"harness: crashed ({how})"
                        + (f": {tail}" if tail else ""), FailureStage.HARNESS)
-    if score == "exit_code" and not run.timed_out:
-        return Verdict(finished.status, finished.reason, reward=float(run.exit_code == 0))
-    if run.reward_file is not None and score in ("auto", "reward_file"):
+    if score == "exit_code":  # (timed out: no exit code, so 0)
+        return Verdict(finished.status, finished.reason,
+                       reward=float(run.exit_code == 0 and not run.timed_out),
+                       source=RewardSource.EXIT_CODE)
+    if score == "reward_file":
+        if run.reward_file is None:
+            return Verdict(TrajectoryStatus.ERROR, "harness: it wrote no reward file",
+                           FailureStage.HARNESS)
         try:
             reward, rewards = parse_reward(run.reward_file)
         except ValueError as e:
             return Verdict(TrajectoryStatus.ERROR, f"harness: {e}", FailureStage.HARNESS)
-        return Verdict(finished.status, finished.reason, reward=reward, rewards=rewards)
-    if score == "reward_file":
-        return Verdict(TrajectoryStatus.ERROR, "harness: it wrote no reward file",
-                       FailureStage.HARNESS)
-    if score == "exit_code":  # timed out: no exit code to score
-        return Verdict(finished.status, finished.reason, reward=0.0)
+        return Verdict(finished.status, finished.reason, reward=reward, rewards=rewards,
+                       source=RewardSource.REWARD_FILE)
+    # verifier (and auto, its old name's): nothing the run wrote but its answer counts.
     return Verdict(finished.status, finished.reason, verify=True)
 
 

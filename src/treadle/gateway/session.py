@@ -156,7 +156,7 @@ class Session:
         self.spec = spec
         self.fmt = chat_format(spec.chat_format)
         self.tokenizer = tokenizer
-        self._runtime = runtime
+        self._runtime = runtime  # its engines say what structured output they serve
         self._clock = clock
         self.trajectory = Trajectory(
             spec.trajectory_id, spec.key, task_id=spec.task_id,
@@ -410,8 +410,8 @@ def no_call_served(traj: Trajectory) -> None:
         return
     traj.reason = (f"harness: no call was served before the session ended "
                    f"({traj.status.value}" + (f": {traj.reason})" if traj.reason else ")"))
-    traj.status, traj.failure_stage, traj.reward = (TrajectoryStatus.ERROR,
-                                                    FailureStage.HARNESS, None)
+    traj.status, traj.failure_stage = TrajectoryStatus.ERROR, FailureStage.HARNESS
+    traj.reward = traj.reward_source = None
 
 
 __all__ = ["CallRequest", "CallResult", "Session", "SessionLimits", "SessionSpec",

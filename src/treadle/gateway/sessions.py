@@ -33,7 +33,7 @@ from treadle.errors import ServiceBusy
 from treadle.gateway.errors import SessionBusy, SessionEnded, UnknownSession
 from treadle.gateway.session import CallRequest, CallResult, Session, SessionSpec
 from treadle.runtime.driver import Runtime
-from treadle.types import FailureStage, Trajectory, TrajectoryStatus
+from treadle.types import FailureStage, RewardSource, Trajectory, TrajectoryStatus
 
 log = logging.getLogger(__name__)
 
@@ -112,9 +112,11 @@ class Sessions:
                   reason: str | None = None, reward: float | None = None,
                   rewards: Mapping[str, float] | None = None,
                   metadata: Mapping[str, Any] | None = None,
-                  stage: FailureStage | None = None) -> Trajectory:
-        """End an open session (a call in flight: SessionBusy) and hand it on; a
-        session the gateway ended, in its grace, is scored instead (its status kept)."""
+                  stage: FailureStage | None = None,
+                  reward_source: RewardSource | None = None) -> Trajectory:
+        """End an open session (a call in flight: SessionBusy) and hand it on;
+        `reward_source` says what gave `reward` (kept only with one). A session the
+        gateway ended, in its grace, is scored instead (its status kept)."""
         session = self.get(session_id)
         if session.busy:
             raise SessionBusy(f"session {session_id} is running a call; end it after")
@@ -123,6 +125,7 @@ class Sessions:
             status = traj.status
         if status is not TrajectoryStatus.ERROR:
             traj.reward = reward
+            traj.reward_source = None if reward is None else reward_source
             traj.metrics.update(rewards or {})
         traj.metadata.update(metadata or {})
         session.finish(status, reason, stage)
@@ -183,7 +186,8 @@ class Sessions:
                 child.finish(TrajectoryStatus.ABORTED, "its parent session ended")
                 await self._settle(child)
         for child in self._held.pop(session.spec.session_id, []):
-            child.trajectory.reward = traj.reward  # the parent's credit
+            child.trajectory.reward = traj.reward  # the parent's credit, and its source
+            child.trajectory.reward_source = traj.reward_source
             await self._on_end(child.trajectory)
         parent = self._open.get(session.spec.parent_id or "")
         if parent is not None and traj.reward is None and \

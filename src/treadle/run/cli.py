@@ -39,6 +39,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import sys
 import time
 from collections.abc import Iterator
@@ -78,10 +79,12 @@ def add_run_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
                      help="run each trajectory with this command, through the gateway "
                           "(OPENAI_BASE_URL is its session; docs/gateway.md); with --url, "
                           "the name of one of that service's harnesses")
-    har.add_argument("--harness-score", default="auto",
-                     choices=("auto", "verifier", "reward_file", "exit_code"),
-                     help="how a finished run is scored (default: its reward file if it "
-                          "writes one, else the suite's verifier on its answer)")
+    har.add_argument("--harness-score", default="verifier",
+                     choices=("verifier", "exit_code", "reward_file", "auto"),
+                     help="how a finished run is scored: the suite's verifier on its answer "
+                          "(default; auto is the same), its exit status, or its own reward "
+                          "file — the harness's word, which a command it runs unsandboxed "
+                          "can write too (docs/security.md)")
     har.add_argument("--harness-timeout", type=float, default=900.0, metavar="SECONDS")
     lim = p.add_argument_group("sampling and limits")
     lim.add_argument("--temperature", type=float)
@@ -273,9 +276,13 @@ def _service(args: argparse.Namespace,
     emulated = emulate or (args.engine and args.engine_kind == "emulated")
     time_scale = args.time_scale if args.time_scale is not None else (
         DEFAULT_TIME_SCALE if emulated else 1.0)
+    # A token of its own, known to this process only: a harness's commands, which run
+    # on this machine, get their session's key and cannot use the service's routes.
+    token = secrets.token_urlsafe(32)
     try:
         config = ServiceConfig(
-            db=args.db, policy=args.policy, emulate=emulate, time_scale=time_scale,
+            db=args.db, token=token, policy=args.policy, emulate=emulate,
+            time_scale=time_scale,
             engines=[EngineRequest(url=u, kind=args.engine_kind, model=args.served_model)
                      for u in args.engine],
             tokenizer=args.tokenizer or args.vllm,
@@ -290,7 +297,7 @@ def _service(args: argparse.Namespace,
                else f"a vLLM engine serving {args.vllm}" if args.vllm
                else f"{len(args.engine)} engine{'s' * (len(args.engine) != 1)}")
     with serve_here(service, engines) as (url, where):
-        yield url, None, where
+        yield url, token, where
 
 
 @contextlib.contextmanager

@@ -7,7 +7,7 @@ backends, and a pool:
   only), IPC, UTS, user and cgroup namespaces; a read-only view of the system
   directories and nothing else of the host; an unprivileged uid when treadle is
   root; a seccomp filter (no ptrace, no kernel keys, no calls a tool never needs);
-  rlimits on the whole tree; cgroup v1 memory/pids limits where writable; on
+  rlimits on the whole tree; cgroup (v1 or v2) memory/pids limits where writable; on
   request, a work dir of bounded size and file count where treadle may mount.
   This is the backend for running model-written code.
 - `local` (`LocalBackend`): the same limits, timeout, output cap and tree kill on

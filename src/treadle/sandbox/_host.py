@@ -18,7 +18,7 @@ from typing import Any
 
 from treadle.errors import SandboxClosed
 from treadle.sandbox import _files, _process, _workdir
-from treadle.sandbox._cgroup import CgroupV1
+from treadle.sandbox._cgroup import Cgroups
 from treadle.sandbox.base import DEFAULT_MAX_GET_BYTES, ExecResult, Limits, Sandbox
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ def check_argv(argv: Sequence[str]) -> list[str]:
 class HostSandbox(Sandbox):
     """A sandbox whose work dir is a directory on this host."""
 
-    def __init__(self, *, host_dir: str, limits: Limits, cgroups: CgroupV1 | None,
+    def __init__(self, *, host_dir: str, limits: Limits, cgroups: Cgroups | None,
                  owner: tuple[int, int] | None) -> None:
         self._host_dir = host_dir  # the work dir as the host sees it
         self._limits = limits

@@ -55,7 +55,7 @@ from typing import Any
 
 from treadle.errors import SandboxSupervisorError
 from treadle.sandbox import _process
-from treadle.sandbox._cgroup import CgroupV1, ExecCgroup
+from treadle.sandbox._cgroup import Cgroups, ExecCgroup
 from treadle.sandbox._seccomp import memfd
 from treadle.sandbox.base import ExecResult, Limits, classify
 
@@ -162,7 +162,7 @@ class ResidentExecutor:
     """
 
     def __init__(self, *, launch: Callable[[int], _process.Launch], limits: Limits,
-                 cgroups: CgroupV1 | None) -> None:
+                 cgroups: Cgroups | None) -> None:
         self._make_launch = launch
         self._limits = limits
         self._cgroups = cgroups
@@ -341,7 +341,7 @@ class ResidentExecutor:
     def _oom_since_last(self, live: _Live) -> bool:
         if live.cgroup is None or "memory" not in live.cgroup.dirs:
             return False
-        count = _oom_kills(live.cgroup.dirs["memory"])
+        count = live.cgroup.oom_kills()
         fired, live.oom_kills = count > live.oom_kills, count
         return fired
 
@@ -466,20 +466,6 @@ def _start_message(live: _Live) -> str:
 def _last_line(live: _Live) -> str:
     lines = live.protocol.err.decode("utf-8", "replace").strip().splitlines()
     return lines[-1] if lines else "no message"
-
-
-def _oom_kills(memory_dir: str) -> int:
-    try:
-        with open(os.path.join(memory_dir, "memory.oom_control")) as f:
-            for line in f:
-                key, _, value = line.partition(" ")
-                if key == "oom_kill":
-                    return int(value)
-    except (OSError, ValueError):
-        pass
-    return 0
-
-
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

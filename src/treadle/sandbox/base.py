@@ -46,7 +46,7 @@ class Limits:
 
     Each limit is enforced per exec, not summed over a sandbox's lifetime. Which
     mechanism enforces which limit is in docs/sandbox.md; in short, rlimits bound
-    each process, and a cgroup (when the host offers a writable cgroup v1 hierarchy)
+    each process, and a cgroup (when the host offers a writable cgroup, v1 or v2)
     bounds the exec's whole process tree.
     """
 

@@ -35,8 +35,8 @@ Each exec is one fresh `bwrap` process tree:
 - Limits: the gate sets the CPU, file-size, fd, core and address-space rlimits on
   the outer bwrap, so that every process of the tree, pid 1 included, holds them;
   `prlimit` inside sets them again with RLIMIT_NPROC, after the user namespace
-  exists, so that RLIMIT_NPROC counts only the sandbox's own processes; cgroup v1
-  memory and pids groups per exec where writable (see _cgroup.py).
+  exists, so that RLIMIT_NPROC counts only the sandbox's own processes; cgroup
+  memory and pids groups per exec where writable, v1 or v2 (see _cgroup.py).
 - Supervision: bwrap writes the command's exit status to `--json-status-fd`; a
   bwrap killed from outside, or one that exits without having started the
   command, makes `exec` raise SandboxSupervisorError (see _process.py).
@@ -72,7 +72,7 @@ from dataclasses import dataclass
 
 from treadle.errors import SandboxError, SandboxUnavailable
 from treadle.sandbox import _process, _resident, _seccomp, _workdir
-from treadle.sandbox._cgroup import CgroupV1, detect_cgroups
+from treadle.sandbox._cgroup import Cgroups, detect_cgroups
 from treadle.sandbox._host import BASE_LANG, HostSandbox
 from treadle.sandbox._seccomp import SyscallFilter, syscall_filter
 from treadle.sandbox.base import MIB, ExecResult, Limits, Sandbox, SandboxBackend
@@ -127,7 +127,7 @@ class BwrapSandbox(HostSandbox):
     """One work dir, bound at the backend's mount point for every exec."""
 
     def __init__(self, *, backend: BwrapBackend, setup: _Setup, host_dir: str, limits: Limits,
-                 cgroups: CgroupV1 | None) -> None:
+                 cgroups: Cgroups | None) -> None:
         super().__init__(host_dir=host_dir, limits=limits, cgroups=cgroups, owner=setup.run_as)
         self._backend = backend
         self._setup = setup
@@ -250,7 +250,7 @@ class BwrapBackend(SandboxBackend):
     hide: extra host paths to cover (files or directories) besides the defaults.
     sandbox_user: (uid, gid) sandboxes run as when treadle is root; None keeps root
         (capabilities dropped). Ignored when treadle is not root.
-    use_cgroups: use cgroup v1 memory/pids limits where writable.
+    use_cgroups: use cgroup (v1 or v2) memory/pids limits where writable.
     bounded_workdirs: make each work dir a tmpfs of `Limits.workdir_mb` and
         `workdir_files` where treadle may mount (root); else plain directories. Off
         by default: each tmpfs is a mount in the host's mount table, which every
@@ -309,7 +309,7 @@ class BwrapBackend(SandboxBackend):
 
     @property
     def cgroup_controllers(self) -> tuple[str, ...]:
-        """The cgroup v1 controllers each exec gets a group of (memory, pids), or ()."""
+        """The cgroup controllers each exec gets a group of (memory, pids), or ()."""
         cgroups = detect_cgroups() if self._use_cgroups else None
         return cgroups.controllers if cgroups is not None else ()
 

@@ -8,7 +8,7 @@ process (logging.warning).
 
 What it does give, like bwrap: the rlimits of `Limits` (RLIMIT_NPROC rebased, see
 `_local_rlimits`), the cgroup memory/pids limits where the host lets us write
-cgroup v1, the wall-clock deadline, the output cap, a cleared environment (the
+them (v1 or v2, see _cgroup.py), the wall-clock deadline, the output cap, a cleared environment (the
 host PATH, HOME, LANG and the caller's `env` only), and the guarantee that no
 process outlives its exec: a subreaper supervisor (`_reaper.py`) kills the whole
 tree, setsid'd and double-forked processes included. Commands run in the work
@@ -25,7 +25,7 @@ import signal
 import sys
 
 from treadle.sandbox import _process, _reaper, _workdir
-from treadle.sandbox._cgroup import CgroupV1, detect_cgroups
+from treadle.sandbox._cgroup import Cgroups, detect_cgroups
 from treadle.sandbox._host import BASE_LANG, HostSandbox
 from treadle.sandbox.base import Limits, Sandbox, SandboxBackend
 
@@ -109,7 +109,7 @@ class LocalBackend(SandboxBackend):
         self._use_cgroups = use_cgroups
         self._swept = False
 
-    def _cgroups(self) -> CgroupV1 | None:
+    def _cgroups(self) -> Cgroups | None:
         return detect_cgroups() if self._use_cgroups else None
 
     async def start(self, limits: Limits) -> Sandbox:

@@ -25,6 +25,10 @@
     POST /v1/weights/resume              the engines serve `policy_version` now; go on
     POST /v1/weights/update              pause, every engine loads `weights_path`, resume
                                          with `policy_version` (vLLM in dev mode)
+    POST /v1/keys                        a trainer key for a trainer run (admin) → 201
+                                         {key_id, trainer_run, key}: the key only here
+    GET  /v1/keys                        the trainer keys, never the keys themselves
+    DELETE /v1/keys/{key_id}             revoke one made through the API
     GET  /healthz                        liveness (no auth); also the engine count, the
                                          policy version and `restart_s`, how long this
                                          service takes to come back after a restart
@@ -33,9 +37,13 @@
 Each NDJSON line is ``{"seq": n, "trajectory": <record>}`` (the record:
 `treadle.store.record`); a followed stream with nothing new writes a blank line
 every `stream_heartbeat_s` (readers skip blank lines). Every route but `/healthz`
-needs ``Authorization: Bearer <token>`` when the service has a token, the schema
-(`/openapi.json`; there is no docs UI) included: 401 otherwise, decided from the
-headers before any body is read; the schema declares it as an HTTP bearer scheme. A
+needs ``Authorization: Bearer <key>`` when the service has a token, the schema
+(`/openapi.json`; there is no docs UI) included: 401 for no valid key, decided from
+the headers before any body is read; the schema declares it as an HTTP bearer
+scheme. Each route declares the scope it needs (`deps`; the keys and their
+principals: `keys`, docs/security.md): the service token opens everything, a
+trainer key its own run's jobs, sessions and weights (another run's job is a 404),
+a session key its session's OpenAI routes only (a 403 anywhere else). A
 body over `max_body_bytes` is a 413, whether it declares its length or is sent
 chunked, and one that takes longer than `body_timeout_s` to arrive a 408
 (`limits.RequestGate`); more than `max_requests` requests at once (streams counted
@@ -50,22 +58,31 @@ OpenAPI schema declares each route's errors. No route runs code: tools run in th
 service's sandboxes, only suites registered in the process can be named, and a file
 a suite option names must lie under the service's `data_roots`.
 
-Layout: one router per resource under `routes/`, the `Service` reached through a
-typed dependency (`deps.ServiceDep`), one table from error class to status
-(`replies.STATUS`).
+Layout: one router per resource under `routes/`, the `Service` and the caller's
+scope reached through typed dependencies (`deps`), one table from error class to
+status (`replies.STATUS`).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
-from fastapi import Depends, FastAPI
+from fastapi import FastAPI
 
 from treadle.service import replies
-from treadle.service.deps import bearer
 from treadle.service.limits import RequestGate
-from treadle.service.routes import engines, jobs, openai, rollouts, sessions, system, weights
+from treadle.service.routes import (
+    engines,
+    jobs,
+    keys,
+    openai,
+    rollouts,
+    sessions,
+    system,
+    weights,
+)
 from treadle.service.state import Service
 
 
@@ -81,21 +98,37 @@ def create_app(service: Service) -> FastAPI:
             await service.close()
 
     # The schema is served behind the token like every route but /healthz (no docs UI).
-    app = FastAPI(title="treadle", version="1", lifespan=lifespan, openapi_url=None,
-                  docs_url=None, redoc_url=None,
-                  description="Rollouts for agentic RL: jobs of tasks in, token-exact "
-                              "trajectories out.")
+    app = _App(auth=service.keys.auth, title="treadle", version="1", lifespan=lifespan,
+               openapi_url=None, docs_url=None, redoc_url=None,
+               description="Rollouts for agentic RL: jobs of tasks in, token-exact "
+                           "trajectories out.")
     app.state.service = service
-    auth = [Depends(bearer(service.config.token))]
-    # The errors every authorised route can answer; routes add their own.
-    common = replies.documented(*((401,) if service.config.token else ()), 408, 413, 503)
+    # The errors every authorised route can answer; routes add their own. Each route
+    # declares its scope itself (deps), so that none is reached with the wrong one.
+    common = replies.documented(*((401, 403) if service.keys.auth else ()), 408, 413, 503)
     app.include_router(system.health)
-    routers = [m.router for m in (system, jobs, rollouts, sessions, openai, engines, weights)]
+    routers = [m.router for m in (system, jobs, rollouts, sessions, openai, engines, weights,
+                                  keys)]
     for router in routers:
-        app.include_router(router, dependencies=auth, responses=common)
+        app.include_router(router, responses=common)
     replies.install(app, [route for r in [system.health, *routers] for route in r.routes])
     app.add_middleware(RequestGate, service=service)
     return app
 
 
-__all__ = ["create_app"]
+class _App(FastAPI):
+    """FastAPI, whose schema declares no key on a service without a token (the
+    routes' scope dependencies declare the bearer scheme: no key is asked for there)."""
+
+    def __init__(self, *, auth: bool, **options: Any) -> None:
+        super().__init__(**options)
+        self.auth = auth
+
+    def openapi(self) -> dict[str, Any]:
+        if self.openapi_schema is None and not self.auth:
+            built = super().openapi()
+            built.get("components", {}).pop("securitySchemes", None)
+            for operations in built.get("paths", {}).values():
+                for operation in operations.values():
+                    operation.pop("security", None)
+        return super().openapi()

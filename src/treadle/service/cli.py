@@ -12,6 +12,10 @@ sessions go to `--frozen-engine URL` (repeatable: engines at a pinned version th
 weight updates never reach, `--frozen-served-model`, `--frozen-policy-version`) when
 given. Suite tasks need
 `--tokenizer`. Exits 2 with one line on stderr for bad input.
+
+Keys (docs/security.md): `--token` is the admin's; `--keys FILE` adds trainer keys,
+one per line as `treadle keys new RUN --file FILE` writes them (the key printed
+once, the file keeping its SHA-256 only).
 """
 
 from __future__ import annotations
@@ -55,6 +59,10 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--token", default=os.environ.get("TREADLE_TOKEN"),
                    help="bearer token every route but /healthz requires (default "
                         "$TREADLE_TOKEN; none: no auth, loopback only)")
+    p.add_argument("--keys", default=None, metavar="FILE",
+                   help="trainer keys: lines 'TRAINER_RUN sha256:HEX' (treadle keys new "
+                        "writes them); each key sees its own run's jobs, sessions and "
+                        "weights only (docs/security.md). Needs --token")
     p.add_argument("--db", default="treadle.db", help="SQLite file of jobs and results")
     p.add_argument("--engine", action="append", default=[], metavar="URL",
                    help="an inference engine already running (repeatable)")
@@ -116,6 +124,33 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.set_defaults(func=run_serve)
 
 
+def add_keys_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
+    """Register `keys` on the main CLI's subparsers; handler in `args.func`."""
+    p = subparsers.add_parser("keys", help="trainer keys for treadle serve --keys")
+    sub = p.add_subparsers(dest="keys", required=True)
+    new = sub.add_parser("new", help="a new trainer key: its line is appended to FILE, the "
+                                     "key printed (once: FILE keeps its SHA-256 only)")
+    new.add_argument("trainer_run", help="the trainer run the key speaks for")
+    new.add_argument("--file", required=True, help="the keys file (created if missing)")
+    new.set_defaults(func=run_keys_new)
+
+
+def run_keys_new(args: argparse.Namespace) -> int:
+    """`treadle keys new RUN --file FILE`: the key on stdout, its line in FILE."""
+    from treadle.service.keys import TRAINER_PREFIX, file_line, new_key
+
+    key = new_key(TRAINER_PREFIX)
+    try:
+        line = file_line(args.trainer_run, key)
+        with open(args.file, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+    except (ValueError, OSError) as e:
+        print(f"treadle keys: {e}", file=sys.stderr)
+        return 2
+    print(key)
+    return 0
+
+
 def harnesses(specs: list[str], timeout_s: float) -> dict[str, Any]:
     """`NAME=CMD` options as harnesses; ValueError naming a bad one."""
     from treadle.gateway.harness import Harness, parse_command
@@ -142,6 +177,7 @@ def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from treadle.service.app import create_app
+    from treadle.service.keys import read_keys_file
     from treadle.service.state import ServiceConfig, build_service
 
     try:
@@ -162,7 +198,12 @@ def run_serve(args: argparse.Namespace) -> int:
         if args.vllm and not os.path.exists(args.vllm_python):
             raise ValueError(f"--vllm-python {args.vllm_python}: no such interpreter "
                              "(bash scripts/vllm-cpu.sh installs vLLM at .venv-vllm)")
-        config = ServiceConfig(db=args.db, token=args.token, policy=args.policy,
+        trainer_keys = tuple(read_keys_file(args.keys)) if args.keys else ()
+        if trainer_keys and args.token is None:
+            raise ValueError("--keys needs --token (or $TREADLE_TOKEN): without a token "
+                             "every request is the admin's")
+        config = ServiceConfig(db=args.db, token=args.token, trainer_keys=trainer_keys,
+                               policy=args.policy,
                                model=args.model, gpu=args.gpu, engines=engines,
                                emulate=args.emulate, time_scale=args.time_scale,
                                tokenizer=args.tokenizer or args.vllm, sandbox=sandbox,

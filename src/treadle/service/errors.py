@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from treadle.errors import InputError, ServiceBusy
+from treadle.errors import InputError, ServiceBusy, TreadleError
 
 
 class RequestRefused(InputError):
@@ -11,4 +11,11 @@ class RequestRefused(InputError):
     then ": " and why; the API answers 422 naming that field."""
 
 
-__all__ = ["RequestRefused", "ServiceBusy"]
+class Forbidden(TreadleError):
+    """A key whose scope does not cover the request (a trainer key on an admin's
+    route, or naming another trainer run; a session key anywhere but its session's
+    OpenAI routes): the API's 403. What a key may not even see (another run's job)
+    is a 404 instead, so that ids cannot be probed."""
+
+
+__all__ = ["Forbidden", "RequestRefused", "ServiceBusy"]

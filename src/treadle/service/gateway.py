@@ -52,6 +52,7 @@ from treadle.gateway.session import (
 from treadle.gateway.sessions import Sessions
 from treadle.runtime.driver import Runtime
 from treadle.service.errors import RequestRefused
+from treadle.service.keys import SessionKeys
 from treadle.service.outbox import Outbox
 from treadle.service.planning import HarnessWork
 from treadle.service.sandboxes import SuitePools
@@ -66,7 +67,7 @@ from treadle.service.schemas import (
 from treadle.store.aio import AsyncStore
 from treadle.store.errors import NotFound, RecordError, StoreConflict
 from treadle.store.jobs import PlannedTrajectory
-from treadle.types import FailureStage, GroupKey, Trajectory, TrajectoryStatus
+from treadle.types import FailureStage, GroupKey, RewardSource, Trajectory, TrajectoryStatus
 
 log = logging.getLogger(__name__)
 MAX_CHILDREN = 1024  # sub-agent sessions of one session (their repetitions' stride)
@@ -82,7 +83,7 @@ class Gateway:
                  default_format: str = DEFAULT_FORMAT, clock: Clock = MONOTONIC,
                  max_sessions: int = 4096, grace_s: float = 300.0,
                  harnesses: Mapping[str, Harness] | None = None,
-                 url: str | None = None, token: str | None = None,
+                 url: str | None = None, keys: SessionKeys,
                  frozen: Runtime | None = None) -> None:
         self.store = store
         self.outbox = outbox  # where ended sessions' trajectories go
@@ -95,7 +96,8 @@ class Gateway:
         self.harnesses = dict(harnesses or {})  # the harness commands jobs may name
         # Where harnesses reach this service (set by whoever serves it, if not given).
         self.url = url
-        self.api_key = token or "treadle"  # what harnesses send as their OpenAI key
+        # Sessions' keys: a harness run gets its session's, never the service's token.
+        self.keys = keys
         self._harnessed: set[str] = set()  # trajectories a harness run returns itself
         self.sessions = None if tokenizer is None else Sessions(
             runtime, tokenizer, on_end=self._ended, clock=clock, max_sessions=max_sessions,
@@ -107,8 +109,10 @@ class Gateway:
 
     # -- sessions ---------------------------------------------------------------------
 
-    async def create(self, request: SessionRequest, base_url: str) -> SessionCreated:
-        """A new session; RequestRefused naming the field for what cannot be made,
+    async def create(self, request: SessionRequest, base_url: str, *,
+                     owner: str | None = None) -> SessionCreated:
+        """A new session of trainer run `owner` (None: the admin's; a job made for it
+        is owner's); RequestRefused naming the field for what cannot be made,
         ServiceBusy when `max_sessions` are open."""
         sessions = self._open()
         sessions.check_room()  # before a job is made for it
@@ -133,7 +137,7 @@ class Gateway:
                                         session_id, 0)
             await self.store.create_job(job_id, {"request": JobRequest(
                 tasks=SessionTasks(sessions=[session_id]), job_id=job_id).model_dump(
-                    mode="json")}, [planned])
+                    mode="json")}, [planned], owner=owner)
         if await self.store.start(job_id, planned.trajectory_id) is None:
             raise StoreConflict(f"trajectory {planned.trajectory_id} of job {job_id} has "
                                 "already ended")
@@ -211,8 +215,8 @@ class Gateway:
         sessions = self._open()
         session = sessions.get(session_id)
         if session.spec.trajectory_id in self._harnessed:
-            # Its harness run judges and scores it: whatever the harness (or a command
-            # it runs) holds the token with must not set its own reward.
+            # Its harness run judges and scores it: nothing holding a key inside the
+            # run may set its own reward.
             raise SessionBusy(f"session {session_id} belongs to a harness run, which ends "
                               "it", param="session_id")
         status = TrajectoryStatus(request.status)
@@ -221,7 +225,8 @@ class Gateway:
         if reason is None and status is not TrajectoryStatus.COMPLETED:
             reason = "ended by its owner"
         await sessions.end(session_id, status=status, reason=reason, reward=request.reward,
-                           rewards=request.rewards, metadata=request.metadata, stage=stage)
+                           rewards=request.rewards, metadata=request.metadata, stage=stage,
+                           reward_source=RewardSource.OWNER)
         return self.viewed(session)
 
     def view(self, session_id: str) -> SessionView:
@@ -335,8 +340,11 @@ class Gateway:
         session = sessions.create(spec)  # (ServiceBusy: the job runner records the error)
         self._harnessed.add(p.trajectory_id)
         self._jobs[p.trajectory_id] = work.job_id
+        # The run's only credential: its session's calls, nothing else (docs/security.md).
+        key = self.keys.grant(spec.session_id, None, treadle_ends=True)
         try:
-            verdict = await self._run(harness, work, session)
+            verdict = await self._run(harness, work, session, key)
+            self.keys.revoke(spec.session_id)  # before scoring: nothing of the run is left
             await session.interrupt()  # a call still in flight when the harness ended
             if not session.ended:
                 reward = verdict.reward
@@ -345,11 +353,14 @@ class Gateway:
                     if failure is not None:
                         verdict = Verdict(TrajectoryStatus.ERROR, failure, FailureStage.EVAL)
                     verdict = Verdict(verdict.status, verdict.reason, verdict.stage,
-                                      reward, {**verdict.rewards, **rewards})
+                                      reward, {**verdict.rewards, **rewards},
+                                      source=RewardSource.VERIFIER)
                 await sessions.end(spec.session_id, status=verdict.status,
                                    reason=verdict.reason, reward=reward,
-                                   rewards=verdict.rewards, stage=verdict.stage)
+                                   rewards=verdict.rewards, stage=verdict.stage,
+                                   reward_source=verdict.source)
         finally:
+            self.keys.revoke(spec.session_id)
             self._harnessed.discard(p.trajectory_id)
             if not session.ended:  # cancelled: the job's cancel stored it already
                 session.finish(TrajectoryStatus.ABORTED, "cancelled")
@@ -359,7 +370,8 @@ class Gateway:
         no_call_served(session.trajectory)
         return session.trajectory
 
-    async def _run(self, harness: Harness, work: HarnessWork, session: Session) -> Verdict:
+    async def _run(self, harness: Harness, work: HarnessWork, session: Session,
+                   key: str) -> Verdict:
         if self.url is None:
             return Verdict(TrajectoryStatus.ERROR, "runtime: the service does not know the "
                            "URL harnesses reach it at (ServiceConfig.public_url)",
@@ -369,8 +381,9 @@ class Gateway:
                  "tools": [t.spec for t in work.suite.tools(task)]}
         base = f"{self.url.rstrip('/')}/v1/sessions/{session.spec.session_id}/openai/v1"
         try:
-            run = await run_harness(harness, HarnessEnv(base, self.api_key,
-                                                        session.spec.session_id, shown))
+            run = await run_harness(harness, HarnessEnv(
+                base, key, session.spec.session_id, shown,
+                reads_reward=work.score == "reward_file"))
         except OSError as e:
             return Verdict(TrajectoryStatus.ERROR, f"harness: cannot start "
                            f"{harness.command[0]!r}: {e}", FailureStage.HARNESS)

@@ -188,15 +188,16 @@ class Rollouts:
 
     # -- jobs ---------------------------------------------------------------------------
 
-    async def submit(self, request: JobRequest) -> JobInfo:
-        """Plan, store and queue a job; RequestRefused for what cannot run here,
-        ServiceBusy if the queue is full, StoreConflict if `job_id` is taken."""
+    async def submit(self, request: JobRequest, *, owner: str | None = None) -> JobInfo:
+        """Plan, store and queue a job owned by trainer run `owner` (None: the
+        admin's); RequestRefused for what cannot run here, ServiceBusy if the queue
+        is full, StoreConflict if `job_id` is taken."""
         job_id = request.job_id or uuid.uuid4().hex[:16]
         if isinstance(request.tasks, SessionTasks):
             # Nothing to run here: harnesses take the sessions (service.gateway).
             planned = planned_sessions(job_id, request.tasks, request.samples_per_task)
             return await self.store.create_job(job_id, {"request": request.model_dump(
-                mode="json")}, planned)
+                mode="json")}, planned, owner=owner)
         verdict = window(request).verdict(self.served())
         if verdict not in ("run", "wait"):
             raise PolicyMismatch(f"job {job_id}: {verdict}")
@@ -207,7 +208,7 @@ class Rollouts:
                               f"{len(work)}, over the limit of {self.max_queued}; retry later")
         info = await self.store.create_job(job_id,
                                      {"request": stored},
-                                     [w.planned for w in work])
+                                     [w.planned for w in work], owner=owner)
         if window(request) != PolicyWindow():
             # Read back by every status request: kept apart from the (large) spec.
             await self.store.add_event(job_id, POLICY_WINDOW, {
@@ -276,12 +277,15 @@ class Rollouts:
             if not done:
                 yield None
 
-    async def rollout(self, request: RolloutRequest) -> dict[str, Any]:
-        """One trajectory, run now (as a one-trajectory job); its record."""
+    async def rollout(self, request: RolloutRequest, *,
+                      owner: str | None = None) -> dict[str, Any]:
+        """One trajectory, run now (as a one-trajectory job of trainer run `owner`, on
+        its weights; None: the admin's, on any); its record."""
         job = JobRequest(tasks=SuiteTasks(suite=request.suite, tasks=[request.task],
                                           options=request.options),
-                         sampling=request.sampling, limits=request.limits, priority=1000)
-        info = await self.submit(job)
+                         sampling=request.sampling, limits=request.limits, priority=1000,
+                         trainer_run=owner)
+        info = await self.submit(job, owner=owner)
         try:
             async for delivery in self.results(info.job_id, follow=True):
                 if delivery is not None:

@@ -4,9 +4,13 @@ In this order, each refusal answered from the headers alone, before anything of
 the body is read:
 
 1. `/healthz` passes untouched (liveness, no auth).
-2. The bearer token (when the service has one): 401 at once. An unauthorised
-   client never makes the service read its body nor holds a request slot, so it
-   cannot starve authorised ones.
+2. The bearer key (when the service has a token): one the service does not know —
+   missing, wrong, revoked, or a session key whose session has ended — is a 401 at
+   once; a session key anywhere but its own session's OpenAI routes a 403 at once
+   (`keys.door_paths`: a harness's key never makes the service read a body it may
+   not send). An unauthorised client never makes the service read its body nor
+   holds a request slot, so it cannot starve authorised ones. The routes then check
+   the scope each needs (`deps`).
 3. A slot: at most `max_requests` requests at once, NDJSON streams counted apart
    up to `max_streams`; past either a 503 with Retry-After.
 4. The body: a declared Content-Length over `max_body_bytes` is a 413; a chunked
@@ -26,7 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from treadle.served import declared_too_large, limit_body
-from treadle.service.deps import token_matches
+from treadle.service.keys import SessionHolder, door_paths
 from treadle.service.state import Service
 
 # The client reads it as `treadle.client.stream.RESTART_HEADER` (a test checks they
@@ -53,10 +57,15 @@ class RequestGate:
             return
         config = self.service.config
         headers = dict(scope["headers"])
-        if config.token is not None and not _authorised(headers.get(b"authorization"),
-                                                        config.token):
-            await _reply(send, 401, b'{"detail":"missing or wrong bearer token"}',
+        principal = self.service.keys.principal(headers.get(b"authorization"))
+        if principal is None:
+            await _reply(send, 401, b'{"detail":"missing, wrong or expired bearer key"}',
                          [(b"www-authenticate", b"Bearer")])
+            return
+        if isinstance(principal, SessionHolder) and \
+                scope["path"] not in door_paths(principal.session_id):
+            await _reply(send, 403, b'{"detail":"a session key opens its own session\'s '
+                                    b'OpenAI routes only"}')
             return
         stream = scope["path"].endswith("/trajectories")
         if (stream and self.streams >= config.max_streams) or \
@@ -101,11 +110,6 @@ class RequestGate:
             await send(message)
 
         return announcing
-
-
-def _authorised(header: bytes | None, token: str) -> bool:
-    scheme, _, given = (header or b"").partition(b" ")
-    return scheme.lower() == b"bearer" and token_matches(given.strip(), token)
 
 
 def _deadline(receive: Receive, timeout_s: float) -> Receive:

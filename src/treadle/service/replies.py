@@ -22,8 +22,9 @@ from starlette.types import Scope
 
 from treadle.engines.errors import public_text
 from treadle.errors import ServiceBusy
+from treadle.gateway import wire
 from treadle.gateway.errors import GatewayError
-from treadle.service.errors import RequestRefused
+from treadle.service.errors import Forbidden, RequestRefused
 from treadle.service.schemas import ErrorReply
 from treadle.service.versions import PolicyMismatch
 from treadle.store.errors import NotFound, StoreConflict
@@ -35,6 +36,7 @@ RETRY_AFTER_S = 5  # what a 503 for a full queue tells the client to wait
 # The status of each error class treadle raises on purpose that reaches a route.
 # RequestRefused (a field-level 422) and RequestValidationError have their own shape.
 STATUS: dict[type[Exception], int] = {
+    Forbidden: 403,
     NotFound: 404,
     StoreConflict: 409,
     PolicyMismatch: 409,
@@ -43,7 +45,8 @@ STATUS: dict[type[Exception], int] = {
 
 _TEXT = {
     400: "the session has ended",
-    401: "missing or wrong bearer token",
+    401: "missing, wrong or expired bearer key",
+    403: "the key's scope does not cover this request (docs/security.md)",
     404: "no such job, engine or session",
     408: "the request body did not arrive in time",
     409: "the job id is taken, the session is busy or taken, or the engines serve "
@@ -100,10 +103,13 @@ def _status_handler(status: int) -> Any:
     return handle
 
 
-async def _gateway(_r: Request, e: Exception) -> Response:
-    # A session's errors on the service's own routes (the OpenAI routes answer theirs
-    # in OpenAI's shape): the status each class carries.
+async def _gateway(request: Request, e: Exception) -> Response:
+    # A session's errors: the status each class carries, in OpenAI's shape on a
+    # session's OpenAI routes (what their scope check raises) and as every other
+    # error on the service's own routes.
     assert isinstance(e, GatewayError)
+    if "/openai/v1/" in request.url.path:
+        return JSONResponse(wire.error_body(e), e.status)
     return JSONResponse({"detail": clip(str(e))}, e.status)
 
 

@@ -160,8 +160,12 @@ class HarnessParams(_Strict):
     (configured at `treadle serve --harness NAME=CMD`), not by treadle's agent loop."""
 
     name: str = Field(min_length=1, max_length=64, description="a harness the service has")
-    score: Literal["auto", "verifier", "reward_file", "exit_code"] = Field(
-        default="auto", description="how a finished run is scored (docs/gateway.md)")
+    score: Literal["verifier", "exit_code", "reward_file", "auto"] = Field(
+        default="verifier",
+        description="how a finished run is scored, and so what the reward trusts: the "
+                    "suite's verifier on its answer (auto: the same), its exit status, or "
+                    "its own reward file — the harness's word, which a command it runs "
+                    "unsandboxed can write too (docs/security.md)")
 
 
 class JobRequest(_Strict):
@@ -320,6 +324,14 @@ class SessionCreated(BaseModel):
     tokenizer_fingerprint: str | None = None  # the served model's tokenizer's
 
 
+class SessionOpened(SessionCreated):
+    """`POST /v1/sessions`'s answer: the session and its key."""
+
+    api_key: str = Field(description="the session's key: the harness's OpenAI API key. It "
+                                     "opens this session's OpenAI routes only, until the "
+                                     "session ends (docs/security.md)")
+
+
 class SessionEndRequest(_Strict):
     """`POST /v1/sessions/{id}/end`."""
 
@@ -469,6 +481,29 @@ class WeightUpdateRequest(_Strict):
                                     pattern=TRAINER_RUN,
                                     description="the trainer run whose weights these are "
                                                 "(jobs naming another run are refused)")
+
+
+class KeyRequest(_Strict):
+    """`POST /v1/keys`: a trainer key for one trainer run."""
+
+    trainer_run: str = Field(min_length=1, max_length=128, pattern=TRAINER_RUN,
+                             description="the run the key speaks for: it sees and changes "
+                                         "that run's jobs, sessions and weights only")
+
+
+class KeyView(BaseModel):
+    """A trainer key, listed: never the key itself."""
+
+    key_id: str  # its public name (DELETE /v1/keys/{key_id})
+    trainer_run: str
+    source: str  # api (POST /v1/keys, kept in the store) | file (treadle serve --keys)
+    created_at: float | None  # None for a keys file's
+
+
+class KeyCreated(KeyView):
+    """`POST /v1/keys`'s answer: the only time the key is shown."""
+
+    key: str
 
 
 class WeightsView(BaseModel):

@@ -15,12 +15,14 @@ through `POST /v1/engines`. Suite tasks need `tokenizer` (the served model's
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from treadle.agent.tokenizer import HFTokenizer
 from treadle.core.cost_model import CostModel
 from treadle.core.policies import build_policy, parse_policy
 from treadle.engines.base import Engine
+from treadle.errors import TreadleError
 from treadle.gateway.harness import Harness
 from treadle.runtime.clock import ScaledClock, WallClock
 from treadle.runtime.driver import Runtime
@@ -29,6 +31,7 @@ from treadle.sandbox.base import SandboxBackend
 from treadle.sandbox.pool import PoolSettings
 from treadle.service.gateway import Gateway
 from treadle.service.jobs import Rollouts
+from treadle.service.keys import FileKey, KeyRing, SessionKeys
 from treadle.service.metrics import Metrics
 from treadle.service.outbox import Outbox
 from treadle.service.planning import Planner
@@ -46,7 +49,10 @@ class ServiceConfig:
     """How `treadle serve` (or a test, or the demo) sets a service up."""
 
     db: str = "treadle.db"  # SQLite file (":memory:" for throwaway runs)
-    token: str | None = None  # bearer token; None = no auth (loopback use only)
+    token: str | None = None  # the admin's bearer token; None = no auth (loopback use only)
+    # Trainer keys of a keys file (`service.keys.read_keys_file`; needs a token). More
+    # come through POST /v1/keys, kept in the store.
+    trainer_keys: tuple[FileKey, ...] = ()
     policy: str = "treadle"  # scheduling policy (treadle.core.policies)
     model: str = "qwen3-14b"  # cost-model entry the policy plans with
     gpu: str = "h100"  # cost-model entry
@@ -108,9 +114,10 @@ class Service:
     """The parts of a running service; see the module docstring."""
 
     def __init__(self, config: ServiceConfig, runtime: Runtime, store: AsyncStore,
-                 rollouts: Rollouts, gateway: Gateway, *,
+                 rollouts: Rollouts, gateway: Gateway, keys: KeyRing, *,
                  restart_s: float = _RESTART_BASE_S, frozen: Runtime | None = None) -> None:
         self.config = config
+        self.keys = keys  # who each request speaks for (service.keys)
         self.runtime = runtime
         self.frozen = frozen  # the frozen pool's runtime (ServiceConfig.frozen_engines)
         # The served model's tokenizer (None without one), shown in job and session views.
@@ -127,6 +134,7 @@ class Service:
         # Engines started here from a model directory are TP-1 processes, whatever
         # layout the policy would plan for GPUs it does not have.
         pool = [1] * self.config.vllm_engines if self.config.vllm_model else None
+        await self.keys.load()
         await self.runtime.start(pool)
         if self.frozen is not None:
             await self.frozen.start()
@@ -243,15 +251,28 @@ def build_service(config: ServiceConfig) -> Service:
                      clock=clock, request_timeout_s=config.request_timeout_s,
                      engine_wait_s=config.engine_wait_s, engine_ids="f")
     frozen.policy_version = config.frozen_policy_version
+    session_keys = SessionKeys()
     gateway = Gateway(runtime, store, outbox, sandboxes, tokenizer,
                       default_format=config.chat_format, max_sessions=config.max_sessions,
                       grace_s=config.session_grace_s, harnesses=config.harnesses,
-                      url=config.public_url, token=config.token, frozen=frozen)
+                      url=config.public_url, keys=session_keys, frozen=frozen)
     rollouts = Rollouts(runtime, store, planner, outbox, sandboxes, tokenizer=tokenizer,
                         harnesses=gateway, max_live=config.max_live,
                         max_queued=config.max_queued)
-    return Service(config, runtime, store, rollouts, gateway, restart_s=restart_s,
+    keys = KeyRing(config.token, store, session_keys, _open_sessions(gateway),
+                   file_keys=config.trainer_keys)
+    return Service(config, runtime, store, rollouts, gateway, keys, restart_s=restart_s,
                    frozen=frozen)
+
+
+def _open_sessions(gateway: Gateway) -> Callable[[str], bool]:
+    """Whether a session is open (its key opens it only then)."""
+    def live(session_id: str) -> bool:
+        try:
+            return not gateway.session(session_id).ended
+        except TreadleError:  # ended and forgotten, or a service without sessions
+            return False
+    return live
 
 
 def engine_client(request: EngineRequest) -> Engine:

@@ -15,6 +15,7 @@ from treadle.store.jobs import (
     JobInfo,
     JobStatus,
     PlannedTrajectory,
+    TrainerKey,
     TrajectoryState,
 )
 from treadle.store.record import (
@@ -40,6 +41,7 @@ __all__ = [
     "Store",
     "StoreConflict",
     "StoreError",
+    "TrainerKey",
     "TrajectoryState",
     "dumps_record",
     "loads_record",

@@ -36,6 +36,7 @@ from treadle.store.jobs import (
     Finish,
     JobInfo,
     PlannedTrajectory,
+    TrainerKey,
     TrajectoryState,
 )
 from treadle.types import FailureStage, Trajectory
@@ -59,8 +60,9 @@ class AsyncStore:
     # -- Store's calls, each on the worker; see Store for what they do ------------------
 
     async def create_job(self, job_id: str, spec: Mapping[str, Any],
-                         planned: Sequence[PlannedTrajectory]) -> JobInfo:
-        return await self.call(self.store.create_job, job_id, spec, planned)
+                         planned: Sequence[PlannedTrajectory], *, owner: str | None = None,
+                         ) -> JobInfo:
+        return await self.call(self.store.create_job, job_id, spec, planned, owner=owner)
 
     async def add_trajectories(self, job_id: str,
                                planned: Sequence[PlannedTrajectory]) -> JobInfo:
@@ -116,6 +118,15 @@ class AsyncStore:
 
     async def events(self, job_id: str, after: int = 0, limit: int = 100) -> list[Event]:
         return await self.call(self.store.events, job_id, after, limit)
+
+    async def add_trainer_key(self, key_id: str, digest: str, trainer_run: str) -> TrainerKey:
+        return await self.call(self.store.add_trainer_key, key_id, digest, trainer_run)
+
+    async def trainer_keys(self) -> list[TrainerKey]:
+        return await self.call(self.store.trainer_keys)
+
+    async def delete_trainer_key(self, key_id: str) -> None:
+        await self.call(self.store.delete_trainer_key, key_id)
 
     async def iter_results(self, job_id: str, after: int = 0,
                            page_size: int = 100) -> AsyncIterator[Delivery]:

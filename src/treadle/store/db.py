@@ -29,6 +29,12 @@ Contracts:
   so a stream always ends with exactly `planned` results.
 - Job status: queued (created) -> running (first trajectory started or finished) ->
   completed (every planned trajectory finished) | cancelled | failed.
+- Ownership. A job's `owner` (the trainer run whose key submitted it; None: the
+  admin's) is set by `create_job`, in its transaction, and never changes: the
+  service shows a job only to its owner's keys and the admin's.
+- Keys. Trainer keys made through the API are kept as their SHA-256 digests, never
+  as keys: `add_trainer_key` stores one (a digest or a key id taken is a
+  StoreConflict), `trainer_keys` lists them, `delete_trainer_key` revokes one.
 - Time comes from the injected `clock` (seconds, a float; `time.time` by default).
 - Costs. What `start`, `finish` and `job` cost does not depend on the size of the
   job's spec and grows with its trajectories only as an index lookup does: the spec
@@ -65,6 +71,7 @@ from treadle.store.jobs import (
     JobInfo,
     JobStatus,
     PlannedTrajectory,
+    TrainerKey,
     TrajectoryState,
 )
 from treadle.store.record import dumps_record, trajectory_to_record
@@ -109,10 +116,12 @@ class Store:
     # -- jobs ---------------------------------------------------------------------------
 
     def create_job(self, job_id: str, spec: Mapping[str, Any],
-                   planned: Sequence[PlannedTrajectory]) -> JobInfo:
+                   planned: Sequence[PlannedTrajectory], *, owner: str | None = None,
+                   ) -> JobInfo:
         """Store a job and its plan in one transaction; StoreConflict if the id is taken
         or two planned trajectories share an id (ValueError/TypeError if `spec` is not
-        JSON). A job with an empty plan is completed at once."""
+        JSON). A job with an empty plan is completed at once. `owner`: the trainer run
+        it belongs to (None: the admin's)."""
         spec_json = json.dumps(spec, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
         ids = [p.trajectory_id for p in planned]
         if len(set(ids)) != len(ids):
@@ -124,9 +133,9 @@ class Store:
                 raise StoreConflict(f"job {job_id!r} already exists")
             self._conn.execute(
                 "INSERT INTO jobs (job_id, spec, status, created_at, finished_at, planned, "
-                "n_pending) VALUES (?, '', ?, ?, ?, ?, ?)",
+                "n_pending, owner) VALUES (?, '', ?, ?, ?, ?, ?, ?)",
                 (job_id, status.value, now, None if planned else now, len(planned),
-                 len(planned)))
+                 len(planned), owner))
             self._conn.execute("INSERT INTO job_specs (job_id, spec) VALUES (?, ?)",
                                (job_id, spec_json))
             self._conn.executemany(
@@ -362,6 +371,35 @@ class Store:
         for kind, payload in found:
             merged[kind].update(json.loads(payload))
         return merged
+
+    # -- trainer keys -------------------------------------------------------------------
+
+    def add_trainer_key(self, key_id: str, digest: str, trainer_run: str) -> TrainerKey:
+        """Keep a trainer key's digest; StoreConflict if the id or the digest is taken."""
+        now = self._clock()
+        with self._write():
+            try:
+                self._conn.execute("INSERT INTO trainer_keys (key_id, digest, trainer_run, "
+                                   "created_at) VALUES (?, ?, ?, ?)",
+                                   (key_id, digest, trainer_run, now))
+            except sqlite3.IntegrityError:
+                raise StoreConflict(f"trainer key {key_id!r}: its id or digest is taken"
+                                    ) from None
+        return TrainerKey(key_id, digest, trainer_run, now)
+
+    def trainer_keys(self) -> list[TrainerKey]:
+        """Every trainer key kept, oldest first."""
+        with self._read():
+            found = self._conn.execute("SELECT key_id, digest, trainer_run, created_at FROM "
+                                       "trainer_keys ORDER BY created_at, key_id").fetchall()
+        return [TrainerKey(r[0], r[1], r[2], float(r[3])) for r in found]
+
+    def delete_trainer_key(self, key_id: str) -> None:
+        """Revoke a trainer key; NotFound if there is none by that id."""
+        with self._write():
+            if self._conn.execute("DELETE FROM trainer_keys WHERE key_id = ?",
+                                  (key_id,)).rowcount == 0:
+                raise NotFound(f"no trainer key {key_id!r}")
 
     # -- internals ----------------------------------------------------------------------
 

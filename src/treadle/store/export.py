@@ -17,6 +17,7 @@ in segment order. Columns:
     status           string   TrajectoryStatus value; reason, failure_stage: string?
     infra_failure    bool     status == "error": drop it from training
     reward           double?  null when unscored and for every "error"
+    reward_source    string?  what scored it (verifier, exit_code, reward_file, owner)
     metrics          map<string, double>
     attempt, prompt_tokens, output_tokens, num_turns          int64
     llm_s, tool_s, queue_s  double; started_at, finished_at  double?
@@ -36,11 +37,12 @@ in segment order. Columns:
     logprobs         list<double>  (double, not float: the engine's values exactly)
     policy_versions  list<int64>
 
-Every row is of record version 2 (the file's ``treadle.record_version``): a version 1
+Every row is of record version 3 (the file's ``treadle.record_version``): an older
 record is read and written again first, so its new columns hold the defaults.
 `read_parquet` turns a file back into `Trajectory` objects (through the strict
 record reader), so an export can be checked against the store; a file written
-before version 2 (without the sub-agent and segment-start columns) reads too.
+before version 3 (without `reward_source`) or version 2 (without the sub-agent and
+segment-start columns either) reads too.
 `write_parquet` writes the same file from (seq, record) pairs, e.g. a client's
 stream of a job (`treadle run` does). Both exports read the store a page at a time
 and Parquet writes a row group per page: memory is one page, whatever the job's
@@ -72,10 +74,11 @@ if TYPE_CHECKING:
 # Columns copied as they are from the record's top level.
 _COPIED = ("trajectory_id", "group_id", "repetition", "task_id", "status", "reason",
            "failure_stage", "infra_failure", "reward", "attempt", "prompt_tokens",
-           "output_tokens")
+           "output_tokens")  # (and, from version 3, reward_source)
 # Columns a file exported before record version 2 lacks.
 _V2_COLUMNS = ("parent_id", "children", "trainable", "metadata_json", "segment_start_turn",
                "segment_start_reason")
+_V3_COLUMNS = ("reward_source",)  # and before version 3
 
 
 def export_jsonl(store: Store, job_id: str, path: str | os.PathLike[str],
@@ -105,6 +108,7 @@ def parquet_schema() -> pa.Schema:
         pa.field("failure_stage", opt_str),
         pa.field("infra_failure", pa.bool_(), nullable=False),
         pa.field("reward", f64),
+        pa.field("reward_source", opt_str),
         pa.field("metrics", pa.map_(pa.string(), f64), nullable=False),
         pa.field("attempt", i64, nullable=False),
         pa.field("prompt_tokens", i64, nullable=False),
@@ -195,7 +199,7 @@ def _add_rows(columns: dict[str, list[Any]], seq: int, record: Mapping[str, Any]
         # An older record (a job stored before this version) lacks columns the file
         # has; the reader knows its defaults, so it is upgraded through the reader.
         record = trajectory_to_record(trajectory_from_record(record))
-    per_trajectory: dict[str, Any] = {name: record[name] for name in _COPIED}
+    per_trajectory: dict[str, Any] = {name: record[name] for name in (*_COPIED, *_V3_COLUMNS)}
     per_trajectory.update(record["timings"])
     per_trajectory.update({
         "seq": seq,
@@ -232,6 +236,7 @@ def _trajectory(rows: list[dict[str, Any]]) -> Trajectory:
         raise RecordError(f"parquet export: has some of the version 2 columns but not "
                           f"{', '.join(missing)}")
     v2 = not missing
+    v3 = v2 and all(name in first for name in _V3_COLUMNS)
     segment_rows = sorted((r for r in rows if r["segment_index"] is not None),
                           key=lambda r: int(r["segment_index"]))
     segments = []
@@ -243,7 +248,7 @@ def _trajectory(rows: list[dict[str, Any]]) -> Trajectory:
         segments.append(segment)
     record: dict[str, Any] = {name: first[name] for name in _COPIED}
     record.update({
-        "version": RECORD_VERSION if v2 else 1,
+        "version": RECORD_VERSION if v3 else 2 if v2 else 1,
         "metrics": dict(first["metrics"]),
         "turns": json.loads(first["turns_json"]),
         "timings": {name: first[name] for name in TIMING_FIELDS},
@@ -253,4 +258,6 @@ def _trajectory(rows: list[dict[str, Any]]) -> Trajectory:
         record.update(parent_id=first["parent_id"], children=first["children"],
                       trainable=first["trainable"],
                       metadata=json.loads(first["metadata_json"]))
+    if v3:
+        record.update({name: first[name] for name in _V3_COLUMNS})
     return trajectory_from_record(record)

@@ -53,6 +53,18 @@ class JobInfo:
     planned: int  # trajectories in the plan
     delivered: int  # results so far; also the last seq given
     counts: dict[TrajectoryStatus, int]  # trajectories per status, every status present
+    # The trainer run whose key submitted it (None: the admin's); fixed at creation.
+    owner: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TrainerKey:
+    """A trainer key made through the API, as stored: never the key, its digest only."""
+
+    key_id: str  # its public name: what lists show and revocation names
+    digest: str  # SHA-256 of the key, hex
+    trainer_run: str  # the run it speaks for
+    created_at: float  # clock time
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,15 +11,16 @@ bool is never a number), numbers must be finite (JSON has no NaN), and a bad rec
 raises `RecordError` naming the field, e.g. ``segments[1].logprobs[7]``. Writing
 checks the same invariants, so what is written can always be read back.
 
-Writing always gives version 2. Version 1 records (a store or an export written
-before sub-agents) are still read: they lack the fields marked (v2), which read as
-their defaults (no parent, no children, trainable, empty metadata; each segment
-starting at turn 0 with reason "start"). A v1 record must not have them, a v2
-record must have all of them.
+Writing always gives version 3. Older records are still read: version 1 (a store
+or an export written before sub-agents) lacks the fields marked (v2) and (v3),
+version 2 (before reward sources) those marked (v3); they read as their defaults
+(no parent, no children, trainable, empty metadata, each segment starting at turn
+0 with reason "start"; no reward source). A record must have exactly the fields of
+its version.
 
-Record, version 2 (JSON types; ``?`` = may be null)::
+Record, version 3 (JSON types; ``?`` = may be null)::
 
-    version          int      2 (or 1); a reader refuses versions it does not know
+    version          int      3 (or 2, 1); a reader refuses versions it does not know
     trajectory_id    string   unique id; the prefix-cache routing key (non-empty)
     group_id         string   GRPO group: siblings of one task share it (non-empty)
     repetition       int      0..n-1 within the group
@@ -31,6 +32,9 @@ Record, version 2 (JSON types; ``?`` = may be null)::
                               exactly when status is "error" (`FailureStage`)
     infra_failure    bool     status == "error": a trainer drops it, it is no reward 0
     reward           number?  null until scored; always null for status "error"
+    reward_source    string?  (v3) what scored it: verifier | exit_code | reward_file
+                              | owner (`RewardSource`); set only with a reward, null
+                              when unscored or not said
     metrics          object   reward parts, name -> number (e.g. exact_match)
     attempt          int      retries after an infrastructure failure (0 = first run)
     prompt_tokens    int      length of the initial context
@@ -111,6 +115,7 @@ from treadle.types import (
     JsonObjectConstraint,
     JsonSchemaConstraint,
     OutputConstraint,
+    RewardSource,
     Timings,
     TokenSegment,
     ToolCall,
@@ -119,14 +124,15 @@ from treadle.types import (
     Turn,
 )
 
-RECORD_VERSION = 2  # what the writer writes
-READ_VERSIONS = (1, 2)  # what the reader reads
+RECORD_VERSION = 3  # what the writer writes
+READ_VERSIONS = (1, 2, 3)  # what the reader reads
 
 _TOP_KEYS_V1 = frozenset({
     "version", "trajectory_id", "group_id", "repetition", "task_id", "status", "reason",
     "failure_stage", "infra_failure", "reward", "metrics", "attempt", "prompt_tokens",
     "output_tokens", "turns", "segments", "timings"})
-_TOP_KEYS = _TOP_KEYS_V1 | {"parent_id", "children", "trainable", "metadata"}
+_TOP_KEYS_V2 = _TOP_KEYS_V1 | {"parent_id", "children", "trainable", "metadata"}
+_TOP_KEYS = _TOP_KEYS_V2 | {"reward_source"}
 _TURN_KEYS = frozenset({"index", "output_tokens", "engine_id", "queued_s", "generating_s",
                         "policy_version", "tool_call"})
 _TOOL_KEYS = frozenset({"name", "arguments", "latency_s", "output_tokens", "error"})
@@ -177,6 +183,7 @@ def trajectory_to_record(t: Trajectory) -> dict[str, Any]:
         "failure_stage": None if t.failure_stage is None else t.failure_stage.value,
         "infra_failure": t.infra_failure,
         "reward": t.reward,
+        "reward_source": None if t.reward_source is None else t.reward_source.value,
         "metrics": dict(t.metrics),
         "attempt": t.attempt,
         "prompt_tokens": t.prompt_tokens,
@@ -213,7 +220,7 @@ def trajectory_from_record(record: Mapping[str, Any]) -> Trajectory:
     if isinstance(record, Mapping) and "version" in record:
         version = _version(record["version"])
     v2 = version >= 2
-    r = Fields(record, "", _TOP_KEYS if v2 else _TOP_KEYS_V1)
+    r = Fields(record, "", {1: _TOP_KEYS_V1, 2: _TOP_KEYS_V2}.get(version, _TOP_KEYS))
     turns = [_turn_from_record(item, f"turns[{i}]")
              for i, item in enumerate(r.array("turns"))]
     segments = [_segment_from_record(item, f"segments[{i}]", v2)
@@ -242,6 +249,8 @@ def trajectory_from_record(record: Mapping[str, Any]) -> Trajectory:
         t.children = text_list(r.value("children"), "children")
         t.trainable = r.boolean("trainable")
         t.metadata = _metadata(r.value("metadata"))
+    if version >= 3:
+        t.reward_source = r.opt_choice("reward_source", RewardSource)
     _check_invariants(t)
     _check_links(t)
     if r.boolean("infra_failure") != t.infra_failure:
@@ -272,7 +281,8 @@ def loads_record(text: str) -> Trajectory:
 
 def _version(value: Any) -> int:
     if type(value) is not int or value not in READ_VERSIONS:
-        known = " and ".join(map(str, READ_VERSIONS))
+        *first, last = map(str, READ_VERSIONS)
+        known = f"{', '.join(first)} and {last}"
         raise RecordError(f"version: {value!r:.80} is not a record version this treadle "
                           f"reads (it reads {known})")
     return value
@@ -287,6 +297,9 @@ def _check_invariants(t: Trajectory) -> None:
     if error and t.reward is not None:
         raise RecordError(f"reward: must be null for status 'error' (an infrastructure "
                           f"failure has no reward), got {t.reward!r}")
+    if t.reward_source is not None and t.reward is None:
+        raise RecordError(f"reward_source: must be null for a trajectory without a reward, "
+                          f"got {t.reward_source.value!r}")
     if t.trainable is False:
         # A frozen sub-agent's tokens are context for its parent, never trained: a
         # mask-1 token would reach the loss through a converter that trusts the mask.

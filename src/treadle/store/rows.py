@@ -36,7 +36,7 @@ PAGE = 500  # trajectories per batch when cancelling or failing a large job
 
 COUNT_COLUMNS = {status: f"n_{status.value}" for status in TrajectoryStatus}
 _JOB_COLUMNS = ("status, reason, created_at, started_at, finished_at, planned, delivered, "
-                + ", ".join(COUNT_COLUMNS.values()))
+                "owner, " + ", ".join(COUNT_COLUMNS.values()))
 
 
 def require_job(conn: sqlite3.Connection, job_id: str) -> None:
@@ -49,9 +49,9 @@ def job_info(conn: sqlite3.Connection, job_id: str) -> JobInfo:
     row = conn.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
     if row is None:
         raise NotFound(f"no job {job_id!r}")
-    counts = {status: int(n) for status, n in zip(COUNT_COLUMNS, row[7:], strict=True)}
+    counts = {status: int(n) for status, n in zip(COUNT_COLUMNS, row[8:], strict=True)}
     return JobInfo(job_id, JobStatus(row[0]), row[1], row[2], row[3], row[4],
-                   int(row[5]), int(row[6]), counts)
+                   int(row[5]), int(row[6]), counts, owner=row[7])
 
 
 def counted(changes: Mapping[TrajectoryStatus, int]) -> tuple[list[str], list[int]]:

@@ -100,6 +100,19 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "n_error = (SELECT count(*) FROM trajectories t "
         "WHERE t.job_id = jobs.job_id AND t.status = 'error')",
     ),
+    # 3: who may see a job, and the trainer keys made through the API. A job's owner
+    # is the trainer run whose key submitted it (NULL: the admin's, as every job
+    # before this version). A key is kept only as its SHA-256: the store never holds
+    # one a reader of the file could use.
+    (
+        "ALTER TABLE jobs ADD COLUMN owner TEXT",
+        """CREATE TABLE trainer_keys (
+            key_id       TEXT PRIMARY KEY,         -- its public name (lists, revocation)
+            digest       TEXT NOT NULL UNIQUE,     -- SHA-256 of the key, hex
+            trainer_run  TEXT NOT NULL,            -- the run it speaks for
+            created_at   REAL NOT NULL
+        )""",
+    ),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

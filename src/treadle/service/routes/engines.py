@@ -1,12 +1,13 @@
 """`/v1/engines`: the engine pools (the policy's, and the frozen one for frozen
-sub-agents) — list, register, drain, remove. Engine ids are unique across pools."""
+sub-agents) — list, register, drain, remove. Engine ids are unique across pools.
+Trainers may list them; changing the pools is the admin's."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
 from treadle.runtime.driver import EngineSlot
-from treadle.service.deps import ServiceDep
+from treadle.service.deps import AdminDep, CallerDep, ServiceDep
 from treadle.service.errors import RequestRefused
 from treadle.service.replies import documented
 from treadle.service.schemas import EngineRequest, EngineView
@@ -18,12 +19,13 @@ router = APIRouter(prefix="/v1/engines", route_class=StrictJSONRoute, tags=["eng
 
 
 @router.get("")
-async def engines(service: ServiceDep) -> list[EngineView]:
+async def engines(_caller: CallerDep, service: ServiceDep) -> list[EngineView]:
     return [engine_view(s, pool) for pool, rt in service.pools() for s in rt.engines()]
 
 
 @router.post("", status_code=201, responses=documented(422))
-async def register(request: EngineRequest, service: ServiceDep) -> EngineView:
+async def register(request: EngineRequest, _admin: AdminDep,
+                   service: ServiceDep) -> EngineView:
     engine = engine_client(request)
     problem = await service.check_engine(engine, request)
     if problem is not None:
@@ -36,14 +38,14 @@ async def register(request: EngineRequest, service: ServiceDep) -> EngineView:
 
 
 @router.post("/{engine_id}/drain", responses=documented(404))
-async def drain(engine_id: str, service: ServiceDep) -> EngineView:
+async def drain(engine_id: str, _admin: AdminDep, service: ServiceDep) -> EngineView:
     slot, pool = _slot(service, engine_id)
     service.pool_runtime(pool).drain_engine(engine_id)
     return engine_view(slot, pool)
 
 
 @router.delete("/{engine_id}", status_code=204, responses=documented(404))
-async def remove(engine_id: str, service: ServiceDep) -> Response:
+async def remove(engine_id: str, _admin: AdminDep, service: ServiceDep) -> Response:
     _, pool = _slot(service, engine_id)
     service.pool_runtime(pool).remove_engine(engine_id, "removed through the API")
     return Response(status_code=204)

@@ -7,9 +7,18 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 
-from treadle.service.deps import ServiceDep
+from treadle.service.deps import CallerDep, OwnedJobDep, ServiceDep
+from treadle.service.keys import owner_of, run_named
 from treadle.service.replies import documented
-from treadle.service.schemas import MAX_INT64, JobCreated, JobRequest, JobView, TrainerMetrics
+from treadle.service.schemas import (
+    MAX_INT64,
+    JobCreated,
+    JobRequest,
+    JobView,
+    SessionTasks,
+    TrainerMetrics,
+)
+from treadle.service.state import Service
 from treadle.service.strict_json import StrictJSONRoute
 from treadle.store.jobs import JobInfo, JobStatus
 from treadle.types import TrajectoryStatus
@@ -18,35 +27,37 @@ router = APIRouter(prefix="/v1/jobs", route_class=StrictJSONRoute, tags=["jobs"]
 
 
 @router.post("", status_code=201, responses=documented(409, 422))
-async def submit(request: JobRequest, service: ServiceDep) -> JobCreated:
-    info = await service.rollouts.submit(request)
+async def submit(request: JobRequest, caller: CallerDep, service: ServiceDep) -> JobCreated:
+    """A trainer key's job is its run's: only that run's keys (and the admin's) see it,
+    and it runs on that run's weights only (or the engines' initial ones)."""
+    if not isinstance(request.tasks, SessionTasks):  # (a sessions job has no window)
+        request = request.model_copy(update={
+            "trainer_run": run_named(caller, request.trainer_run)})
+    info = await service.rollouts.submit(request, owner=owner_of(caller))
     return JobCreated(job_id=info.job_id, planned=info.planned)
 
 
 @router.get("/{job_id}", responses=documented(404))
-async def job(job_id: str, service: ServiceDep) -> JobView:
-    info, running, queued = await service.rollouts.job(job_id)
-    window, metrics = await service.rollouts.job_policy(job_id)
-    return job_view(info, running, queued).model_copy(update={
-        **window, "trainer_metrics": metrics,
-        "tokenizer_fingerprint": service.tokenizer_fingerprint})
+async def job(job_id: str, _owned: OwnedJobDep, service: ServiceDep) -> JobView:
+    return await _view(job_id, service)
 
 
 @router.post("/{job_id}/metrics", responses=documented(404, 422))
-async def report(job_id: str, body: TrainerMetrics, service: ServiceDep) -> JobView:
+async def report(job_id: str, body: TrainerMetrics, _owned: OwnedJobDep,
+                 service: ServiceDep) -> JobView:
     """Numbers the trainer measured on the job's data (e.g. `logprob_gap_max`),
     shown in the job's view from then on."""
     await service.rollouts.report(job_id, body.metrics)
-    return await job(job_id, service)
+    return await _view(job_id, service)
 
 
 @router.get("/{job_id}/trajectories", response_class=StreamingResponse,
             responses={200: {"content": {"application/x-ndjson": {}},
                              "description": "one JSON object a line"}, **documented(404, 422)})
-async def trajectories(job_id: str, service: ServiceDep,
+async def trajectories(job_id: str, _owned: OwnedJobDep, service: ServiceDep,
                        after: int = Query(0, ge=0, le=MAX_INT64),
                        follow: bool = Query(False)) -> StreamingResponse:
-    await service.rollouts.job(job_id)  # 404 before the stream starts
+    # OwnedJobDep: the 404 before the stream starts.
 
     async def lines() -> AsyncIterator[bytes]:
         async for d in service.rollouts.results(
@@ -59,9 +70,17 @@ async def trajectories(job_id: str, service: ServiceDep,
 
 
 @router.post("/{job_id}/cancel", responses=documented(404))
-async def cancel(job_id: str, service: ServiceDep) -> JobView:
+async def cancel(job_id: str, _owned: OwnedJobDep, service: ServiceDep) -> JobView:
     # Nothing of a cancelled job runs or waits here any more.
     return job_view(await service.rollouts.cancel(job_id), 0, 0)
+
+
+async def _view(job_id: str, service: Service) -> JobView:
+    info, running, queued = await service.rollouts.job(job_id)
+    window, metrics = await service.rollouts.job_policy(job_id)
+    return job_view(info, running, queued).model_copy(update={
+        **window, "trainer_metrics": metrics,
+        "tokenizer_fingerprint": service.tokenizer_fingerprint})
 
 
 def job_view(info: JobInfo, running: int, queued: int) -> JobView:

@@ -1,7 +1,8 @@
 """`/v1/sessions/{id}/openai/v1`: the OpenAI-compatible door of one session.
 
-A harness sets this as its OpenAI base URL (and the service's token as its API
-key). Every error is OpenAI's shape, ``{"error": {"message", "type", "param",
+A harness sets this as its OpenAI base URL (and the session's key, `api_key` of
+`POST /v1/sessions`, as its API key: it opens these two routes of this session and
+nothing else). Every error is OpenAI's shape, ``{"error": {"message", "type", "param",
 "code"}}`` (`treadle.gateway.wire`), so that the harness's SDK raises the error it
 knows: 400 for what the gateway cannot honour, 404 for an unknown session, 409 for
 a call while another runs, 503 when the engines fail.
@@ -19,7 +20,7 @@ from treadle.errors import InputError, TreadleError
 from treadle.gateway import chat_request, wire
 from treadle.gateway.errors import GatewayError, InvalidRequest
 from treadle.service import strict_json
-from treadle.service.deps import ServiceDep
+from treadle.service.deps import DoorDep, ServiceDep
 
 router = APIRouter(prefix="/v1/sessions/{session_id}/openai/v1", tags=["gateway"])
 
@@ -28,7 +29,7 @@ _OPENAI_ERROR = {"type": "object", "required": ["error"], "properties": {"error"
     "type": "object", "required": ["message", "type", "param", "code"],
     "properties": {"message": {"type": "string"}, "type": {"type": "string"},
                    "param": _NULLABLE_TEXT, "code": _NULLABLE_TEXT}}}}
-_SERVICE_ERROR = {"type": "object", "required": ["detail"]}  # the gate's 401/408/413/503
+_SERVICE_ERROR = {"type": "object", "required": ["detail"]}  # the gate's 401/403/408/413/503
 
 
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
@@ -55,7 +56,7 @@ _CHAT_REPLY: dict[int | str, dict[str, Any]] = {200: {
 @router.post("/chat/completions", response_model=None,
              openapi_extra={"requestBody": _CHAT_BODY},
              responses={**_CHAT_REPLY, **_errors(400, 404, 409, 503)})
-async def chat_completions(session_id: str, request: Request,
+async def chat_completions(session_id: str, request: Request, _door: DoorDep,
                            service: ServiceDep) -> Response:
     try:
         try:
@@ -84,7 +85,7 @@ async def chat_completions(session_id: str, request: Request,
             responses={200: {"description": "the served model",
                              "content": {"application/json": {"schema": {"type": "object"}}}},
                        **_errors(400, 404)})
-async def models(session_id: str, service: ServiceDep) -> Response:
+async def models(session_id: str, _door: DoorDep, service: ServiceDep) -> Response:
     try:
         service.gateway.session(session_id)
     except GatewayError as e:

@@ -1,4 +1,5 @@
-"""The service itself: liveness, Prometheus metrics, the OpenAPI schema."""
+"""The service itself: liveness (no key), Prometheus metrics (the admin's: they
+count every run's work), the OpenAPI schema (the admin's and trainers')."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from treadle.service.deps import ServiceDep
+from treadle.service.deps import AdminDep, CallerDep, ServiceDep
 
 # Liveness answers without the token: `create_app` includes this router alone
 # without the auth dependency.
@@ -24,11 +25,11 @@ async def healthz(service: ServiceDep) -> dict[str, Any]:
 
 
 @router.get("/metrics", responses={200: {"content": {"text/plain": {}}}})
-async def metrics(service: ServiceDep) -> PlainTextResponse:
+async def metrics(_admin: AdminDep, service: ServiceDep) -> PlainTextResponse:
     # A JSON route otherwise, so that its errors are JSON like every other's.
     return PlainTextResponse(service.metrics_text())
 
 
 @router.get("/openapi.json", include_in_schema=False)
-async def openapi(request: Request) -> JSONResponse:
+async def openapi(request: Request, _caller: CallerDep) -> JSONResponse:
     return JSONResponse(request.app.openapi())
