@@ -31,6 +31,10 @@ def test_public_text_hides_each_form_of_a_remembered_address() -> None:
     assert public_text(said) == (
         "<engine> rejected the request; cannot connect to <engine>; "
         "the schema is http://json-schema.org/draft-07/schema#")  # not an engine's
+    # A short address (one a fuzzed registration gave) hides itself, nothing else.
+    remember_address("http://0")
+    assert public_text("no job 'no-such-job-0', got 0; http://0 or 0:80 refused") == (
+        "no job 'no-such-job-0', got 0; <engine> or <engine> refused")
 
 
 def _hidden(text: str, engine: str) -> None:
