@@ -57,10 +57,13 @@ def test_a_gateway_error_from_the_engine_hides_its_address_and_logs_it(
     with fake.serve() as engine:
         config = ServiceConfig(db=str(tmp_path / "s.db"), token=TOKEN, policy="verl",
                                engines=[EngineRequest(url=engine, model="m")],
-                               tokenizer=str(tmp_path / "tok"))
+                               tokenizer=str(tmp_path / "tok"),
+                               # a failed engine's turn waits this long for one to come
+                               # back before the call fails (60 s by default)
+                               engine_wait_s=0.5)
         with running_service(config) as url, httpx.Client(
                 base_url=url, headers={"authorization": f"Bearer {TOKEN}"},
-                timeout=60) as http:
+                timeout=120) as http:
             info = http.post("/v1/sessions", json={}).json()
             answer = http.post(f"{info['base_url']}/chat/completions", json={
                 "model": "policy", "messages": [{"role": "user", "content": "hi"}]})
