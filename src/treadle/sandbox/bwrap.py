@@ -26,7 +26,8 @@ Each exec is one fresh `bwrap` process tree:
   (empty read-only tmpfs, or /dev/null for files). A fresh /proc with /proc/1
   (bwrap's pid 1: its /proc/1/mem is otherwise writable by the same uid),
   /proc/keys and /proc/key-users covered; a minimal, read-only /dev with a
-  /dev/shm and a /tmp of their own per exec, each `memory_mb` in size; the work
+  /dev/shm and a /tmp of their own per exec, each `memory_mb` in size (an `expose`
+  path is mounted after them, so one under the host's /tmp shows there); the work
   dir (with `bounded_workdirs`, a tmpfs of `workdir_mb` where treadle may mount,
   see _workdir.py) is bound read-write at `mount_point` (default /work) and is
   the cwd and HOME.
@@ -246,7 +247,8 @@ class BwrapBackend(SandboxBackend):
         root, else <tmp>/treadle-sandboxes-<uid>); refused unless private to this
         user (see _workdir.py).
     expose: extra host paths (absolute) to show read-only at the same place, e.g.
-        "/nix/store" or a read-only dataset directory.
+        "/nix/store", a read-only dataset directory or a virtualenv under /tmp; not
+        /tmp as a whole, nor /proc, /dev or the mount point or under them.
     hide: extra host paths to cover (files or directories) besides the defaults.
     sandbox_user: (uid, gid) sandboxes run as when treadle is root; None keeps root
         (capabilities dropped). Ignored when treadle is not root.
@@ -284,6 +286,8 @@ class BwrapBackend(SandboxBackend):
             if not os.path.isabs(path) or os.path.normpath(path) == "/":
                 raise ValueError(f"expose paths must be absolute and not '/', got {path!r}")
         self.expose = tuple(os.path.normpath(p) for p in expose)
+        for path in self.expose:
+            _check_exposable(path, mount_point)
         self.hide = tuple(hide)
         self.sandbox_user = sandbox_user
         self._use_cgroups = use_cgroups
@@ -464,8 +468,6 @@ class BwrapBackend(SandboxBackend):
                 opts += ["--symlink", os.readlink(path), path]
             elif os.path.isdir(path):
                 opts += ["--ro-bind", path, path]
-        for path in self.expose:
-            opts += ["--ro-bind", path, path]
         # /proc/1 is bwrap's pid 1 (no RLIMIT_NPROC; the death signal that ends the
         # namespace): its /proc/1/mem must not be writable by the command, which runs as
         # the same uid. Keys: /proc/keys lists every key the sandbox uid may view.
@@ -481,6 +483,10 @@ class BwrapBackend(SandboxBackend):
                  # resident: the agent lists (and empties) POSIX message queues there
                  *(["--mqueue", "/dev/mqueue"] if as_pid_1 else []),
                  "--remount-ro", "/dev", "--perms", "1777", *size, "--tmpfs", "/tmp"]
+        # After the sandbox's own /tmp: an exposed path under the host's /tmp (a
+        # virtualenv, a dataset) shows at its place there, the rest of the host's /tmp not.
+        for path in self.expose:
+            opts += ["--ro-bind", path, path]
         for path in setup.masks:
             if os.path.isdir(path):
                 opts += ["--tmpfs", path, "--remount-ro", path]
@@ -493,6 +499,18 @@ class BwrapBackend(SandboxBackend):
     @staticmethod
     def _tmpfs_size(setup: _Setup, size: int) -> list[str]:
         return ["--size", str(size)] if setup.tmpfs_size else []
+
+
+def _check_exposable(path: str, mount_point: str) -> None:
+    """Refuse to expose what every sandbox mounts a fresh one of: its own /proc, /dev
+    and work dir, and /tmp as a whole (its scratch; paths under it are fine)."""
+    if path == "/tmp":
+        raise ValueError("expose cannot show the host's whole /tmp (the sandbox's /tmp is "
+                         "its own scratch); expose the paths under it that a task needs")
+    for own in ("/proc", "/dev", mount_point):
+        if path == own or path.startswith(own + "/"):
+            raise ValueError(f"expose cannot show {path!r}: every sandbox mounts its own "
+                             f"{own} there")
 
 
 def _bwrap_help(bwrap: str) -> str:
