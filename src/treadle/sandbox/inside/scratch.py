@@ -5,7 +5,7 @@ would hold memory across calls; the host then replaces the executor). What bwrap
 mounted in a scratch dir (an `expose` path under /tmp) stays, with the dirs that
 lead to it.
 
-Run inside the sandbox as part of the agent (`_resident_agent` loads it from the
+Run inside the sandbox as part of the agent (`agent`; loaded by `boot` from the
 source the host passes, standard library only); only called once every process of
 the call is dead, so nothing races the walks.
 """
