@@ -80,7 +80,7 @@ def test_the_example_harness_runs_python_from_a_virtualenv_under_tmp(
     where, output = done.stdout.split("\n", 1)
     assert where.split() == [str(checkout_under_tmp / ".venv"),
                              str(checkout_under_tmp / "src" / "treadle" / "__init__.py")]
-    assert output == "42\n\n", done.stdout  # not "bwrap: execvp ...: No such file"
+    assert output == "42\n", done.stdout  # not "bwrap: execvp ...: No such file"
 
 
 def tool_outputs(trajectory: Trajectory, decode: Callable[[list[int]], str]) -> list[str]:

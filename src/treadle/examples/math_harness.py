@@ -55,7 +55,10 @@ def run_python(code: str) -> str:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=10)
     except subprocess.TimeoutExpired:
         return "error: the program ran for more than 10 s"
-    return (done.stdout + done.stderr)[-2000:] or "(no output)"
+    # Without the trailing newline print() leaves, as treadle's own python tool shows
+    # output: the demo's model learnt from such transcripts, and a stray blank line
+    # after the number is enough to garble the answer it copies from it.
+    return (done.stdout + done.stderr).rstrip("\n")[-2000:] or "(no output)"
 
 
 def solve(client: OpenAI, prompt: str, tools: list[dict[str, Any]]) -> str | None:
