@@ -94,11 +94,14 @@ def parse_chat(body: Any) -> tuple[CallRequest, ChatOptions]:
             > MAX_TEXT_CHARS:
         raise InvalidRequest(f"messages: more than {MAX_TEXT_CHARS:,} characters of text",
                              param="messages")
+    # Both checked (an `or` of the two once left max_tokens unchecked beside a valid
+    # max_completion_tokens: `true` was taken); the newer name wins.
+    newer, older = _positive(body, "max_completion_tokens"), _positive(body, "max_tokens")
     request = CallRequest(
         messages=parsed,
         tools=tools,
         tool_choice=_tool_choice(body.get("tool_choice"), names),
-        max_tokens=_positive(body, "max_completion_tokens") or _positive(body, "max_tokens"),
+        max_tokens=older if newer is None else newer,
         temperature=_number(body, "temperature", 0.0, 2.0),
         top_p=_number(body, "top_p", 0.0, 1.0, open_low=True),
         seed=_seed(body.get("seed")),
