@@ -80,7 +80,7 @@ async def trajectories(job_id: str, _owned: OwnedJobDep, service: ServiceDep,
     return StreamingResponse(lines(), media_type="application/x-ndjson")
 
 
-@router.get("/{job_id}/timeline", response_class=HTMLResponse,
+@router.get("/{job_id}/timeline",  # (its errors are JSON like every other route's)
             responses={200: {"content": {"text/html": {}},
                              "description": "the job's timeline page (treadle run's report)"},
                        **documented(404)})
