@@ -44,7 +44,9 @@
 Each NDJSON line is ``{"seq": n, "trajectory": <record>}`` (the record:
 `treadle.store.record`); a followed stream with nothing new writes a blank line
 every `stream_heartbeat_s` (readers skip blank lines). Every route but `/healthz`
-needs ``Authorization: Bearer <key>`` when the service has a token, the schema
+and the dashboard's page and files (`dashboard`: no data in them; the page sends
+the key it asks for to the routes it reads) needs ``Authorization: Bearer <key>``
+when the service has a token, the schema
 (`/openapi.json`; there is no docs UI) included: 401 for no valid key, decided from
 the headers before any body is read; the schema declares it as an HTTP bearer
 scheme. Each route declares the scope it needs (`deps`; the keys and their
