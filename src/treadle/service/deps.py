@@ -2,7 +2,8 @@
 for, with the scope each route needs.
 
 Every route but `/healthz` and the dashboard's files declares one of these in its
-signature, and so the scope it needs (`tests/service/test_service_scopes.py` checks that none is left out):
+signature, and so the scope it needs (`tests/service/test_service_scopes.py` checks
+that none is left out):
 
 =================  ==================================================================
 `AdminDep`         the service token only (engines' registration, keys, /metrics,

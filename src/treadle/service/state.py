@@ -109,7 +109,7 @@ class ServiceConfig:
     frozen_engines: list[EngineRequest] = field(default_factory=list)
     frozen_policy_version: int = 0
     # The dashboard's history (`service.monitor`): a sample of the service's counters
-    # every this many real seconds, ten minutes of them kept.
+    # every this many real seconds, the latest 600 kept (ten minutes at 1 s).
     monitor_interval_s: float = 1.0
 
 

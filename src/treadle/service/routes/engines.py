@@ -23,7 +23,8 @@ router = APIRouter(prefix="/v1/engines", route_class=StrictJSONRoute, tags=["eng
 async def engines(_caller: CallerDep, service: ServiceDep) -> list[EngineView]:
     """With each engine's own load while someone reads this (`service.monitor`)."""
     service.monitor.watched()
-    return [engine_view(service, s, pool) for pool, rt in service.pools() for s in rt.engines()]
+    return [engine_view(service, s, pool, queues) for pool, rt in service.pools()
+            for queues in [rt.scheduler.engine_queues()] for s in rt.engines()]
 
 
 @router.post("", status_code=201, responses=documented(422))
@@ -37,14 +38,14 @@ async def register(request: EngineRequest, _admin: AdminDep,
     eid = service.pool_runtime(request.pool).register_engine(
         engine, tp=request.tp, max_batch=request.max_batch,
         kv_capacity_tokens=request.kv_capacity_tokens, label=request.url)
-    return engine_view(service, *_slot(service, eid))
+    return engine_view(service, *_slot(service, eid), {})
 
 
 @router.post("/{engine_id}/drain", responses=documented(404))
 async def drain(engine_id: str, _admin: AdminDep, service: ServiceDep) -> EngineView:
     slot, pool = _slot(service, engine_id)
     service.pool_runtime(pool).drain_engine(engine_id)
-    return engine_view(service, slot, pool)
+    return engine_view(service, slot, pool, service.pool_runtime(pool).scheduler.engine_queues())
 
 
 @router.delete("/{engine_id}", status_code=204, responses=documented(404))
@@ -54,7 +55,9 @@ async def remove(engine_id: str, _admin: AdminDep, service: ServiceDep) -> Respo
     return Response(status_code=204)
 
 
-def engine_view(service: Service, slot: EngineSlot, pool: str) -> EngineView:
+def engine_view(service: Service, slot: EngineSlot, pool: str,
+                queues: dict[str, int]) -> EngineView:
+    """`queues`: the turns the pool's scheduler holds per engine (`engine_queues`)."""
     url = getattr(slot.engine, "base_url", None)
     runtime = service.pool_runtime(pool)
     reading = service.monitor.reading(slot.engine_id)
@@ -67,7 +70,7 @@ def engine_view(service: Service, slot: EngineSlot, pool: str) -> EngineView:
                       max_batch=slot.max_batch, kv_capacity_tokens=slot.kv_capacity_tokens,
                       calls_in_flight=slot.calls, draining=slot.draining, pool=pool,
                       policy_version=runtime.policy_version,
-                      queued_turns=runtime.scheduler.engine_queues().get(slot.engine_id, 0),
+                      queued_turns=queues.get(slot.engine_id, 0),
                       health="draining" if slot.draining else
                       "unhealthy" if unhealthy else "healthy", load=load)
 
