@@ -127,8 +127,8 @@ def run_demo(args: argparse.Namespace) -> int:
 
 def side_by_side(tallies: list[tuple[str, Any]]) -> str:
     """The jobs' "all" rows of their summary tables, one column per job (each a
-    `treadle.run.progress.Tally`): count, mean reward, turns, tokens, tool seconds."""
-    from treadle.run.progress import summary_rows
+    `treadle.page.trajectories.Tally`): count, mean reward, turns, tokens, tool seconds."""
+    from treadle.page.trajectories import summary_rows
 
     header = summary_rows(tallies[0][1])[0] if tallies else ()
     columns = [(door, summary_rows(tally)[-1]) for door, tally in tallies]

@@ -33,7 +33,7 @@ LAYERS: dict[str, set[str]] = {
     "runtime": {"core", "engines", "envs", "agent", "sandbox", "workloads"},
     "gateway": {"runtime", "core", "engines", "envs", "agent", "sandbox"},
     "service": {"gateway", "runtime", "store", "core", "engines", "envs", "agent", "sandbox",
-                "served", "workloads"},
+                "served", "workloads", "page"},
     "run": {"service", "gateway", "client", "store", "envs", "sandbox", "served", "workloads",
             "page"},
     "train": {"client", "runtime", "agent", "envs", "engines", "sandbox"},

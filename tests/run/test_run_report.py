@@ -10,8 +10,14 @@ from typing import Any
 
 import pytest
 
-from treadle.run.progress import Progress, summary_rows, summary_table
-from treadle.run.report import render_report, spans, trajectory_row
+from treadle.page.trajectories import (
+    render_report,
+    running_row,
+    spans,
+    summary_rows,
+    trajectory_row,
+)
+from treadle.run.progress import Progress, summary_table
 from treadle.types import (
     FailureStage,
     GroupKey,
@@ -71,6 +77,16 @@ def test_the_page_draws_every_started_trajectory_escaped_and_explains_itself() -
     again = render_report(list(reversed(rows)), title=f"run {EVIL}",
                           summary=[("status", "count"), ("x", "1")], facts=[f"job {EVIL}"])
     assert again == page
+
+
+def test_a_running_trajectory_is_a_row_up_to_now_and_no_reason_to_explain() -> None:
+    rows = [trajectory_row(_traj("done", start=0.0)), running_row("live", 2.0, 30.0)]
+    page = render_report(rows, title="live", summary=[("s",)], facts=[])
+    drawn = _rows_of(page)
+    assert [(r[0], r[1], r[8], r[9]) for r in drawn] == [("done", "completed", 0.0, 7.0),
+                                                         ("live", "running", 2.0, 30.0)]
+    assert "completed 1 · running 1" in page and "Every finished trajectory completed." in page
+    assert running_row("clock-behind", 5.0, 4.0).finished_at == 5.0
 
 
 def test_past_max_rows_the_longest_are_drawn_and_the_rest_counted() -> None:

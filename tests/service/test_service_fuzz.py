@@ -20,8 +20,9 @@ What the fuzz leaves out, and why:
 
 Every job the fuzz manages to submit is cancelled at once, so the engines stay
 idle and the run stays short. Half of the generated job ids are replaced by the
-id of a finished job and a quarter of the engine ids by a live engine's, so the
-routes' paths past the 404 are fuzzed too; half of the session ids by an open
+id of a finished job (and half the trajectory ids by one of its trajectories') and
+a quarter of the engine ids by a live engine's, so the routes' paths past the 404
+are fuzzed too; half of the session ids by an open
 session's (a fresh one for each call that ends a session, so that every end can
 succeed), so the gateway's chat completions are fuzzed past its 404 on a real
 session with emulated engines (OpenAI-shaped errors, never a 5xx); and half of the
@@ -86,7 +87,9 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         assert r.status_code == 201, r.text
         with client.stream("GET", f"/v1/jobs/{KNOWN_JOB}/trajectories",
                            params={"follow": "true"}) as stream:
-            assert sum(1 for line in stream.iter_lines() if line) == 16
+            done = [json.loads(line)["trajectory"]["trajectory_id"]
+                    for line in stream.iter_lines() if line]
+            assert len(done) == 16
         engines = [e["engine_id"] for e in client.get("/v1/engines").json()]
 
         def session() -> str:
@@ -100,7 +103,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
             return str(made.json()["key_id"])
 
         yield {"url": url, "client": client, "engines": engines, "session": session,
-               "known_session": session(), "key": key}
+               "known_session": session(), "key": key, "trajectories": done}
 
 
 def _aim(case: schemathesis.Case, service: dict[str, Any]) -> None:
@@ -122,6 +125,9 @@ def _aim(case: schemathesis.Case, service: dict[str, Any]) -> None:
                 params[name] = known[(pick // share) % len(known)]
     if case.query and "follow" in case.query:
         case.query["follow"] = "false"
+    given = (case.query or {}).get("trajectory_id")
+    if isinstance(given, str) and zlib.crc32(given.encode()) % 2 == 0:
+        case.query["trajectory_id"] = service["trajectories"][0]  # a finished one's
 
 
 @schema.parametrize()

@@ -11,7 +11,8 @@ with each of these keys, and no answer may be a 5xx or reach past its scope:
 - trainer B's key, aimed at trainer A's job and sessions: never a 2xx there, on the
   admin's routes a 403 (or the 422 of a body FastAPI cannot read, before any
   route's scope is looked at), and for A's job the very answer a job that does not
-  exist gets (sent again with an unknown id), so that ids cannot be probed.
+  exist gets (sent again with an unknown id), so that ids cannot be probed; the
+  job list it gets never names A's job.
 
 Afterwards nothing of A's or the admin's changed: A's job, A's session, the engines,
 the keys and the weights' run. What trainer B may do is undone at once: its jobs
@@ -47,7 +48,7 @@ TOKENIZER = Path(tempfile.mkdtemp(prefix="treadle-fuzz-keys-tok-"))
 build_tokenizer(TOKENIZER)
 ADMIN_ROUTES = {"POST /v1/engines", "POST /v1/engines/{engine_id}/drain",
                 "DELETE /v1/engines/{engine_id}", "GET /metrics", "POST /v1/keys",
-                "GET /v1/keys", "DELETE /v1/keys/{key_id}"}
+                "GET /v1/keys", "DELETE /v1/keys/{key_id}", "GET /v1/status"}
 A_SCOPED = ("/v1/jobs/{job_id}", "/v1/sessions/{session_id}")  # trainer A's, by path
 
 
@@ -180,6 +181,8 @@ def test_no_key_reaches_past_its_scope_and_none_is_a_5xx(
     if route in ADMIN_ROUTES:
         # (A body FastAPI cannot read is refused before any route's scope is looked at.)
         assert status == 403 or (status == 422 and _bad_input(body)), (route, status, body)
+    elif route == "GET /v1/jobs" and status == 200:
+        assert A_JOB not in {job["job_id"] for job in json.loads(body)}, body  # nor listed
     elif case.path.startswith(A_SCOPED):
         assert not 200 <= status < 300, (route, status, body)
         if "{job_id}" in case.path:

@@ -139,7 +139,8 @@ def test_what_the_gateway_cannot_honour_is_a_400_naming_the_parameter(
     for extra, param in [({"n": 2}, "n"), ({"top_logprobs": 3}, "top_logprobs"),
                          ({"extra_body": {"guided_json": {}}}, "guided_json"),
                          ({"messages": [{"role": "function", "content": "x"}]},
-                          "messages[0].role")]:
+                          "messages[0].role"),
+                         ({"max_completion_tokens": 8, "max_tokens": True}, "max_tokens")]:
         kwargs: dict[str, Any] = {"model": "policy", "messages": messages, **extra}
         if "extra_body" in kwargs:
             kwargs.update(kwargs.pop("extra_body"))

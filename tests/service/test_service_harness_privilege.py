@@ -140,7 +140,7 @@ def test_a_harness_job_holds_its_sessions_key_only_and_scores_as_its_job_chose(
                 "other_session": other["session_id"], "job": "a-other", "engine": engine,
                 "engine_url": engine_url, "key": made["key_id"]})))
             before = {"weights": admin.get("/v1/weights").json(),
-                      "engines": admin.get("/v1/engines").json(),
+                      "engines": _pool(admin),
                       "keys": admin.get("/v1/keys").json(),
                       "other": admin.get(f"/v1/sessions/{other['session_id']}").json(),
                       "job": admin.get("/v1/jobs/a-other").json()}
@@ -170,7 +170,7 @@ def test_a_harness_job_holds_its_sessions_key_only_and_scores_as_its_job_chose(
             by_exit = run("by-exit-code", "plain", "exit_code")
             by_file = run("by-reward-file", "boxed", "reward_file")
             after = {"weights": admin.get("/v1/weights").json(),
-                     "engines": admin.get("/v1/engines").json(),
+                     "engines": _pool(admin),
                      "keys": admin.get("/v1/keys").json(),
                      "other": admin.get(f"/v1/sessions/{other['session_id']}").json(),
                      "job": admin.get("/v1/jobs/a-other").json()}
@@ -210,3 +210,8 @@ def test_a_harness_job_holds_its_sessions_key_only_and_scores_as_its_job_chose(
     (blocked,) = [e for e in boxed_report if e.get("reward_file", "").endswith("reward.json")
                   and e["reward_file"] != "reward.json"]
     assert blocked["outcome"].startswith("refused"), blocked
+
+
+def _pool(admin: httpx.Client) -> list[dict[str, Any]]:
+    """The engine pool, without each engine's load (a reading, not the pool's state)."""
+    return [{k: v for k, v in e.items() if k != "load"} for e in admin.get("/v1/engines").json()]

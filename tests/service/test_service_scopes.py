@@ -20,17 +20,29 @@ from service_helpers import running_service, service_schema
 
 from agent.agent_helpers import build_tokenizer
 from treadle.cli import main
-from treadle.service import deps
+from treadle.service import dashboard, deps
 from treadle.service.app import create_app
 from treadle.service.keys import digest, file_line, new_key, read_keys_file
 from treadle.service.limits import RequestGate
-from treadle.service.routes import engines, jobs, keys, openai, rollouts, sessions, system, weights
+from treadle.service.routes import (
+    engines,
+    jobs,
+    keys,
+    openai,
+    rollouts,
+    sessions,
+    system,
+    weights,
+)
+from treadle.service.routes import status as status_routes
 from treadle.service.state import ServiceConfig, build_service
 
 pytestmark = [pytest.mark.integration]
 TOKEN = "scopes-admin"
 FILE_KEY = new_key("trk_")  # run-b's, from the keys file
-ROUTERS = (system, jobs, rollouts, sessions, openai, engines, weights, keys)  # all but health
+ROUTERS = (system, jobs, rollouts, sessions, openai, engines, weights, keys,
+           status_routes)  # all but
+# health and the dashboard's files (test_the_dashboards_files_alone_need_no_key)
 REPLAY = {"tasks": {"workload": "math", "trajectories": 2, "group_size": 2}}
 
 
@@ -81,7 +93,11 @@ def _no_job(r: httpx.Response, job_id: str) -> None:
 
 SCOPES = {  # route -> the scope dependency it must declare
     "GET /metrics": deps.get_admin, "GET /openapi.json": deps.get_caller,
-    "POST /v1/jobs": deps.get_caller, "GET /v1/jobs/{job_id}": deps.get_owned_job,
+    "POST /v1/jobs": deps.get_caller, "GET /v1/jobs": deps.get_caller,
+    "GET /v1/jobs/{job_id}": deps.get_owned_job,
+    "GET /v1/jobs/{job_id}/timeline": deps.get_owned_job,
+    "GET /v1/jobs/{job_id}/groups": deps.get_owned_job,
+    "GET /v1/jobs/{job_id}/record": deps.get_owned_job,
     "POST /v1/jobs/{job_id}/metrics": deps.get_owned_job,
     "GET /v1/jobs/{job_id}/trajectories": deps.get_owned_job,
     "POST /v1/jobs/{job_id}/cancel": deps.get_owned_job,
@@ -96,7 +112,7 @@ SCOPES = {  # route -> the scope dependency it must declare
     "GET /v1/weights": deps.get_caller, "POST /v1/weights/pause": deps.get_caller,
     "POST /v1/weights/update": deps.get_caller, "POST /v1/weights/resume": deps.get_caller,
     "POST /v1/keys": deps.get_admin, "GET /v1/keys": deps.get_admin,
-    "DELETE /v1/keys/{key_id}": deps.get_admin,
+    "DELETE /v1/keys/{key_id}": deps.get_admin, "GET /v1/status": deps.get_admin,
 }
 
 
@@ -137,7 +153,13 @@ def test_a_trainer_key_sees_and_changes_only_its_own_runs_jobs(
     _no_job(run_b.post("/v1/jobs/job-of-a/metrics", json={"metrics": {"x": 1.0}}),
             "job-of-a")
     _no_job(run_b.post("/v1/jobs/job-of-a/cancel"), "job-of-a")
+    for view in ("timeline", "groups", "record?trajectory_id=job-of-a/math-s0-g0000-r00"):
+        _no_job(run_b.get(f"/v1/jobs/job-of-a/{view}"), "job-of-a")
     _no_job(run_b.get("/v1/jobs/nothing-here"), "nothing-here")
+    # Nor listed: each run lists its own jobs, the admin every job.
+    assert "job-of-a" not in {j["job_id"] for j in run_b.get("/v1/jobs").json()}
+    assert {j["owner"] for j in run_a.get("/v1/jobs").json()} == {"run-a"}
+    assert "job-of-a" in {j["job_id"] for j in admin.get("/v1/jobs").json()}
     # Nothing of it changed; its run's key and the admin see it whole.
     with run_a.stream("GET", "/v1/jobs/job-of-a/trajectories",
                       params={"follow": "true"}) as stream:
@@ -178,15 +200,16 @@ def test_a_trainer_key_pushes_its_own_runs_weights_only(
     ("POST", "/v1/engines/e0/drain", None), ("DELETE", "/v1/engines/e0", None),
     ("GET", "/metrics", None), ("POST", "/v1/keys", {"trainer_run": "run-b"}),
     ("GET", "/v1/keys", None), ("DELETE", "/v1/keys/anything", None),
+    ("GET", "/v1/status", None),
 ])
 def test_a_trainer_key_is_refused_the_admins_routes(
         run_b: httpx.Client, admin: httpx.Client, method: str, path: str,
         body: dict[str, Any] | None) -> None:
-    engines = admin.get("/v1/engines").json()
+    engines = [e["engine_id"] for e in admin.get("/v1/engines").json()]
     r = run_b.request(method, path, json=body)
     assert r.status_code == 403, r.text
     assert r.json() == {"detail": "this route needs the service token"}
-    assert admin.get("/v1/engines").json() == engines
+    assert [e["engine_id"] for e in admin.get("/v1/engines").json()] == engines
     assert run_b.get("/v1/engines").status_code == 200  # reading the pool is open to it
 
 
@@ -237,6 +260,8 @@ def test_a_session_key_opens_its_own_sessions_openai_routes_and_nothing_else(
             key_a.post("/v1/jobs/a-for-session-key/cancel"),
             key_a.post("/v1/weights/resume", json={"policy_version": 5}),
             key_a.get("/v1/engines"), key_a.get("/metrics"), key_a.get("/openapi.json"),
+            key_a.get("/v1/jobs"), key_a.get("/v1/status"),
+            key_a.get("/v1/jobs/a-for-session-key/timeline"),
             key_a.post("/v1/keys", json={"trainer_run": "x"}),
             key_a.get(f"{_door(a, url)}/../../../../jobs"),
         ]
@@ -334,6 +359,27 @@ def test_a_session_a_trainer_ends_is_its_runs_and_scored_by_its_owner(
         (line,) = [x for x in stream.iter_lines() if x]
     record = json.loads(line)["trajectory"]
     assert (record["reward"], record["reward_source"]) == (0.5, "owner")
+
+
+def test_the_dashboards_files_alone_need_no_key(url: str, run_a: httpx.Client) -> None:
+    """The page and its files are the package's bytes for everyone (no data in them),
+    with a policy that lets no other script run; anything else still needs a key."""
+    with httpx.Client(base_url=url, timeout=60) as anyone:
+        page = anyone.get("/dashboard")
+        assert page.status_code == 200 and page.content == dashboard.asset("dashboard.html")
+        assert page.headers["content-security-policy"] == dashboard.CSP
+        assert "script-src 'self' 'sha256-" in dashboard.CSP and "unsafe-eval" not in dashboard.CSP
+        for path in sorted(dashboard.PUBLIC_PATHS - {dashboard.PAGE}):
+            served = anyone.get(path)
+            assert served.status_code == 200, path
+            assert served.content == dashboard.asset(path.removeprefix(dashboard.STATIC))
+        refused = [anyone.get("/dashboard/static/nothing.js"),
+                   anyone.get("/dashboard/static/dashboard.html"),
+                   anyone.get("/dashboard/static/..%2F..%2Fv1%2Fjobs"),
+                   anyone.post("/dashboard", content=b"x" * 1024),
+                   anyone.get("/dashboard/"), anyone.get("/v1/jobs")]
+        assert [r.status_code for r in refused] == [401] * len(refused)
+    assert run_a.get("/dashboard/static/nothing.js").status_code == 404  # (with a key)
 
 
 def test_the_routes_check_every_scope_without_the_gate(tmp_path: Path) -> None:

@@ -1,16 +1,19 @@
 """Job owners and trainer keys: an owner is set with its job and survives reopening;
-trainer keys are kept as digests, listed, revoked; a version 2 file gains both."""
+jobs are listed newest first, all or one owner's; trainer keys are kept as digests,
+listed, revoked; a version 2 file gains both. A job's states and one result by id."""
 
 from __future__ import annotations
 
+import random
 import sqlite3
 from pathlib import Path
 
 import pytest
-from store_helpers import FakeClock, plan
+from store_helpers import FakeClock, plan, random_trajectory
 
 from treadle.store import NotFound, Store, StoreConflict
 from treadle.store.schema import MIGRATIONS, SCHEMA_VERSION
+from treadle.types import TrajectoryStatus
 
 
 def test_a_jobs_owner_is_kept_with_it(tmp_path: Path) -> None:
@@ -21,6 +24,39 @@ def test_a_jobs_owner_is_kept_with_it(tmp_path: Path) -> None:
         store.cancel("a")
     with Store(path) as store:
         assert (store.job("a").owner, store.job("x").owner) == ("run-a", None)
+
+
+def test_recent_jobs_newest_first_all_or_one_owners(tmp_path: Path) -> None:
+    clock = FakeClock()
+    with Store(tmp_path / "s.db", clock=clock) as store:
+        for job, owner in (("a1", "run-a"), ("x", None), ("b", "run-b"), ("a2", "run-a")):
+            clock.now += 1.0
+            store.create_job(job, {}, plan(1, 1, job), owner=owner)
+        assert [j.job_id for j in store.recent_jobs(10)] == ["a2", "b", "x", "a1"]
+        assert [j.job_id for j in store.recent_jobs(2)] == ["a2", "b"]
+        assert [j.job_id for j in store.recent_jobs(10, owner="run-a")] == ["a2", "a1"]
+        assert store.recent_jobs(10, owner="run-c") == []
+        with pytest.raises(ValueError):
+            store.recent_jobs(0)
+
+
+def test_a_jobs_states_in_plan_order_and_one_result_by_id(tmp_path: Path) -> None:
+    with Store(tmp_path / "s.db", clock=FakeClock()) as store:
+        planned = plan(2, 2, "j")
+        store.create_job("j", {}, planned)
+        done = random_trajectory(random.Random(0), planned[2], TrajectoryStatus.COMPLETED)
+        store.start("j", done.trajectory_id)
+        seq = store.finish("j", done).seq
+        states = store.states("j")
+        assert [s.trajectory_id for s in states] == [p.trajectory_id for p in planned]
+        assert [s.seq for s in states] == [None, None, seq, None]
+        found = store.result("j", done.trajectory_id)
+        assert found is not None and (found.seq, found.trajectory().reward) == (seq, done.reward)
+        assert store.result("j", planned[0].trajectory_id) is None  # not finished
+        with pytest.raises(NotFound):
+            store.result("j", "no-such")
+        with pytest.raises(NotFound):
+            store.states("nothing")
 
 
 def test_trainer_keys_are_digests_listed_and_revoked(tmp_path: Path) -> None:

@@ -129,6 +129,11 @@ class Scheduler(ABC):
         """Next time the scheduler wants `decide` called without an event, or None."""
         return None
 
+    def engine_queues(self) -> dict[str, int]:
+        """Turns waiting in each engine's queue now, by engine id (a view for
+        monitoring; {} for a scheduler that keeps no per-engine queues)."""
+        return {}
+
     def forget(self, traj_id: str) -> None:  # noqa: B027 - optional for a driver
         """Drop what is kept of a trajectory that sends no more events, so a
         long-lived driver's memory stays bounded. Unknown ids are ignored."""
@@ -146,6 +151,9 @@ class TrajectoryScheduler(Scheduler):
         self.unrouted: dict[str, TrajState] = {}  # ready turns with no engine yet
         self.preemptions = 0  # scheduler-initiated pauses
         self.migrations = 0  # KV moves between engines
+
+    def engine_queues(self) -> dict[str, int]:
+        return {eid: e.queued for eid, e in self.engines.items()}
 
     # -- policy hooks -------------------------------------------------------------
 

@@ -27,7 +27,7 @@ run ten times faster than that.
 Progress goes to stderr (a redrawn line on a terminal, plain lines otherwise); the
 summary table (by status: count, mean reward, turns, tokens, tool seconds) to
 stdout; `OUT/JOB.parquet` (`treadle.store.export`) and `OUT/JOB.html`
-(`treadle.run.report`). Exit 0 once the job has ended (failed trajectories are
+(`treadle.page.trajectories`). Exit 0 once the job has ended (failed trajectories are
 data: they are in the table), 2 with one line for bad input, 1 with one line when
 the service fails, 130 on Ctrl-C (the job is cancelled).
 """
@@ -347,11 +347,11 @@ def watch_job(request: dict[str, Any], url: str, token: str | None, where: str,
               label: str = "") -> int:
     """Submit `request` to the service at `url`, show its progress, print the summary,
     write OUT/JOB.parquet and OUT/JOB.html; the exit code (0, or 130 on Ctrl-C).
-    `tallies` gets (`label`, the job's `progress.Tally`) once it has ended."""
+    `tallies` gets (`label`, the job's `page.trajectories.Tally`) once it has ended."""
     from treadle.client.http import RolloutClient
     from treadle.client.stream import RetryPolicy
-    from treadle.run.progress import Progress, summary_rows, summary_table
-    from treadle.run.report import trajectory_row, write_report
+    from treadle.page.trajectories import summary_rows, trajectory_row, write_report
+    from treadle.run.progress import Progress, summary_table
     from treadle.store.export import write_parquet
     from treadle.store.record import trajectory_to_record
 

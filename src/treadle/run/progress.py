@@ -1,92 +1,26 @@
 """What `treadle run` shows while a batch runs and when it ends.
 
-`Tally` counts finished trajectories by status, with their rewards, turns, tokens
-and tool time. `Progress` draws it on stderr: on a terminal one line redrawn a few
-times a second (done/total, a bar, counts by status, tokens/s, elapsed), otherwise
-a plain line at every tenth of the batch, for a trajectory finishing
-`plain_every_s` or more after the last line, and at the end: a log file gets a
-readable record. Tokens/s is the output tokens of
-the finished trajectories over the elapsed time (a trajectory's tokens count when
+`Tally` (`treadle.page.trajectories`) counts finished trajectories by status, with
+their rewards, turns, tokens and tool time. `Progress` draws it on stderr: on a
+terminal one line redrawn a few times a second (done/total, a bar, counts by status,
+tokens/s, elapsed), otherwise a plain line at every tenth of the batch, for a
+trajectory finishing `plain_every_s` or more after the last line, and at the end: a
+log file gets a readable record. Tokens/s is the output tokens of the finished
+trajectories over the elapsed time (a trajectory's tokens count when
 it finishes, so the rate is lumpy at first). `summary_table` is the end's table.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TextIO
 
-from treadle.types import Trajectory, TrajectoryStatus
-
-STATUS_ORDER = [s.value for s in TrajectoryStatus if s.terminal]
-
-
-@dataclass(slots=True)
-class _Totals:
-    """Sums over the trajectories of one status."""
-
-    count: int = 0
-    rewards: list[float] = field(default_factory=list)  # the scored ones
-    turns: int = 0
-    tokens: int = 0  # output tokens
-    tool_s: float = 0.0
-
-
-class Tally:
-    """Finished trajectories, by status."""
-
-    def __init__(self) -> None:
-        self.by_status: dict[str, _Totals] = {}
-        self.done = 0
-        self.tokens = 0  # output tokens of everything finished
-
-    def add(self, t: Trajectory) -> None:
-        totals = self.by_status.setdefault(t.status.value, _Totals())
-        totals.count += 1
-        if t.reward is not None:
-            totals.rewards.append(t.reward)
-        totals.turns += len(t.turns)
-        totals.tokens += t.output_tokens
-        totals.tool_s += t.timings.tool_s
-        self.done += 1
-        self.tokens += t.output_tokens
-
-    def counts(self) -> list[tuple[str, int]]:
-        return [(s, self.by_status[s].count) for s in _ordered(self.by_status)]
-
-
-def _ordered(statuses: dict[str, _Totals]) -> list[str]:
-    return sorted(statuses, key=lambda s: (STATUS_ORDER.index(s) if s in STATUS_ORDER
-                                           else len(STATUS_ORDER), s))
-
-
-def summary_rows(tally: Tally) -> list[tuple[str, ...]]:
-    """The summary table's rows, header first: per status and for all, the count and
-    the means of reward (over the scored ones), turns, output tokens and tool seconds."""
-    rows: list[tuple[str, ...]] = [("status", "count", "reward", "turns", "tokens", "tool_s")]
-    every = _Totals()
-    for status in _ordered(tally.by_status):
-        t = tally.by_status[status]
-        rows.append(_row(status, t))
-        every.count += t.count
-        every.rewards += t.rewards
-        every.turns += t.turns
-        every.tokens += t.tokens
-        every.tool_s += t.tool_s
-    rows.append(_row("all", every))
-    return rows
-
-
-def _row(name: str, t: _Totals) -> tuple[str, ...]:
-    n = max(t.count, 1)
-    reward = f"{math.fsum(t.rewards) / len(t.rewards):.3f}" if t.rewards else "-"
-    return (name, str(t.count), reward, f"{t.turns / n:.1f}", f"{t.tokens / n:,.0f}",
-            f"{t.tool_s / n:.2f}")
+from treadle.page.trajectories import Tally, summary_rows, trajectory_row
+from treadle.types import Trajectory
 
 
 def summary_table(tally: Tally) -> str:
@@ -146,7 +80,7 @@ class Progress:
 
     def add(self, t: Trajectory) -> None:
         with self._lock:
-            self.tally.add(t)
+            self.tally.add(trajectory_row(t))
             if self.tty:
                 return  # the ticker redraws
             tenth = self.tally.done * 10 // max(self.total, 1)
@@ -208,4 +142,4 @@ def _clock_text(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
-__all__ = ["Progress", "Tally", "summary_rows", "summary_table"]
+__all__ = ["Progress", "summary_table"]

@@ -1,10 +1,14 @@
 """The HTTP API (FastAPI): rollouts as a service.
 
     POST /v1/jobs                        submit a job → 201 {job_id, planned}
+    GET  /v1/jobs                        the newest jobs the caller sees (?limit=)
     GET  /v1/jobs/{id}                   status, counts by trajectory status, progress
     GET  /v1/jobs/{id}/trajectories      finished trajectories as NDJSON, in completion
                                          order: ?after=SEQ resumes after a sequence
                                          number, ?follow=true waits for the rest
+    GET  /v1/jobs/{id}/timeline          its timeline page (HTML), running rows up to now
+    GET  /v1/jobs/{id}/groups            its GRPO groups with their rewards
+    GET  /v1/jobs/{id}/record            ?trajectory_id=: a finished one's record, no tokens
     POST /v1/jobs/{id}/cancel            cancel: unfinished trajectories become aborted
     POST /v1/rollouts                    one trajectory, answered when it ends
     POST /v1/sessions                    a session for an agent harness → 201 {session_id,
@@ -33,11 +37,16 @@
                                          policy version and `restart_s`, how long this
                                          service takes to come back after a restart
     GET  /metrics                        Prometheus text
+    GET  /v1/status                      the service now and its last ten minutes (admin)
+    GET  /dashboard                      the dashboard: a page that asks for a key and
+                                         polls the routes above (its files need no key)
 
 Each NDJSON line is ``{"seq": n, "trajectory": <record>}`` (the record:
 `treadle.store.record`); a followed stream with nothing new writes a blank line
 every `stream_heartbeat_s` (readers skip blank lines). Every route but `/healthz`
-needs ``Authorization: Bearer <key>`` when the service has a token, the schema
+and the dashboard's page and files (`dashboard`: no data in them; the page sends
+the key it asks for to the routes it reads) needs ``Authorization: Bearer <key>``
+when the service has a token, the schema
 (`/openapi.json`; there is no docs UI) included: 401 for no valid key, decided from
 the headers before any body is read; the schema declares it as an HTTP bearer
 scheme. Each route declares the scope it needs (`deps`; the keys and their
@@ -74,12 +83,14 @@ from fastapi import FastAPI
 from treadle.service import replies
 from treadle.service.limits import RequestGate
 from treadle.service.routes import (
+    dashboard,
     engines,
     jobs,
     keys,
     openai,
     rollouts,
     sessions,
+    status,
     system,
     weights,
 )
@@ -107,11 +118,13 @@ def create_app(service: Service) -> FastAPI:
     # declares its scope itself (deps), so that none is reached with the wrong one.
     common = replies.documented(*((401, 403) if service.keys.auth else ()), 408, 413, 503)
     app.include_router(system.health)
+    app.include_router(dashboard.router)  # the page and its files: no data, no key
     routers = [m.router for m in (system, jobs, rollouts, sessions, openai, engines, weights,
-                                  keys)]
+                                  keys, status)]
     for router in routers:
         app.include_router(router, responses=common)
-    replies.install(app, [route for r in [system.health, *routers] for route in r.routes])
+    replies.install(app, [route for r in [system.health, dashboard.router, *routers]
+                          for route in r.routes])
     app.add_middleware(RequestGate, service=service)
     return app
 

@@ -1,11 +1,13 @@
 """The routes' typed dependencies: the running `Service`, and who the request speaks
 for, with the scope each route needs.
 
-Every route but `/healthz` declares one of these in its signature, and so the scope
-it needs (`tests/service/test_service_scopes.py` checks that none is left out):
+Every route but `/healthz` and the dashboard's files declares one of these in its
+signature, and so the scope it needs (`tests/service/test_service_scopes.py` checks
+that none is left out):
 
 =================  ==================================================================
-`AdminDep`         the service token only (engines' registration, keys, /metrics)
+`AdminDep`         the service token only (engines' registration, keys, /metrics,
+                   /v1/status)
 `CallerDep`        the admin or a trainer key, never a session key (jobs, sessions,
                    weights: the route limits a trainer to its own run's)
 `OwnedJobDep`      a caller who sees the path's job: the admin, or a trainer key of

@@ -46,7 +46,7 @@ import itertools
 import logging
 import uuid
 from collections.abc import AsyncIterator, Coroutine, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from treadle.agent.tokenizer import Tokenizer
@@ -92,6 +92,8 @@ class _Job:
     window: PolicyWindow  # the weights its trajectories may be sampled from
     queue: collections.deque[Work]  # its trajectories not started yet, in plan order
     running: dict[str, asyncio.Task[None]]  # trajectory id -> its task
+    # trajectory id -> when it started (the runtime's clock, as its record's times)
+    started: dict[str, float] = field(default_factory=dict)
 
     @property
     def queued(self) -> int:
@@ -233,9 +235,19 @@ class Rollouts:
 
     async def job(self, job_id: str) -> tuple[JobInfo, int, int]:
         """(the stored state, trajectories running here, queued here)."""
-        info = await self.store.job(job_id)
+        return (await self.store.job(job_id), *self.here(job_id))
+
+    def here(self, job_id: str) -> tuple[int, int]:
+        """(the job's trajectories running here, queued here)."""
         job = self._jobs.get(job_id)
-        return info, len(job.running) if job else 0, job.queued if job else 0
+        return (len(job.running), job.queued) if job else (0, 0)
+
+    def running_since(self, job_id: str | None = None) -> dict[str, float]:
+        """The trajectories running here (of one job, or of all), each with when it
+        started on the runtime's clock."""
+        jobs = list(self._jobs.values()) if job_id is None else \
+            [self._jobs[job_id]] if job_id in self._jobs else []
+        return {tid: at for job in jobs for tid, at in job.started.items()}
 
     async def job_policy(self, job_id: str) -> tuple[dict[str, Any], dict[str, float]]:
         """The job's policy window (JobRequest's fields, those given) and what its
@@ -386,6 +398,7 @@ class Rollouts:
             # and its slot would be lost.
             task.add_done_callback(functools.partial(self._settled, work))
             job.running[work.planned.trajectory_id] = task
+            job.started[work.planned.trajectory_id] = self.runtime.clock.now()
 
     async def _run(self, work: Work) -> None:
         tid = work.planned.trajectory_id
@@ -407,6 +420,7 @@ class Rollouts:
         job = self._jobs.get(work.job_id)
         if job is not None:
             job.running.pop(work.planned.trajectory_id, None)
+            job.started.pop(work.planned.trajectory_id, None)
             if not job.running and not job.queued:
                 del self._jobs[work.job_id]
         self._dispatch()

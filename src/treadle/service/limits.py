@@ -3,7 +3,9 @@
 In this order, each refusal answered from the headers alone, before anything of
 the body is read:
 
-1. `/healthz` passes untouched (liveness, no auth).
+1. `/healthz` passes untouched (liveness, no auth), and so do GETs of the
+   dashboard's page and files (`dashboard.PUBLIC_PATHS`: fixed bytes, no data; the
+   page reads everything through the key-checked routes).
 2. The bearer key (when the service has a token): one the service does not know —
    missing, wrong, revoked, or a session key whose session has ended — is a 401 at
    once; a session key anywhere but its own session's OpenAI routes a 403 at once
@@ -30,6 +32,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from treadle.served import declared_too_large, limit_body
+from treadle.service.dashboard import PUBLIC_PATHS
 from treadle.service.keys import SessionHolder, door_paths
 from treadle.service.state import Service
 
@@ -52,7 +55,8 @@ class RequestGate:
             await self.app(scope, receive, send)
             return
         send = self._announcing(send)
-        if scope["path"] == "/healthz":
+        if scope["path"] == "/healthz" or (
+                scope["path"] in PUBLIC_PATHS and scope["method"] == "GET"):
             await self.app(scope, receive, send)
             return
         config = self.service.config

@@ -12,7 +12,7 @@ import asyncio
 
 from treadle.envs.base import Suite
 from treadle.sandbox.base import SandboxBackend
-from treadle.sandbox.pool import PoolSettings, SandboxPool
+from treadle.sandbox.pool import PoolSettings, PoolStats, SandboxPool
 
 
 class SuitePools:
@@ -33,6 +33,10 @@ class SuitePools:
             pool = SandboxPool(self.backend, suite.limits, self.settings)
             self._pools[suite.name] = pool
         return pool
+
+    def stats(self) -> list[tuple[str, PoolStats]]:
+        """Each suite's pool now, by suite name."""
+        return [(name, pool.stats()) for name, pool in sorted(self._pools.items())]
 
     async def close(self) -> None:
         await asyncio.gather(*(p.close() for p in self._pools.values()), return_exceptions=True)

@@ -26,6 +26,8 @@ from pydantic import (
     model_validator,
 )
 
+from treadle.service.views import JobSummary
+
 MAX_TRAJECTORIES_PER_JOB = 65_536  # planned trajectories in one job, samples included
 MAX_INT64 = (1 << 63) - 1  # the store's and the exports' integers
 TRAINER_RUN = r"^[A-Za-z0-9._:/-]+$"  # a trainer run's name (shown in errors and views)
@@ -376,26 +378,9 @@ class JobCreated(BaseModel):
     planned: int  # trajectories in the job
 
 
-class JobView(BaseModel):
-    """`GET /v1/jobs/{id}`."""
+class JobView(JobSummary):
+    """`GET /v1/jobs/{id}`: the job's summary, and what it is for."""
 
-    job_id: str
-    status: str  # queued | running | completed | cancelled | failed
-    # Why it was cancelled or failed; for a job completed with infrastructure
-    # failures, how many (a completed job is not a clean one unless this is None).
-    reason: str | None
-    planned: int
-    delivered: int  # finished trajectories; the NDJSON stream's last sequence number
-    counts: dict[str, int]  # trajectories per status
-    # Trajectories that ended in an infrastructure failure (status error: an engine,
-    # sandbox, tool server or treadle itself failed): excluded from training.
-    infrastructure_failures: int
-    progress: float  # delivered / planned
-    created_at: float
-    started_at: float | None
-    finished_at: float | None
-    running: int  # trajectories in flight in this process now
-    queued: int  # trajectories waiting for a slot in this process now
     # The weights the job is for (JobRequest's min/max_policy_version, trainer_run).
     min_policy_version: int = 0
     max_policy_version: int | None = None
@@ -441,18 +426,6 @@ class EngineRequest(_Strict):
         if not parsed.host:
             raise ValueError("the URL has no host")
         return url
-
-
-class EngineView(BaseModel):
-    engine_id: str
-    label: str
-    url: str | None  # the engine's base URL (None for an engine without one)
-    tp: int
-    max_batch: int
-    kv_capacity_tokens: int
-    calls_in_flight: int
-    draining: bool
-    pool: str = "policy"  # policy | frozen (EngineRequest.pool)
 
 
 class PauseRequest(_Strict):

@@ -30,9 +30,11 @@ from treadle.runtime.launcher import EmulatedProcess, EngineLauncher, LocalLaunc
 from treadle.sandbox.base import SandboxBackend
 from treadle.sandbox.pool import PoolSettings
 from treadle.service.gateway import Gateway
+from treadle.service.job_records import JobRecords
 from treadle.service.jobs import Rollouts
 from treadle.service.keys import FileKey, KeyRing, SessionKeys
 from treadle.service.metrics import Metrics
+from treadle.service.monitor import Monitor
 from treadle.service.outbox import Outbox
 from treadle.service.planning import Planner
 from treadle.service.sandboxes import SuitePools
@@ -108,14 +110,17 @@ class ServiceConfig:
     # updates never reach; their tokens carry `frozen_policy_version`.
     frozen_engines: list[EngineRequest] = field(default_factory=list)
     frozen_policy_version: int = 0
+    # The dashboard's history (`service.monitor`): a sample of the service's counters
+    # every this many real seconds, the latest 600 kept (ten minutes at 1 s).
+    monitor_interval_s: float = 1.0
 
 
 class Service:
     """The parts of a running service; see the module docstring."""
 
     def __init__(self, config: ServiceConfig, runtime: Runtime, store: AsyncStore,
-                 rollouts: Rollouts, gateway: Gateway, keys: KeyRing, *,
-                 restart_s: float = _RESTART_BASE_S, frozen: Runtime | None = None) -> None:
+                 rollouts: Rollouts, gateway: Gateway, keys: KeyRing, sandboxes: SuitePools,
+                 *, restart_s: float = _RESTART_BASE_S, frozen: Runtime | None = None) -> None:
         self.config = config
         self.keys = keys  # who each request speaks for (service.keys)
         self.runtime = runtime
@@ -125,6 +130,12 @@ class Service:
         self.store = store
         self.rollouts = rollouts
         self.gateway = gateway
+        self.sandboxes = sandboxes  # each suite's sandbox pool
+        # What the dashboard shows: the service's recent history and its engines'
+        # load, and each job's timeline, groups and records.
+        self.monitor = Monitor(rollouts, lambda: [rt for _, rt in self.pools()],
+                               interval_s=config.monitor_interval_s)
+        self.records = JobRecords(store, rollouts)
         # How long this service takes to answer again after a restart (seconds): what
         # it announces on /healthz and in the `x-treadle-restart-s` header, and what
         # the client's retries wait for at least. Engines started here dominate it.
@@ -151,11 +162,13 @@ class Service:
             self.pool_runtime(request.pool).register_engine(
                 engine, tp=request.tp, max_batch=request.max_batch,
                 kv_capacity_tokens=request.kv_capacity_tokens, label=request.url)
+        self.monitor.start()
         recovered = await self.rollouts.start()
         if recovered:
             log.info("resumed %d unfinished job(s): %s", len(recovered), ", ".join(recovered))
 
     async def close(self) -> None:
+        await self.monitor.close()
         await self.gateway.close()
         await self.rollouts.close()
         await self.runtime.close()
@@ -261,8 +274,8 @@ def build_service(config: ServiceConfig) -> Service:
                         max_queued=config.max_queued)
     keys = KeyRing(config.token, store, session_keys, _open_sessions(gateway),
                    file_keys=config.trainer_keys)
-    return Service(config, runtime, store, rollouts, gateway, keys, restart_s=restart_s,
-                   frozen=frozen)
+    return Service(config, runtime, store, rollouts, gateway, keys, sandboxes,
+                   restart_s=restart_s, frozen=frozen)
 
 
 def _open_sessions(gateway: Gateway) -> Callable[[str], bool]:

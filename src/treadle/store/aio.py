@@ -77,6 +77,9 @@ class AsyncStore:
     async def job_ids(self) -> list[str]:
         return await self.call(self.store.job_ids)
 
+    async def recent_jobs(self, limit: int, *, owner: str | None = None) -> list[JobInfo]:
+        return await self.call(self.store.recent_jobs, limit, owner=owner)
+
     async def unfinished_jobs(self) -> list[JobInfo]:
         return await self.call(self.store.unfinished_jobs)
 
@@ -104,6 +107,12 @@ class AsyncStore:
 
     async def unfinished(self, job_id: str) -> list[TrajectoryState]:
         return await self.call(self.store.unfinished, job_id)
+
+    async def states(self, job_id: str) -> list[TrajectoryState]:
+        return await self.call(self.store.states, job_id)
+
+    async def result(self, job_id: str, trajectory_id: str) -> Delivery | None:
+        return await self.call(self.store.result, job_id, trajectory_id)
 
     async def trajectory_state(self, job_id: str, trajectory_id: str) -> TrajectoryState:
         return await self.call(self.store.trajectory_state, job_id, trajectory_id)

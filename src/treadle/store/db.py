@@ -191,6 +191,18 @@ class Store:
             return [r[0] for r in self._conn.execute(
                 "SELECT job_id FROM jobs ORDER BY created_at, job_id")]
 
+    def recent_jobs(self, limit: int, *, owner: str | None = None) -> list[JobInfo]:
+        """Up to `limit` jobs, newest first: every job's, or with `owner` only that
+        trainer run's (a scan of the jobs' rows: a store keeps thousands, not millions)."""
+        if limit < 1:
+            raise ValueError("limit must be >= 1")
+        where, args = ("WHERE owner = ? ", (owner,)) if owner is not None else ("", ())
+        with self._read():
+            ids = [r[0] for r in self._conn.execute(
+                f"SELECT job_id FROM jobs {where}ORDER BY created_at DESC, job_id LIMIT ?",
+                (*args, limit))]
+            return [rows.job_info(self._conn, job_id) for job_id in ids]
+
     def unfinished_jobs(self) -> list[JobInfo]:
         """Jobs queued or running, oldest first."""
         with self._read():
@@ -326,6 +338,26 @@ class Store:
                 f"SELECT {STATE_COLUMNS} FROM trajectories WHERE job_id = ? AND seq IS NULL "
                 "ORDER BY pos", (job_id,)).fetchall()
         return [rows.state(r) for r in found]
+
+    def states(self, job_id: str) -> list[TrajectoryState]:
+        """Every trajectory of the job, finished or not, in plan order."""
+        with self._read():
+            rows.require_job(self._conn, job_id)
+            found = self._conn.execute(
+                f"SELECT {STATE_COLUMNS} FROM trajectories WHERE job_id = ? ORDER BY pos",
+                (job_id,)).fetchall()
+        return [rows.state(r) for r in found]
+
+    def result(self, job_id: str, trajectory_id: str) -> Delivery | None:
+        """One trajectory's result; None while it is unfinished, NotFound if the job
+        has no such trajectory."""
+        with self._read():
+            row = self._conn.execute(
+                "SELECT seq, record FROM trajectories WHERE job_id = ? AND trajectory_id = ?",
+                (job_id, trajectory_id)).fetchone()
+        if row is None:
+            raise NotFound(f"job {job_id!r} has no trajectory {trajectory_id!r}")
+        return None if row[0] is None else Delivery(int(row[0]), trajectory_id, row[1])
 
     def trajectory_state(self, job_id: str, trajectory_id: str) -> TrajectoryState:
         """One trajectory's bookkeeping; NotFound if the job has no such trajectory."""

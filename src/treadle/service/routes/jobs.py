@@ -1,11 +1,13 @@
-"""`/v1/jobs`: submit, read, stream and cancel jobs; a trainer's reports on one."""
+"""`/v1/jobs`: submit, list, read, stream and cancel jobs; a trainer's reports on one;
+what the dashboard shows of one (its timeline, GRPO groups and a trajectory's
+record). A trainer key lists and reads its own run's jobs only."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Query
-from fastapi.responses import StreamingResponse
+from fastapi.responses import HTMLResponse, StreamingResponse
 
 from treadle.service.deps import CallerDep, OwnedJobDep, ServiceDep
 from treadle.service.keys import owner_of, run_named
@@ -20,6 +22,7 @@ from treadle.service.schemas import (
 )
 from treadle.service.state import Service
 from treadle.service.strict_json import StrictJSONRoute
+from treadle.service.views import JobGroups, JobSummary, TrajectoryDetail
 from treadle.store.jobs import JobInfo, JobStatus
 from treadle.types import TrajectoryStatus
 
@@ -35,6 +38,14 @@ async def submit(request: JobRequest, caller: CallerDep, service: ServiceDep) ->
             "trainer_run": run_named(caller, request.trainer_run)})
     info = await service.rollouts.submit(request, owner=owner_of(caller))
     return JobCreated(job_id=info.job_id, planned=info.planned)
+
+
+@router.get("")
+async def listed(caller: CallerDep, service: ServiceDep,
+                 limit: int = Query(100, ge=1, le=1000)) -> list[JobSummary]:
+    """The newest `limit` jobs the caller sees (a trainer: its run's)."""
+    infos = await service.store.recent_jobs(limit, owner=owner_of(caller))
+    return [job_summary(info, *service.rollouts.here(info.job_id)) for info in infos]
 
 
 @router.get("/{job_id}", responses=documented(404))
@@ -69,6 +80,28 @@ async def trajectories(job_id: str, _owned: OwnedJobDep, service: ServiceDep,
     return StreamingResponse(lines(), media_type="application/x-ndjson")
 
 
+@router.get("/{job_id}/timeline",  # (its errors are JSON like every other route's)
+            responses={200: {"content": {"text/html": {}},
+                             "description": "the job's timeline page (treadle run's report)"},
+                       **documented(404)})
+async def timeline(job_id: str, _owned: OwnedJobDep, service: ServiceDep) -> HTMLResponse:
+    """One self-contained page: a row per trajectory, running ones up to now."""
+    return HTMLResponse(await service.records.timeline(job_id))
+
+
+@router.get("/{job_id}/groups", responses=documented(404, 422))
+async def groups(job_id: str, _owned: OwnedJobDep, service: ServiceDep,
+                 limit: int = Query(200, ge=1, le=5000)) -> JobGroups:
+    return await service.records.groups(job_id, limit)
+
+
+@router.get("/{job_id}/record", responses=documented(404, 422))
+async def record(job_id: str, _owned: OwnedJobDep, service: ServiceDep,
+                 trajectory_id: str = Query(min_length=1, max_length=1024)) -> TrajectoryDetail:
+    """A finished trajectory's record without its tokens (404 until it finishes)."""
+    return await service.records.detail(job_id, trajectory_id)
+
+
 @router.post("/{job_id}/cancel", responses=documented(404))
 async def cancel(job_id: str, _owned: OwnedJobDep, service: ServiceDep) -> JobView:
     # Nothing of a cancelled job runs or waits here any more.
@@ -84,15 +117,20 @@ async def _view(job_id: str, service: Service) -> JobView:
 
 
 def job_view(info: JobInfo, running: int, queued: int) -> JobView:
+    return JobView(**job_summary(info, running, queued).model_dump())
+
+
+def job_summary(info: JobInfo, running: int, queued: int) -> JobSummary:
     failures = info.counts[TrajectoryStatus.ERROR]
     reason = info.reason
     if reason is None and failures and info.status is JobStatus.COMPLETED:
         reason = (f"completed with {failures} of {info.planned} trajectories ended by "
                   "infrastructure failures (status error, excluded from training)")
-    return JobView(job_id=info.job_id, status=info.status.value, reason=reason,
-                   planned=info.planned, delivered=info.delivered,
-                   counts={s.value: n for s, n in info.counts.items()},
-                   infrastructure_failures=failures,
-                   progress=info.delivered / info.planned if info.planned else 1.0,
-                   created_at=info.created_at, started_at=info.started_at,
-                   finished_at=info.finished_at, running=running, queued=queued)
+    return JobSummary(job_id=info.job_id, status=info.status.value, reason=reason,
+                      planned=info.planned, delivered=info.delivered,
+                      counts={s.value: n for s, n in info.counts.items()},
+                      infrastructure_failures=failures,
+                      progress=info.delivered / info.planned if info.planned else 1.0,
+                      created_at=info.created_at, started_at=info.started_at,
+                      finished_at=info.finished_at, running=running, queued=queued,
+                      owner=info.owner)

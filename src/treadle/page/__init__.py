@@ -1,7 +1,8 @@
 """The HTML page shell of treadle's reports: one self-contained document (no
 network, no libraries), its style, the time axis's ticks and the hover tooltip.
-Shared by the simulator's timeline (`treadle.sim.timeline`) and `treadle run`'s
-report (`treadle.run.report`), so that the two read alike.
+Shared by the simulator's timeline (`treadle.sim.timeline`) and the per-trajectory
+timeline of a job (`treadle.page.trajectories`: `treadle run`'s report and the
+service's live view of a job), so that they read alike.
 
 Drawings are SVG in `WIDTH` units, scaled to the window: a left gutter of `X0` for
 labels and `PLOT_W` of plot.

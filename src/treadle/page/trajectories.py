@@ -1,4 +1,7 @@
-"""`treadle run`'s HTML report: the batch's summary and a per-trajectory timeline.
+"""A job's per-trajectory timeline as HTML: the batch's summary and one row per
+trajectory. `treadle run` writes it when its job ends (`write_report`); the service
+serves it for a job at any time (`GET /v1/jobs/{id}/timeline`, the dashboard's view
+of a job), with the trajectories still running drawn up to now (`running_row`).
 
 One self-contained page (no network, no libraries; the page shell, style, time axis
 and tooltip are those of the simulator's timeline, `treadle.page`): a summary
@@ -11,13 +14,18 @@ for an engine), `generating_s` (prefill and decode) and its tool call's
 `latency_s` are laid end to end. What the record does not time — the sandbox's
 start, the reward, the agent loop's own work between events — is not drawn; it
 shows as the faint line running on to the row's end mark at `timings.finished_at`,
-coloured by status. The page says so. Times are the service's clock (modelled
-seconds when it runs emulated engines), relative to the first start. Hover a row
-for the trajectory's id, status, reward, tokens and time split (JavaScript).
+coloured by status. The page says so. A running trajectory has no record yet: its
+row is that faint line from its start to now. Times are the service's clock
+(modelled seconds when it runs emulated engines), relative to the first start.
+Hover a row for the trajectory's id, status, reward, tokens and time split
+(JavaScript: `TIMELINE_SCRIPT`, the page's one script).
 
 Past `max_rows` trajectories the longest (by first start to end) are drawn and the
 page says how many shorter ones are not; a trajectory with no start time (cancelled
 before it ran) is counted, not drawn.
+
+`Tally` and `summary_rows` make the summary table (by status: count, mean reward
+over the scored ones, turns, tokens, tool seconds) from the same rows.
 """
 
 from __future__ import annotations
@@ -27,18 +35,21 @@ import json
 import math
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
 from treadle.page import PLOT_W, WIDTH, X0, hover_script, html_page, time_ticks
-from treadle.types import Trajectory
+from treadle.types import Trajectory, TrajectoryStatus
 
 _K = TypeVar("_K", str, tuple[str, str])
+RUNNING = TrajectoryStatus.RUNNING.value  # a row of a trajectory not finished yet
+STATUS_ORDER = [s.value for s in TrajectoryStatus if s.terminal]
 
 BAR_KINDS = (("queued", "#e9c46a"), ("generating", "#3d5a80"), ("tool", "#98a1ab"))
 END_COLOURS = {"completed": "#2a9d4b", "truncated": "#f07c12", "max_turns": "#f07c12",
-               "timeout": "#f07c12", "aborted": "#6c757d", "error": "#d4001a"}
+               "timeout": "#f07c12", "aborted": "#6c757d", "error": "#d4001a",
+               RUNNING: "#7b2cbf"}
 ROW_BUDGET, ROW_H_MIN, ROW_H_MAX = 1800.0, 2.0, 12.0  # total row height to aim for
 TOP = 6.0  # above the first row
 
@@ -68,6 +79,13 @@ def trajectory_row(t: Trajectory) -> TrajectoryRow:
                turn.tool_call.latency_s if turn.tool_call is not None else 0.0)
               for turn in t.turns),
         t.timings.llm_s, t.timings.tool_s, t.timings.queue_s)
+
+
+def running_row(trajectory_id: str, started_at: float, now: float) -> TrajectoryRow:
+    """A trajectory still running, started at `started_at` (the records' clock): its
+    row runs to `now`, with nothing drawn on it (its record does not exist yet)."""
+    return TrajectoryRow(trajectory_id, RUNNING, None, None, 0, started_at,
+                         max(now, started_at), (), 0.0, 0.0, 0.0)
 
 
 def spans(row: TrajectoryRow) -> list[tuple[str, float, float]]:
@@ -215,7 +233,8 @@ def _chart(rows: list[TrajectoryRow], ends: dict[str, float], hidden: int,
         f'<svg id="tl" viewBox="0 0 {WIDTH:.0f} {height:.0f}">{grid}{quantiles}'
         f'{"".join(labels)}{"".join(svg)}</svg><div id="tip"></div>'
         '<noscript>Row details need JavaScript.</noscript>'
-        f'<script id="tl-data" type="application/json">{data}</script><script>{_JS}</script>')
+        f'<script id="tl-data" type="application/json">{data}</script>'
+        f"<script>{TIMELINE_SCRIPT}</script>")
 
 
 def _by_count(counts: Counter[_K]) -> list[tuple[_K, int]]:
@@ -233,15 +252,80 @@ def _common_prefix(ids: list[str]) -> str:
 
 
 def _reasons(rows: Sequence[TrajectoryRow]) -> str:
-    counts = Counter((r.status, r.reason or "") for r in rows if r.status != "completed")
+    counts = Counter((r.status, r.reason or "") for r in rows
+                     if r.status not in ("completed", RUNNING))
     if not counts:
-        return '<p class="sum">Every trajectory completed.</p>'
+        which = "finished trajectory" if any(r.status == RUNNING for r in rows) else "trajectory"
+        return f'<p class="sum">Every {which} completed.</p>'
     lines = "".join(f"<tr><td>{html.escape(s)}</td><td>{n}</td><td>{html.escape(why)}</td></tr>"
                     for (s, why), n in _by_count(counts)[:20])
     more = len(counts) - 20
     return ("<h2>Ended other than completed</h2><table class=\"tab\"><tr><th>status</th>"
             f"<th>count</th><th>reason</th></tr>{lines}</table>"
             + (f'<p class="sum">and {more} more reasons</p>' if more > 0 else ""))
+
+
+@dataclass(slots=True)
+class _Totals:
+    """Sums over the trajectories of one status."""
+
+    count: int = 0
+    rewards: list[float] = field(default_factory=list)  # the scored ones
+    turns: int = 0
+    tokens: int = 0  # output tokens
+    tool_s: float = 0.0
+
+
+class Tally:
+    """Finished trajectories, by status."""
+
+    def __init__(self) -> None:
+        self.by_status: dict[str, _Totals] = {}
+        self.done = 0
+        self.tokens = 0  # output tokens of everything finished
+
+    def add(self, row: TrajectoryRow) -> None:
+        totals = self.by_status.setdefault(row.status, _Totals())
+        totals.count += 1
+        if row.reward is not None:
+            totals.rewards.append(row.reward)
+        totals.turns += len(row.turns)
+        totals.tokens += row.output_tokens
+        totals.tool_s += row.tool_s
+        self.done += 1
+        self.tokens += row.output_tokens
+
+    def counts(self) -> list[tuple[str, int]]:
+        return [(s, self.by_status[s].count) for s in _ordered(self.by_status)]
+
+
+def _ordered(statuses: dict[str, _Totals]) -> list[str]:
+    return sorted(statuses, key=lambda s: (STATUS_ORDER.index(s) if s in STATUS_ORDER
+                                           else len(STATUS_ORDER), s))
+
+
+def summary_rows(tally: Tally) -> list[tuple[str, ...]]:
+    """The summary table's rows, header first: per status and for all, the count and
+    the means of reward (over the scored ones), turns, output tokens and tool seconds."""
+    rows: list[tuple[str, ...]] = [("status", "count", "reward", "turns", "tokens", "tool_s")]
+    every = _Totals()
+    for status in _ordered(tally.by_status):
+        t = tally.by_status[status]
+        rows.append(_row(status, t))
+        every.count += t.count
+        every.rewards += t.rewards
+        every.turns += t.turns
+        every.tokens += t.tokens
+        every.tool_s += t.tool_s
+    rows.append(_row("all", every))
+    return rows
+
+
+def _row(name: str, t: _Totals) -> tuple[str, ...]:
+    n = max(t.count, 1)
+    reward = f"{math.fsum(t.rewards) / len(t.rewards):.3f}" if t.rewards else "-"
+    return (name, str(t.count), reward, f"{t.turns / n:.1f}", f"{t.tokens / n:,.0f}",
+            f"{t.tool_s / n:.2f}")
 
 
 _CSS = (".note{color:#555;font-size:12px;max-width:70em;margin:2px 0 6px}"
@@ -251,11 +335,12 @@ _CSS = (".note{color:#555;font-size:12px;max-width:70em;margin:2px 0 6px}"
         "#tl .life{fill:none;stroke:#c9ced6;stroke-width:1}.rl{font-size:9px;fill:#555}")
 
 # Hover: the row under the pointer, from its drawing coordinates and the JSON table.
-_JS = hover_script(r"""const s=v=>v.toFixed(2)+' s';
+TIMELINE_SCRIPT = hover_script(r"""const s=v=>v.toFixed(2)+' s';
 function find(x,y){const r=D.rows[Math.floor((y-D.top)/D.h)];if(!r)return null;
  return[r[0],r[1]+(r[2]==null?'':'  reward '+r[2])+(r[10]?'  ('+r[10]+')':''),
   r[3]+' tokens, '+r[4]+' turns','generating '+s(r[5])+', tool '+s(r[6])+', queued '+s(r[7]),
   'from '+s(r[8])+' to '+s(r[9])];}""")
 
 
-__all__ = ["TrajectoryRow", "render_report", "spans", "trajectory_row", "write_report"]
+__all__ = ["RUNNING", "STATUS_ORDER", "TIMELINE_SCRIPT", "Tally", "TrajectoryRow", "render_report",
+           "running_row", "spans", "summary_rows", "trajectory_row", "write_report"]
