@@ -59,6 +59,17 @@ class RewardSource(enum.Enum):
     # or, for a sub-agent without one, its parent's
 
 
+class KVAcrossUpdates(enum.Enum):
+    """What a trajectory that runs on across a weight update does with the KV cache
+    of its context, computed under the old weights (a job's setting)."""
+
+    RECOMPUTE = "recompute"  # computed again under the new weights: each token's
+    # logprob is the new weights' over the whole context (the cost: one prefill)
+    KEEP = "keep"  # reused while the engine holds it: no prefill, but tokens sampled
+    # after the update attend to KV of the old weights (their logprobs are neither
+    # version's)
+
+
 @dataclass(frozen=True, slots=True)
 class GroupKey:
     """Identifies one trajectory inside its GRPO group."""
@@ -205,7 +216,6 @@ class Trajectory:
     # What scored it (set only with a reward); None: unscored, or not said (records
     # written before version 3, or a producer that does not say).
     reward_source: RewardSource | None = None
-
     @property
     def infra_failure(self) -> bool:
         """True for an infrastructure failure: a trainer drops it, it is no reward 0."""

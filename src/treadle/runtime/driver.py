@@ -46,18 +46,27 @@ fails with `NoEngineAvailable` (its trajectory ends with status error, stage
 engine) — unless an engine is starting then, in which case that start's end
 decides. Every engine call carries `request_timeout_s`.
 
-Weight updates: `pause("wait")` holds new calls and waits until none is in flight;
+Weight updates: `pause("drain")` holds new calls and waits until none is in flight;
 `pause("abort")` also aborts the calls in flight (their turns resume later). After
 the engines' weights change, `resume(policy_version=v)` stamps `v` on every token
-sampled from then on. `update_weights` does all three, and an engine launched
-afterwards (a replacement, an `AddEngine`) loads the same weights before it joins.
+sampled from then on. `update_weights` does all three, in one of three modes
+("abort", "drain", "keep": calls in flight frozen in engines that can keep them and
+continued under the new weights), within a timeout after which the old weights
+serve; an engine launched afterwards (a replacement, an `AddEngine`) loads the same
+weights before it joins. Every engine call carries the cache salt of the weights
+(`cache_salt`), so KV cached under old weights serves a new call only where its
+trajectory chose to keep KV across updates.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import logging
+import uuid
 from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from treadle.clock import Clock, WallClock
@@ -72,17 +81,50 @@ from treadle.core.events import (
     Preempt,
 )
 from treadle.core.scheduler import Scheduler
-from treadle.engines.base import Engine
-from treadle.engines.errors import EngineError, EngineStartError, NoEngineAvailable
+from treadle.engines.base import Engine, PauseMode
+from treadle.engines.errors import (
+    EngineError,
+    EngineStartError,
+    NoEngineAvailable,
+    WeightUpdateTimeout,
+)
 from treadle.runtime.contract import Runner
 from treadle.runtime.control import ControlStats, DecisionLoop
 from treadle.runtime.launcher import EngineLauncher, LaunchedEngine
 from treadle.runtime.pool import DEFAULT_RELAUNCH, EnginePool, EngineSlot, RelaunchPolicy
 from treadle.runtime.turns import ScheduledTurns
+from treadle.types import KVAcrossUpdates
 
-__all__ = ["ControlStats", "EngineSlot", "RelaunchPolicy", "Runtime"]
+__all__ = ["ControlStats", "EngineSlot", "RelaunchPolicy", "Runtime", "WeightUpdate"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class WeightUpdate:
+    """What one weight update did."""
+
+    policy_version: int  # the version now served
+    mode: PauseMode
+    held_s: float  # clock seconds new engine calls were held (pause to resume)
+    kept: int  # calls in flight frozen in their engines and continued
+    aborted: int  # calls in flight aborted (their turns resume with what they returned)
+
+
+def weights_salt(policy_version: int, trainer_run: str | None) -> str:
+    """The cache salt of one run's weights of one version (vLLM refuses '/' and '@'
+    in a salt, which a run's name may hold: it is hashed). `Runtime.cache_salt` adds
+    which weights load of that runtime it is."""
+    if trainer_run is None:
+        return f"policy-{policy_version}"
+    run = hashlib.blake2b(trainer_run.encode(), digest_size=8).hexdigest()
+    return f"policy-{policy_version}-{run}"
+
+
+def _keeps(slot: EngineSlot) -> bool:
+    """Whether the engine freezes its calls through a weight load (and says which
+    weights sampled each token)."""
+    return "keep" in slot.engine.capabilities.pause_modes
 
 
 class Runtime:
@@ -107,6 +149,11 @@ class Runtime:
         self.turn_retries = turn_retries  # calls repeated on a live engine before giving up
         self.engine_wait_s = engine_wait_s  # a waiting turn's grace while no engine is live
         self.policy_version = 0  # stamped on every sampled token
+        # One salt per set of weights this runtime served: the same version loaded
+        # again (a rolled-back update) must not meet KV a trajectory that kept its KV
+        # across updates computed under other weights with that version's salt.
+        self._salt_prefix = uuid.uuid4().hex[:8]
+        self._weights_served = 0
         self.trainer_run: str | None = None  # the run whose weights the engines serve
         self.control = ControlStats()
         self.pool = EnginePool(self, self.clock, launcher=launcher, gpus=gpus,
@@ -161,11 +208,13 @@ class Runtime:
 
     # -- trajectories ------------------------------------------------------------------
 
-    def turns(self, traj_id: str, group_id: str) -> ScheduledTurns:
-        """The runner of a new trajectory (its first `generate` announces it)."""
+    def turns(self, traj_id: str, group_id: str,
+              kv: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE) -> ScheduledTurns:
+        """The runner of a new trajectory (its first `generate` announces it); `kv`:
+        what its calls after a weight update do with KV cached before it."""
         if traj_id in self._runners:
             raise ValueError(f"trajectory {traj_id!r} is already running")
-        runner = ScheduledTurns(self, traj_id, group_id)
+        runner = ScheduledTurns(self, traj_id, group_id, kv)
         self._runners[traj_id] = runner
         self.control.max_live = max(self.control.max_live, len(self._runners))
         return runner
@@ -217,7 +266,7 @@ class Runtime:
 
     # -- weight updates ------------------------------------------------------------------
 
-    async def pause(self, mode: Literal["wait", "abort"] = "wait") -> None:
+    async def pause(self, mode: Literal["drain", "abort"] = "drain") -> None:
         """Hold new engine calls; return once none is in flight. "abort" aborts the
         calls in flight (their turns keep their tokens and resume after `resume`)."""
         self._gate.clear()
@@ -227,30 +276,125 @@ class Runtime:
         await self.pool.idle.wait()
 
     async def update_weights(self, weights_path: str, policy_version: int,
-                             mode: Literal["wait", "abort"] = "wait", *,
-                             trainer_run: str | None = None) -> None:
-        """The weight-update barrier: pause (`mode`), load `weights_path` into every
-        engine, resume stamping `policy_version`. ValueError (before pausing) if an
-        engine cannot load weights; an engine that fails to load them is failed (its
-        turns move to the others, which serve the new weights) so that no token of
-        the old weights is stamped with the new version. Engines launched later load
-        these weights before they join."""
+                             mode: PauseMode = "drain", *, timeout_s: float | None = None,
+                             trainer_run: str | None = None) -> WeightUpdate:
+        """The weight-update barrier: hold new calls, deal with the calls in flight by
+        `mode`, load `weights_path` into every engine, resume stamping
+        `policy_version`. Modes:
+
+        - "abort": calls in flight are aborted; their turns keep the tokens the
+          engine returned and resume under the new weights;
+        - "drain": calls in flight finish under the old weights first;
+        - "keep": calls in flight on an engine that can keep them (its
+          `capabilities.pause_modes`) are frozen there while it loads and continue
+          under the new weights (each token stamped with the weights that sampled it);
+          on an engine that cannot, they are aborted and resumed as with "abort".
+          New calls are held only while the engines load.
+
+        Bounded: if it has not finished `timeout_s` seconds (clock) after it began,
+        WeightUpdateTimeout, and the old weights serve: engines that loaded the new
+        ones load the old ones again (within another `timeout_s`) and any that does
+        not, or was still loading, is failed (replaced, if launched, by one that loads
+        the old weights); the policy version is unchanged. ValueError (before
+        pausing) if an engine cannot load weights; an engine that fails to load them
+        is failed (its turns move to the others, which serve the new weights) so that
+        no token of the old weights is stamped with the new version. Engines launched
+        later load these weights before they join."""
         slots = self.pool.slots()
         unable = [s.label for s in slots if not s.engine.capabilities.weight_updates]
         if unable:
             raise ValueError(f"engines cannot load weights: {', '.join(unable)}")
+        previous = self._weights
         self._weights = (weights_path, policy_version)
-        await self.pause(mode)
+        started = self.clock.now()
+        self._gate.clear()
+        loads: dict[asyncio.Task[None], EngineSlot] = {}
+        kept = aborted = 0
         try:
-            slots = self.pool.slots()  # with any that joined during the pause
-            results = await asyncio.gather(
-                *(s.engine.update_weights(weights_path, policy_version) for s in slots),
-                return_exceptions=True)
-            for slot, result in zip(slots, results, strict=True):
-                if isinstance(result, BaseException):
-                    self.pool.fail(slot, f"weight update failed: {result}", replace=False)
-        finally:
-            self.resume(policy_version, trainer_run=trainer_run)
+            async with self.clock.timeout(timeout_s):
+                kept, aborted = await self._quiesce(mode)
+                for slot in self.pool.slots():  # with any that joined meanwhile
+                    engine_mode: PauseMode = ("keep" if mode == "keep" and _keeps(slot)
+                                              else "drain")
+                    task = asyncio.ensure_future(
+                        slot.engine.update_weights(weights_path, policy_version, engine_mode))
+                    loads[task] = slot
+                if loads:
+                    await asyncio.wait(loads)
+        except TimeoutError:
+            self._weights = previous
+            late = await self._roll_back(loads, previous, timeout_s)
+            # Kept calls ran on the new weights meanwhile: their KV takes a new salt.
+            self._weights_served += bool(loads)
+            self.resume()
+            waited = (f"engines still loading: {', '.join(late)}" if late
+                      else "calls in flight still running")
+            raise WeightUpdateTimeout(
+                f"the update to policy version {policy_version} did not finish within "
+                f"{timeout_s} s ({waited}); the engines serve policy version "
+                f"{self.policy_version}") from None
+        except BaseException:
+            self._weights = previous
+            self.resume()
+            raise
+        for task, slot in loads.items():
+            error = task.exception()
+            if error is not None:
+                self.pool.fail(slot, f"weight update failed: {error}", replace=False)
+        self.resume(policy_version, trainer_run=trainer_run)
+        return WeightUpdate(policy_version, mode, self.clock.now() - started, kept, aborted)
+
+    async def _quiesce(self, mode: PauseMode) -> tuple[int, int]:
+        """With new calls held: abort or wait for the calls in flight as `mode` says;
+        return once only calls to keep are in flight, with (kept, aborted) calls."""
+        keep = {s.engine_id for s in self.pool.slots() if mode == "keep" and _keeps(s)}
+        kept = aborted = 0
+        for runner in list(self._runners.values()):
+            engine_id = runner.calling_on
+            if engine_id is None:
+                continue
+            if engine_id in keep:
+                kept += 1
+            elif mode != "drain":
+                runner.abort_for_pause()
+                aborted += 1
+        await self.pool.quiet(keep)
+        return kept, aborted
+
+    async def _roll_back(self, loads: dict[asyncio.Task[None], EngineSlot],
+                         previous: tuple[str, int] | None,
+                         timeout_s: float | None) -> list[str]:
+        """After a timed-out update: every engine back on `previous` weights or failed.
+        The labels of the engines that were still loading."""
+        late = [slot for task, slot in loads.items() if not task.done()]
+        for task in loads:
+            task.cancel()  # not awaited: a hung engine may not answer; its client closes
+        loaded = [slot for task, slot in loads.items()
+                  if task.done() and not task.cancelled() and task.exception() is None]
+        back: list[EngineSlot] = []
+        if previous is not None and loaded:
+            reloads = {asyncio.ensure_future(s.engine.update_weights(*previous)): s
+                       for s in loaded}
+            with contextlib.suppress(TimeoutError):
+                async with self.clock.timeout(timeout_s):
+                    await asyncio.wait(reloads)
+            for task, slot in reloads.items():
+                if task.done() and not task.cancelled() and task.exception() is None:
+                    back.append(slot)
+                else:
+                    task.cancel()
+        for slot in [*late, *loaded]:
+            if slot not in back:
+                self.pool.fail(slot, "weight update timed out: its weights are not the "
+                                     "ones the other engines serve")
+        return [slot.label for slot in late]
+
+    @property
+    def cache_salt(self) -> str:
+        """The prefix-cache salt of the weights served now: KV an engine cached for
+        calls of other weights never serves a call carrying it."""
+        return (f"{weights_salt(self.policy_version, self.trainer_run)}-"
+                f"{self._salt_prefix}.{self._weights_served}")
 
     @property
     def paused(self) -> bool:
@@ -263,6 +407,7 @@ class Runtime:
         if policy_version is not None:
             self.policy_version = policy_version
             self.trainer_run = trainer_run
+            self._weights_served += 1
         self._gate.set()
 
     # -- what a runner may ask (contract.RunnerHost) ---------------------------------

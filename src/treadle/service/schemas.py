@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 import httpx
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
@@ -428,10 +429,16 @@ class EngineRequest(_Strict):
         return url
 
 
-class PauseRequest(_Strict):
-    """`POST /v1/weights/pause`."""
+def _drain_for_wait(mode: Any) -> Any:
+    """"wait", the older name of "drain", read as it."""
+    return "drain" if mode == "wait" else mode
 
-    mode: Literal["wait", "abort"] = "wait"
+
+class PauseRequest(_Strict):
+    """`POST /v1/weights/pause`: hold new engine calls; "drain" the calls in flight
+    (wait for them) or "abort" them ("wait": the older name of "drain")."""
+
+    mode: Annotated[Literal["drain", "abort"], BeforeValidator(_drain_for_wait)] = "drain"
 
 
 class ResumeRequest(_Strict):
@@ -445,11 +452,17 @@ class ResumeRequest(_Strict):
 
 class WeightUpdateRequest(_Strict):
     """`POST /v1/weights/update`: the whole barrier in one call — pause, every engine
-    loads `weights_path` (a directory of safetensors it can read), resume."""
+    loads `weights_path` (a directory of safetensors it can read), resume. `mode`:
+    what happens to the engine calls in flight (`Runtime.update_weights`): "abort",
+    "drain" (the default; "wait" is its older name) or "keep". Past `timeout_s` the
+    update fails (504) and the old weights serve."""
 
     policy_version: int = Field(ge=0, le=MAX_INT64)
     weights_path: str = Field(min_length=1, max_length=4096)
-    mode: Literal["wait", "abort"] = "wait"
+    mode: Annotated[Literal["abort", "drain", "keep"],
+                    BeforeValidator(_drain_for_wait)] = "drain"
+    timeout_s: float = Field(default=600.0, gt=0, le=86_400,
+                             description="seconds the whole update may take")
     trainer_run: str | None = Field(default=None, min_length=1, max_length=128,
                                     pattern=TRAINER_RUN,
                                     description="the trainer run whose weights these are "

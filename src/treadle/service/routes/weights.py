@@ -35,13 +35,14 @@ async def pause(request: PauseRequest, _caller: CallerDep, service: ServiceDep) 
     return service.weights_view()
 
 
-@router.post("/update", responses=documented(422))
+@router.post("/update", responses=documented(422, 504))
 async def update(request: WeightUpdateRequest, caller: CallerDep,
                  service: ServiceDep) -> WeightsView:
     run = run_named(caller, request.trainer_run)
     try:
         await service.runtime.update_weights(request.weights_path, request.policy_version,
-                                             request.mode, trainer_run=run)
+                                             request.mode, timeout_s=request.timeout_s,
+                                             trainer_run=run)
     except ValueError as e:
         raise RequestRefused(f"weights_path: {e}") from None
     service.rollouts.policy_version_changed()
