@@ -1,12 +1,20 @@
 """`POST /v1/weights/update` and `/pause` read their modes: "wait" is the older name
-of "drain"; an update without a timeout gets the service's bound."""
+of "drain"; an update without a timeout gets the service's bound. A job's
+`kv_across_updates` reaches its trajectories' records, and a "keep" update runs on
+the emulated engines."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
+from service_helpers import running_service
 
-from treadle.service.schemas import PauseRequest, WeightUpdateRequest
+from treadle.client import RolloutClient, replay_tasks
+from treadle.service.state import ServiceConfig
+from treadle.service.weight_schemas import PauseRequest, WeightUpdateRequest
+from treadle.types import KVAcrossUpdates
 
 
 def test_wait_is_read_as_drain_and_keep_is_a_mode() -> None:
@@ -18,3 +26,21 @@ def test_wait_is_read_as_drain_and_keep_is_a_mode() -> None:
         PauseRequest(mode="keep")  # type: ignore[arg-type]
     with pytest.raises(ValidationError):
         WeightUpdateRequest(policy_version=1, weights_path="/w", timeout_s=0)
+
+
+@pytest.mark.integration
+def test_a_jobs_kv_choice_is_recorded_and_a_keep_update_serves(tmp_path: Path) -> None:
+    config = ServiceConfig(db=str(tmp_path / "w.db"), token="t", emulate=1,
+                           time_scale=0.005, policy="verl")
+    tasks = replay_tasks("math", trajectories=2, seed=1, group_size=2)
+    with running_service(config) as url, RolloutClient(url, token="t") as client:
+        kept = client.submit({"kv_across_updates": "keep"}, tasks=tasks)
+        state = client.update_weights(str(tmp_path), 1, mode="keep", timeout_s=60)
+        assert state.policy_version == 1 and not state.paused
+        plain = client.submit(tasks=tasks)
+        records = {job.job_id: [d.trajectory for d in client.trajectories(job.job_id)]
+                   for job in (kept, plain)}
+    assert {t.kv_across_updates for t in records[kept.job_id]} == {KVAcrossUpdates.KEEP}
+    assert {t.kv_across_updates for t in records[plain.job_id]} == {
+        KVAcrossUpdates.RECOMPUTE}
+    assert {t.policy_span for t in records[plain.job_id]} == {(1, 1)}

@@ -61,12 +61,9 @@ trajectory chose to keep KV across updates.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hashlib
 import logging
 import uuid
 from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from treadle.clock import Clock, WallClock
@@ -93,38 +90,12 @@ from treadle.runtime.control import ControlStats, DecisionLoop
 from treadle.runtime.launcher import EngineLauncher, LaunchedEngine
 from treadle.runtime.pool import DEFAULT_RELAUNCH, EnginePool, EngineSlot, RelaunchPolicy
 from treadle.runtime.turns import ScheduledTurns
+from treadle.runtime.weights import WeightUpdate, keeps, quiesce, roll_back, weights_salt
 from treadle.types import KVAcrossUpdates
 
 __all__ = ["ControlStats", "EngineSlot", "RelaunchPolicy", "Runtime", "WeightUpdate"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class WeightUpdate:
-    """What one weight update did."""
-
-    policy_version: int  # the version now served
-    mode: PauseMode
-    held_s: float  # clock seconds new engine calls were held (pause to resume)
-    kept: int  # calls in flight frozen in their engines and continued
-    aborted: int  # calls in flight aborted (their turns resume with what they returned)
-
-
-def weights_salt(policy_version: int, trainer_run: str | None) -> str:
-    """The cache salt of one run's weights of one version (vLLM refuses '/' and '@'
-    in a salt, which a run's name may hold: it is hashed). `Runtime.cache_salt` adds
-    which weights load of that runtime it is."""
-    if trainer_run is None:
-        return f"policy-{policy_version}"
-    run = hashlib.blake2b(trainer_run.encode(), digest_size=8).hexdigest()
-    return f"policy-{policy_version}-{run}"
-
-
-def _keeps(slot: EngineSlot) -> bool:
-    """Whether the engine freezes its calls through a weight load (and says which
-    weights sampled each token)."""
-    return "keep" in slot.engine.capabilities.pause_modes
 
 
 class Runtime:
@@ -312,9 +283,9 @@ class Runtime:
         kept = aborted = 0
         try:
             async with self.clock.timeout(timeout_s):
-                kept, aborted = await self._quiesce(mode)
+                kept, aborted = await quiesce(self._runners.values(), self.pool, mode)
                 for slot in self.pool.slots():  # with any that joined meanwhile
-                    engine_mode: PauseMode = ("keep" if mode == "keep" and _keeps(slot)
+                    engine_mode: PauseMode = ("keep" if mode == "keep" and keeps(slot)
                                               else "drain")
                     task = asyncio.ensure_future(
                         slot.engine.update_weights(weights_path, policy_version, engine_mode))
@@ -323,7 +294,7 @@ class Runtime:
                     await asyncio.wait(loads)
         except TimeoutError:
             self._weights = previous
-            late = await self._roll_back(loads, previous, timeout_s)
+            late = await roll_back(self.pool, loads, previous, self.clock.timeout(timeout_s))
             # Kept calls ran on the new weights meanwhile: their KV takes a new salt.
             self._weights_served += bool(loads)
             self.resume()
@@ -343,51 +314,6 @@ class Runtime:
                 self.pool.fail(slot, f"weight update failed: {error}", replace=False)
         self.resume(policy_version, trainer_run=trainer_run)
         return WeightUpdate(policy_version, mode, self.clock.now() - started, kept, aborted)
-
-    async def _quiesce(self, mode: PauseMode) -> tuple[int, int]:
-        """With new calls held: abort or wait for the calls in flight as `mode` says;
-        return once only calls to keep are in flight, with (kept, aborted) calls."""
-        keep = {s.engine_id for s in self.pool.slots() if mode == "keep" and _keeps(s)}
-        kept = aborted = 0
-        for runner in list(self._runners.values()):
-            engine_id = runner.calling_on
-            if engine_id is None:
-                continue
-            if engine_id in keep:
-                kept += 1
-            elif mode != "drain":
-                runner.abort_for_pause()
-                aborted += 1
-        await self.pool.quiet(keep)
-        return kept, aborted
-
-    async def _roll_back(self, loads: dict[asyncio.Task[None], EngineSlot],
-                         previous: tuple[str, int] | None,
-                         timeout_s: float | None) -> list[str]:
-        """After a timed-out update: every engine back on `previous` weights or failed.
-        The labels of the engines that were still loading."""
-        late = [slot for task, slot in loads.items() if not task.done()]
-        for task in loads:
-            task.cancel()  # not awaited: a hung engine may not answer; its client closes
-        loaded = [slot for task, slot in loads.items()
-                  if task.done() and not task.cancelled() and task.exception() is None]
-        back: list[EngineSlot] = []
-        if previous is not None and loaded:
-            reloads = {asyncio.ensure_future(s.engine.update_weights(*previous)): s
-                       for s in loaded}
-            with contextlib.suppress(TimeoutError):
-                async with self.clock.timeout(timeout_s):
-                    await asyncio.wait(reloads)
-            for task, slot in reloads.items():
-                if task.done() and not task.cancelled() and task.exception() is None:
-                    back.append(slot)
-                else:
-                    task.cancel()
-        for slot in [*late, *loaded]:
-            if slot not in back:
-                self.pool.fail(slot, "weight update timed out: its weights are not the "
-                                     "ones the other engines serve")
-        return [slot.label for slot in late]
 
     @property
     def cache_salt(self) -> str:

@@ -17,7 +17,6 @@ from typing import Annotated, Any, Literal
 import httpx
 from pydantic import (
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
@@ -32,6 +31,14 @@ from treadle.service.views import JobSummary
 MAX_TRAJECTORIES_PER_JOB = 65_536  # planned trajectories in one job, samples included
 MAX_INT64 = (1 << 63) - 1  # the store's and the exports' integers
 TRAINER_RUN = r"^[A-Za-z0-9._:/-]+$"  # a trainer run's name (shown in errors and views)
+
+
+# A job's (or a session's) `KVAcrossUpdates`.
+KVChoice = Annotated[Literal["recompute", "keep"], Field(
+    description="what a trajectory that runs on across a weight update does with the KV "
+                "of its context cached under the old weights: compute it again under the "
+                "new ones, or keep it (no prefill; later tokens attend to the old "
+                "weights' KV). Recorded in each trajectory")]
 
 
 class _Strict(BaseModel):
@@ -211,6 +218,7 @@ class JobRequest(_Strict):
                                     description="the model family's chat format its "
                                                 "trajectories are rendered in (suite "
                                                 "tasks; default: the service's)")
+    kv_across_updates: KVChoice = "recompute"
     priority: int = Field(default=0, ge=-1000, le=1000,
                           description="higher starts first when trajectories queue")
     job_id: str | None = Field(default=None, min_length=1, max_length=128,
@@ -296,6 +304,7 @@ class SessionRequest(_Strict):
     chat_format: str | None = Field(default=None, min_length=1, max_length=64,
                                     description="the model family's chat format (default: "
                                                 "the service's)")
+    kv_across_updates: KVChoice = "recompute"
     engine_pool: Literal["policy", "frozen"] | None = Field(
         default=None, description="the engines that serve its calls: the policy's (weight "
                                   "updates reach them), or the frozen pool (a pinned "
@@ -429,46 +438,6 @@ class EngineRequest(_Strict):
         return url
 
 
-def _drain_for_wait(mode: Any) -> Any:
-    """"wait", the older name of "drain", read as it."""
-    return "drain" if mode == "wait" else mode
-
-
-class PauseRequest(_Strict):
-    """`POST /v1/weights/pause`: hold new engine calls; "drain" the calls in flight
-    (wait for them) or "abort" them ("wait": the older name of "drain")."""
-
-    mode: Annotated[Literal["drain", "abort"], BeforeValidator(_drain_for_wait)] = "drain"
-
-
-class ResumeRequest(_Strict):
-    """`POST /v1/weights/resume`: the engines now serve `policy_version`."""
-
-    policy_version: int = Field(ge=0, le=MAX_INT64)
-    trainer_run: str | None = Field(default=None, min_length=1, max_length=128,
-                                    pattern=TRAINER_RUN,
-                                    description="the trainer run whose weights these are")
-
-
-class WeightUpdateRequest(_Strict):
-    """`POST /v1/weights/update`: the whole barrier in one call — pause, every engine
-    loads `weights_path` (a directory of safetensors it can read), resume. `mode`:
-    what happens to the engine calls in flight (`Runtime.update_weights`): "abort",
-    "drain" (the default; "wait" is its older name) or "keep". Past `timeout_s` the
-    update fails (504) and the old weights serve."""
-
-    policy_version: int = Field(ge=0, le=MAX_INT64)
-    weights_path: str = Field(min_length=1, max_length=4096)
-    mode: Annotated[Literal["abort", "drain", "keep"],
-                    BeforeValidator(_drain_for_wait)] = "drain"
-    timeout_s: float = Field(default=600.0, gt=0, le=86_400,
-                             description="seconds the whole update may take")
-    trainer_run: str | None = Field(default=None, min_length=1, max_length=128,
-                                    pattern=TRAINER_RUN,
-                                    description="the trainer run whose weights these are "
-                                                "(jobs naming another run are refused)")
-
-
 class KeyRequest(_Strict):
     """`POST /v1/keys`: a trainer key for one trainer run."""
 
@@ -490,13 +459,6 @@ class KeyCreated(KeyView):
     """`POST /v1/keys`'s answer: the only time the key is shown."""
 
     key: str
-
-
-class WeightsView(BaseModel):
-    policy_version: int  # what the policy's engines serve, stamped on their tokens
-    trainer_run: str | None = None  # whose weights those are (None: unnamed, or initial)
-    paused: bool
-    frozen_policy_version: int | None = None  # the frozen pool's pinned version, if any
 
 
 class FieldError(BaseModel):

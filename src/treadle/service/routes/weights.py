@@ -13,13 +13,13 @@ from treadle.service.deps import CallerDep, ServiceDep
 from treadle.service.errors import RequestRefused
 from treadle.service.keys import run_named
 from treadle.service.replies import documented
-from treadle.service.schemas import (
+from treadle.service.strict_json import StrictJSONRoute
+from treadle.service.weight_schemas import (
     PauseRequest,
     ResumeRequest,
     WeightsView,
     WeightUpdateRequest,
 )
-from treadle.service.strict_json import StrictJSONRoute
 
 router = APIRouter(prefix="/v1/weights", route_class=StrictJSONRoute, tags=["weights"])
 
