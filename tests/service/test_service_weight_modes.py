@@ -1,7 +1,7 @@
 """`POST /v1/weights/update` and `/pause` read their modes: "wait" is the older name
 of "drain"; an update without a timeout gets the service's bound. A job's
-`kv_across_updates` reaches its trajectories' records, and a "keep" update runs on
-the emulated engines."""
+`kv_across_updates` reaches its trajectories' records, a "keep" update runs on the
+emulated engines, and one past its timeout is a 504."""
 
 from __future__ import annotations
 
@@ -11,7 +11,11 @@ import pytest
 from pydantic import ValidationError
 from service_helpers import running_service
 
-from treadle.client import RolloutClient, replay_tasks
+from treadle.client import RolloutClient, ServiceError, replay_tasks
+from treadle.core.cost_model import CostModel
+from treadle.engines.emulated import EmulatedEngine
+from treadle.engines.emulated_server import serve_in_thread
+from treadle.service.schemas import EngineRequest
 from treadle.service.state import ServiceConfig
 from treadle.service.weight_schemas import PauseRequest, WeightUpdateRequest
 from treadle.types import KVAcrossUpdates
@@ -44,3 +48,24 @@ def test_a_jobs_kv_choice_is_recorded_and_a_keep_update_serves(tmp_path: Path) -
     assert {t.kv_across_updates for t in records[plain.job_id]} == {
         KVAcrossUpdates.RECOMPUTE}
     assert {t.policy_span for t in records[plain.job_id]} == {(1, 1)}
+
+
+@pytest.mark.integration
+def test_an_update_past_its_timeout_is_a_504_and_the_old_weights_serve(
+        tmp_path: Path) -> None:
+    """An engine whose reload takes 30 s and an update bounded at 0.5 s: the service
+    answers 504 (saying so) and still serves version 1, paused no longer."""
+    model = EmulatedEngine(CostModel.named("qwen3-8b", "h100"), time_scale=1.0, load_s=30.0)
+    with serve_in_thread(model, "m-emulated") as engine:
+        config = ServiceConfig(db=str(tmp_path / "t.db"), token="t", policy="verl",
+                               engines=[EngineRequest(url=engine.url, kind="emulated",
+                                                      model=engine.model)])
+        with running_service(config) as url, RolloutClient(url, token="t") as client:
+            client.pause()
+            client.resume(1)
+            with pytest.raises(ServiceError) as failed:
+                client.update_weights(str(tmp_path), 2, timeout_s=0.5)
+            state = client.weights()
+    assert failed.value.status == 504
+    assert "did not finish within 0.5 s" in str(failed.value)
+    assert (state.policy_version, state.paused) == (1, False)

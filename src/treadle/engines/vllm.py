@@ -275,7 +275,9 @@ class VLLMEngine(HttpEngine):
         the old weights serves only requests that ask for it (a trajectory whose job
         keeps its KV across updates). vLLM's own default, ``clear_cache=true``, drops
         it all and, with "keep", also preempts the frozen requests (their KV is
-        recomputed under the new weights when they resume).
+        recomputed under the new weights when they resume). A caller that sends
+        requests without a `cache_salt` after an update (the runtime always sets one)
+        may be served KV of the old weights.
 
         Known limit, vLLM's CPU build 0.32: a model with ``tie_word_embeddings``
         reloads into wrong logprobs (its output projection keeps a stale packed copy of
