@@ -435,6 +435,9 @@ class EngineRequest(_Strict):
             raise ValueError(f"not a valid URL: {e}") from None
         if not parsed.host:
             raise ValueError("the URL has no host")
+        if not url.isascii():
+            raise ValueError("not an ASCII URL: write an internationalised host in its "
+                             "IDNA form (xn--...) and percent-encode the path")
         return url
 
 
