@@ -41,6 +41,9 @@ def test_a_jobs_kv_choice_is_recorded_and_a_keep_update_serves(tmp_path: Path) -
         kept = client.submit({"kv_across_updates": "keep"}, tasks=tasks)
         state = client.update_weights(str(tmp_path), 1, mode="keep", timeout_s=60)
         assert state.policy_version == 1 and not state.paused
+        metrics = client.metrics()
+        assert 'treadle_weight_update_seconds_count{mode="keep"} 1' in metrics
+        assert "treadle_weight_update_timeouts_total 0" in metrics
         plain = client.submit(tasks=tasks)
         records = {job.job_id: [d.trajectory for d in client.trajectories(job.job_id)]
                    for job in (kept, plain)}
@@ -66,6 +69,8 @@ def test_an_update_past_its_timeout_is_a_504_and_the_old_weights_serve(
             with pytest.raises(ServiceError) as failed:
                 client.update_weights(str(tmp_path), 2, timeout_s=0.5)
             state = client.weights()
+            timeouts = client.metrics()
+    assert "treadle_weight_update_timeouts_total 1" in timeouts
     assert failed.value.status == 504
     assert "did not finish within 0.5 s" in str(failed.value)
     assert (state.policy_version, state.paused) == (1, False)

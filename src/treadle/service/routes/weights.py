@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from treadle.engines.errors import WeightUpdateTimeout
 from treadle.service.deps import CallerDep, ServiceDep
 from treadle.service.errors import RequestRefused
 from treadle.service.keys import run_named
@@ -39,12 +40,17 @@ async def pause(request: PauseRequest, _caller: CallerDep, service: ServiceDep) 
 async def update(request: WeightUpdateRequest, caller: CallerDep,
                  service: ServiceDep) -> WeightsView:
     run = run_named(caller, request.trainer_run)
+    metrics = service.rollouts.metrics
     try:
-        await service.runtime.update_weights(request.weights_path, request.policy_version,
-                                             request.mode, timeout_s=request.timeout_s,
-                                             trainer_run=run)
+        done = await service.runtime.update_weights(
+            request.weights_path, request.policy_version, request.mode,
+            timeout_s=request.timeout_s, trainer_run=run)
     except ValueError as e:
         raise RequestRefused(f"weights_path: {e}") from None
+    except WeightUpdateTimeout:
+        metrics.update_timeouts += 1
+        raise
+    metrics.weight_update(done.mode, done.held_s, done.kept, done.aborted)
     service.rollouts.policy_version_changed()
     return service.weights_view()
 
