@@ -14,14 +14,15 @@ import pytest
 from runtime_helpers import FakeEngine
 from test_runtime import run, with_engines
 
-from treadle.agent.runner import Sampling
+from treadle.agent.runner import Sampling, TurnOutput
 from treadle.core.cost_model import CostModel
 from treadle.core.policies.baselines import Slime
+from treadle.engines.base import PauseMode
 from treadle.engines.emulated import EmulatedEngine
 from treadle.engines.emulated_client import EmulatedEngineClient
 from treadle.engines.emulated_server import serve_in_thread
 from treadle.engines.errors import WeightUpdateTimeout
-from treadle.runtime.driver import Runtime
+from treadle.runtime.driver import Runtime, WeightUpdate
 from treadle.testing import FakeClock
 from treadle.types import KVAcrossUpdates
 from vllm_server import RecordingEngine
@@ -82,40 +83,41 @@ def test_abort_resumes_the_call_with_its_tokens_under_the_new_weights() -> None:
     assert second.cache_salt is not None and second.cache_salt.startswith("policy-7-")
 
 
-def test_drain_lets_the_call_finish_under_the_old_weights_first() -> None:
-    clock = FakeClock(autojump=True)
-    engine = FakeEngine("a", clock, tokens_per_s=1000, load_s=2.0)
+def _update_during_a_call(engine: FakeEngine, tokens: int, after_s: float,
+                          mode: PauseMode) -> tuple[WeightUpdate, TurnOutput, float]:
+    """One call of `tokens` on `engine` (a fake clock's), an update to version 3 in
+    `mode` `after_s` into it: the update, the turn and the clock when the update
+    returned."""
+    clock = engine.clock
 
-    async def main() -> None:
+    async def main() -> tuple[WeightUpdate, TurnOutput, float]:
         rt = await with_engines(Slime(1, 1), [engine])
-        task = asyncio.ensure_future(rt.turns("t0", "g").generate([1], 50, Sampling(), []))
-        await clock.sleep(0.01)
-        update = await rt.update_weights("/w/1", 1, "drain")
-        assert task.done() and task.result().policy_versions == [0] * 50
-        assert engine.loading_with_calls == 0 and engine.weights == ("/w/1", 1)
-        # Held from the pause (0.01) to the end of the load: the call's 0.04 s left + 2 s.
-        assert update.held_s == pytest.approx(2.04) and (update.kept, update.aborted) == (0, 0)
+        task = asyncio.ensure_future(rt.turns("t0", "g").generate([1], tokens, Sampling(), []))
+        await clock.sleep(after_s)
+        update = await rt.update_weights("/w/3", 3, mode)
+        returned = clock.now()
+        out = await task
         await rt.close()
+        return update, out, returned
 
-    run(main)
+    return run(main)
+
+
+def test_drain_lets_the_call_finish_under_the_old_weights_first() -> None:
+    engine = FakeEngine("a", FakeClock(autojump=True), tokens_per_s=1000, load_s=2.0)
+    update, out, returned = _update_during_a_call(engine, 50, 0.01, "drain")
+    assert out.policy_versions == [0] * 50
+    assert engine.loading_with_calls == 0 and engine.weights == ("/w/3", 3)
+    # Held from the pause (0.01) to the end of the load: the call's 0.04 s left + 2 s.
+    assert update.held_s == pytest.approx(2.04) and returned == pytest.approx(2.05)
+    assert (update.kept, update.aborted) == (0, 0)
 
 
 def test_keep_on_an_engine_that_cannot_keep_aborts_and_resumes_its_calls() -> None:
-    clock = FakeClock(autojump=True)
-    engine = FakeEngine("a", clock, tokens_per_s=1000, load_s=1.0)
-
-    async def main() -> Any:
-        rt = await with_engines(Slime(1, 1), [engine])
-        task = asyncio.ensure_future(rt.turns("t0", "g").generate([1], 300, Sampling(), []))
-        await clock.sleep(0.08)
-        update = await rt.update_weights("/w/3", 3, "keep")
-        assert (update.kept, update.aborted) == (0, 1)
-        assert engine.loading_with_calls == 0  # nothing in flight while it loaded
-        out = await task
-        await rt.close()
-        return out
-
-    out = run(main)
+    engine = FakeEngine("a", FakeClock(autojump=True), tokens_per_s=1000, load_s=1.0)
+    update, out, _ = _update_during_a_call(engine, 300, 0.08, "keep")
+    assert (update.kept, update.aborted) == (0, 1)
+    assert engine.loading_with_calls == 0  # nothing in flight while it loaded
     assert out.policy_versions == [0] * 80 + [3] * 220
 
 
