@@ -109,7 +109,7 @@ def test_the_demo_runs_both_jobs_through_the_service(trained_checkpoint: Path,
         [str(checkout_under_tmp / ".venv" / "bin" / "python"), "-m", "treadle", "demo",
          "--cache", str(trained_checkpoint.parent), "--out", str(out),
          "--vllm-python", str(ensure_vllm())],
-        capture_output=True, text=True, timeout=600, env=clean_env(), cwd=checkout_under_tmp)
+        capture_output=True, text=True, timeout=1800, env=clean_env(), cwd=checkout_under_tmp)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "fine-tuning steps" not in done.stderr  # the cached model was used
     assert "tools in bwrap sandboxes" in done.stderr  # not the local backend's fallback

@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 VENV_PYTHON = Path(os.environ.get("TREADLE_VLLM_VENV", REPO / ".venv-vllm")) / "bin" / "python"
 MODEL = "tiny-qwen2"
 MAX_MODEL_LEN = 1024
-READY_TIMEOUT_S = 180.0
+READY_TIMEOUT_S = 600.0  # a bound for a hang: vLLM (CPU) starts in minutes on 2 loaded cores
 
 
 @dataclass(frozen=True)

@@ -214,7 +214,7 @@ class LocalLauncher(EngineLauncher):
     """Engines as child processes on this machine, one port each on loopback."""
 
     def __init__(self, spec: ProcessSpec, *, log_dir: str | Path | None = None,
-                 ready_timeout_s: float = 180.0, stop_timeout_s: float = 10.0) -> None:
+                 ready_timeout_s: float = 600.0, stop_timeout_s: float = 10.0) -> None:
         self.spec = spec
         self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="treadle-engines-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)

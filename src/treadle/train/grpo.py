@@ -462,7 +462,7 @@ def serving(policy: Path, out: Path, config: GRPOConfig, *,
                                                                              patience_s=0.0))
     try:
         log(f"starting the rollout service with a vLLM engine ({url}; log {out / 'serve.log'})")
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + 900  # a bound for a hang: vLLM starts within 600 s
         while True:
             if proc.poll() is not None:
                 raise RuntimeError(f"treadle serve exited with {proc.returncode}; see "
