@@ -112,14 +112,14 @@ def _error(error: GatewayError, status: int | None = None) -> JSONResponse:
 class ChatDoor:
     """ASGI middleware (inside `limits.RequestGate`, which has checked the key, taken
     a slot and bounds the body): answers `chat_completions` without FastAPI's routing
-    and dependency solving, which cost each call about half a millisecond of the
-    service's CPU (benchmarks/gateway.json). The answer is `answer`'s, as the route's.
+    and dependency solving, a share of the service's CPU on every call of every
+    harness (benchmarks/gateway.json). The answer is `answer`'s, as the route's.
 
     Only the plain case is taken here: a POST on the route's path with one ASCII
     bearer header whose key opens that session (its own key; the admin's or its
-    owner's trainer's, for a session they see). Anything else, or a body whose reading
-    fails, goes on to the app with the body replayed, so that every refusal is the
-    route's own."""
+    owner's trainer's, for a session they see). Anything else goes on to the app, and
+    so does a body whose reading failed, its failure replayed to the route's reading,
+    so that every refusal is the route's own."""
 
     def __init__(self, app: ASGIApp, service: Service) -> None:
         self.app = app
