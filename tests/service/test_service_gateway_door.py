@@ -5,30 +5,15 @@ calls are made both ways on twin sessions and their answers compared."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from service_helpers import running_service
-from test_service_gateway import TOKEN, TOOLS, Gateway, _config
-
-from agent.agent_helpers import build_tokenizer
-from engines.engines_fakes import FakeVLLMServer
+from test_service_gateway import TOKEN, TOOLS, Gateway
+from test_service_gateway import gateway as gateway  # the fixture, a scripted engine
 
 pytestmark = [pytest.mark.integration]
 KEY = ("authorization", f"Bearer {TOKEN}")
-
-
-@pytest.fixture
-def gateway(tmp_path: Path) -> Iterator[Gateway]:
-    tok = build_tokenizer(tmp_path / "tok")
-    fake = FakeVLLMServer()
-    with fake.serve() as engine, running_service(_config(tmp_path, engine)) as url:
-        gw = Gateway(url, fake, tok)
-        yield gw
-        gw.http.close()
 
 
 def _answer(http: httpx.Client, base: str, body: bytes, twice: bool) -> tuple[int, str, Any]:
