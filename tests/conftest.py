@@ -42,6 +42,21 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         _build_checkpoint(write)
 
 
+# How the suite is shared among pytest-xdist workers (`scripts/test`: --dist
+# loadgroup): a test module runs on one worker (its module fixtures are made once,
+# and its tests may build on one another), and every test using a session fixture
+# that starts a real engine runs on one worker, which starts that engine once.
+_SHARED_ENGINES = ("vllm_server", "served")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        uses_engine = any(name in getattr(item, "fixturenames", ()) for name in _SHARED_ENGINES)
+        item.add_marker(pytest.mark.xdist_group(
+            "real-vllm" if uses_engine else item.nodeid.split("::")[0]))
+
+
 @pytest.fixture(scope="session")
 def trained_checkpoint() -> Path:
     """The demo's checkpoint: good enough that its rollouts call the python tool and

@@ -27,6 +27,7 @@ from treadle.engines.base import (
     EngineLoad,
     GenerateRequest,
     GenerateResult,
+    PauseMode,
 )
 from treadle.runtime.launcher import VLLMProcess, free_port, stop_process_group
 
@@ -70,6 +71,10 @@ class RecordingEngine(Engine):
 
     async def abort(self, request_id: str) -> None:
         await self.inner.abort(request_id)
+
+    async def update_weights(self, weights_path: str, version: int,
+                             mode: PauseMode = "drain") -> None:
+        await self.inner.update_weights(weights_path, version, mode)
 
     async def load(self) -> EngineLoad:
         return await self.inner.load()

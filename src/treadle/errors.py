@@ -67,7 +67,9 @@ escaping treadle is a bug. Each package owns a branch::
     │   │   ├── NoEngineAvailable       engine left at all, one that does not serve the
     │   │   ├── EngineModelMissing      model asked for; WireError: treadle.engines._wire,
     │   │   └── WireError               the connection itself), a request past its
-    │   ├── EngineTimeout               deadline, a malformed reply (names the
+    │   ├── EngineTimeout               deadline (WeightUpdateTimeout: a weight
+    │   │   └── WeightUpdateTimeout     update past its own; the old weights serve),
+    │   │                               a malformed reply (names the
     │   ├── EngineProtocolError         field), a request the engine rejected (also
     │   └── EngineRequestError          a ValueError)
     ├── StoreError                      anything from treadle.store (classes in

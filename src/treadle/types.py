@@ -59,6 +59,17 @@ class RewardSource(enum.Enum):
     # or, for a sub-agent without one, its parent's
 
 
+class KVAcrossUpdates(enum.Enum):
+    """What a trajectory that runs on across a weight update does with the KV cache
+    of its context, computed under the old weights (a job's setting)."""
+
+    RECOMPUTE = "recompute"  # computed again under the new weights: each token's
+    # logprob is the new weights' over the whole context (the cost: one prefill)
+    KEEP = "keep"  # reused while the engine holds it: no prefill, but tokens sampled
+    # after the update attend to KV of the old weights (their logprobs are neither
+    # version's)
+
+
 @dataclass(frozen=True, slots=True)
 class GroupKey:
     """Identifies one trajectory inside its GRPO group."""
@@ -205,6 +216,20 @@ class Trajectory:
     # What scored it (set only with a reward); None: unscored, or not said (records
     # written before version 3, or a producer that does not say).
     reward_source: RewardSource | None = None
+    # What its calls after a weight update did with KV cached before it (its job's
+    # setting; records before version 4: recompute, as engines were reset then).
+    kv_across_updates: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE
+
+    @property
+    def policy_span(self) -> tuple[int, int] | None:
+        """The oldest and newest policy version that sampled its tokens (segment tokens
+        with loss mask 1, and each turn's version: that of its last token); None when
+        the model sampled nothing. One version unless it ran across an update."""
+        versions = [t.policy_version for t in self.turns if t.output_tokens]
+        for seg in self.segments:
+            versions += [v for v, m in zip(seg.policy_versions, seg.loss_mask, strict=True)
+                         if m]
+        return (min(versions), max(versions)) if versions else None
 
     @property
     def infra_failure(self) -> bool:

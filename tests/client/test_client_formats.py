@@ -227,7 +227,8 @@ def skyrl_step_wise_advantages(out: dict[str, Any]) -> list[float]:
 def test_skyrl_step_wise_output_validates_and_broadcasts_our_advantages() -> None:
     batch = _mixed_batch()
     out = to_skyrl(batch, step_wise=True)
-    assert set(out.data) == SKYRL_GENERATOR_OUTPUT_KEYS
+    # SkyRL's keys, and treadle's per-token versions (row-aligned: SkyRL passes it on).
+    assert set(out.data) == SKYRL_GENERATOR_OUTPUT_KEYS | {"treadle_policy_versions"}
     skyrl_validate(len(batch), out.data, step_wise=True)
     ours = [s.advantage for s in training_sequences(batch).sequences]
     assert skyrl_step_wise_advantages(out.data) == ours

@@ -94,6 +94,26 @@ def test_backoff_doubles_up_to_its_bound_and_respects_retry_after() -> None:
         RetryPolicy(attempts=0)
 
 
+def test_the_default_patience_is_five_minutes_of_waiting_not_a_count() -> None:
+    # A follower with all defaults rides out a service that is down for five minutes
+    # (ten quick failures used to end it after ~28 s).
+    policy = RetryPolicy()
+    retries = Retries(policy, "GET /x")
+    waits: list[float] = []
+    with pytest.raises(ServiceUnavailable, match="gave up"):
+        while True:
+            waits.append(retries.failed(httpx.ConnectError("refused")))
+    assert 300.0 <= sum(waits) < 300.0 + policy.max_backoff_s
+    # A policy's own patience, and progress starting it again.
+    short = Retries(RetryPolicy(patience_s=10.0), "GET /x")
+    for _ in range(policy.attempts - 1):  # 20 s waited: the next failure gives up...
+        short.failed(httpx.ConnectError("refused"))
+    short.progress()  # ...but a success came first
+    assert short.failed(httpx.ConnectError("refused")) == policy.backoff_s
+    with pytest.raises(ValueError):
+        RetryPolicy(patience_s=-1.0)
+
+
 def test_retries_give_up_after_the_attempts_in_a_row_and_progress_resets_them() -> None:
     retries = Retries(RetryPolicy(attempts=3, backoff_s=0.0, max_backoff_s=0.0), "GET /x")
     cause = httpx.ConnectError("refused")

@@ -147,7 +147,8 @@ def test_the_stream_carries_the_sub_agent_fields() -> None:
 def test_a_version_1_record_from_an_older_service_reads_with_the_defaults() -> None:
     record = _wire(traj("a", "g", 0, 1.0))
     record["version"] = 1
-    for key in ("parent_id", "children", "trainable", "metadata", "reward_source"):
+    for key in ("parent_id", "children", "trainable", "metadata", "reward_source",
+                "policy_span", "kv_across_updates"):
         del record[key]
     for seg in record["segments"]:
         del seg["start_turn"], seg["start_reason"]

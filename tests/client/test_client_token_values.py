@@ -2,13 +2,14 @@
 
 Each converter's output is compared, row by row and token by token, with the
 trajectories' own segments: the ids, the loss masks, the logprobs (bit for bit, 0.0
-where the mask is 0), the per-token policy versions where the format carries them,
-the rewards and the group ids. The expected rows are built here from
-`Trajectory.segments` and the documented exclusion rule (`client_helpers.trains`),
-not through `treadle.client.samples`, so a converter and its reference cannot share
-a mistake. The batch mixes multi-segment trajectories, a trainable and a frozen
-sub-agent (mask 0 throughout), an infrastructure failure, an abort and a failure
-without tokens.
+where the mask is 0), the per-token policy versions (every format carries them,
+for an asynchronous trainer's off-policy correction; verl also the trajectory's
+span of versions and its KV choice), the rewards and the group ids. The expected
+rows are built here from `Trajectory.segments` and the documented exclusion rule
+(`client_helpers.trains`), not through `treadle.client.samples`, so a converter and
+its reference cannot share a mistake. The batch mixes multi-segment trajectories, a
+trainable and a frozen sub-agent (mask 0 throughout), an infrastructure failure, an
+abort and a failure without tokens.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from client_helpers import trains, varied, varied_batch
 from treadle.client import SkyRLTrajectoryID, to_skyrl, to_trl, to_verl
 from treadle.client.skyrl import stop_reason
 from treadle.client.verl import step_records
-from treadle.types import TokenSegment, Trajectory, TrajectoryStatus
+from treadle.types import KVAcrossUpdates, TokenSegment, Trajectory, TrajectoryStatus
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,17 @@ def bits(values: Sequence[float]) -> list[str]:
 def with_a_tokenless_failure() -> list[Trajectory]:
     failed = varied("j/b/3", "j/b", 3, None, status=TrajectoryStatus.ERROR)
     failed.segments = []
-    return [*varied_batch(), failed]
+    batch = [*varied_batch(), failed]
+    batch[0].kv_across_updates = KVAcrossUpdates.KEEP
+    return batch
+
+
+def span(t: Trajectory) -> list[int] | None:
+    """[oldest, newest] version among its turns and its tokens sampled at mask 1."""
+    versions = {turn.policy_version for turn in t.turns if turn.output_tokens} | {
+        v for s in t.segments for v, m in zip(s.policy_versions, s.loss_mask, strict=True)
+        if m == 1}
+    return [min(versions), max(versions)] if versions else None
 
 
 def check_token_lists(row: Row, prompt: list[int], response: list[int], mask: list[int],
@@ -103,6 +114,9 @@ def test_verl_records_are_the_segments_token_by_token(drop_failed: bool) -> None
         assert record["reward_score"] == (row.t.reward if row.trained else None)
         extra = record["extra_fields"]
         assert extra["treadle_policy_versions"] == row.segment.policy_versions
+        assert extra["treadle_policy_span"] == span(row.t)
+        assert extra["treadle_kv_across_updates"] == (
+            "keep" if row.t is batch[0] else "recompute")
         assert (extra["treadle_trajectory_id"], extra["treadle_group_id"],
                 extra["treadle_task_id"], extra["treadle_repetition"],
                 extra["treadle_segment_index"], extra["treadle_num_segments"],
@@ -145,6 +159,7 @@ def check_skyrl_rows(out: dict[str, Any], rows: list[Row]) -> None:
     for i, row in enumerate(rows):
         check_token_lists(row, out["prompt_token_ids"][i], out["response_ids"][i],
                           out["loss_masks"][i], out["rollout_logprobs"][i])
+        assert out["treadle_policy_versions"][i] == row.segment.policy_versions
         assert out["rewards"][i] == row.t.reward
         assert out["trajectory_ids"][i] == SkyRLTrajectoryID(row.t.key.group_id,
                                                              row.t.key.repetition)
@@ -205,11 +220,13 @@ def test_trl_rows_are_the_trajectories_token_by_token() -> None:
             check_token_lists(row, data["prompt_ids"][i], data["completion_ids"][i],
                               data["env_mask"][i], data["logprobs"][i])
             assert data["treadle_reward"][i] == t.reward
+            assert data["treadle_policy_versions"][i] == t.segments[0].policy_versions
             assert data["treadle_excluded"][i] is None
         else:  # a masked placeholder under the trajectory's own prompt
             prompt = t.segments[0].prompt_ids if t.segments else [pad]
             assert (data["prompt_ids"][i], data["completion_ids"][i], data["env_mask"][i],
                     bits(data["logprobs"][i]), data["treadle_reward"][i]) == \
                 (prompt, [pad], [0], bits([0.0]), None), t.trajectory_id
+            assert data["treadle_policy_versions"][i] == [0]
             assert data["treadle_excluded"][i]
         assert data["treadle_status"][i] == t.status.value

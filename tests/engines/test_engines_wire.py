@@ -168,3 +168,20 @@ def test_refused_and_malformed_replies_are_wire_errors() -> None:
             await WirePool(url).request("GET", "/")
 
     asyncio.run(main())
+
+
+def test_a_url_that_is_not_ascii_is_refused_where_it_enters() -> None:
+    """A request line and a Host header are ASCII: an internationalised host must come
+    in its IDNA form. Refused when the pool is made and at the API's edge (422), never
+    a crash at the first request (the API fuzz found one, a 500)."""
+    from pydantic import ValidationError
+
+    from treadle.service.schemas import EngineRequest
+
+    for url in ("http://b\u00fccher.de:8000", "http://127.0.0.1:8000/\u00fc", "http://\U000250eb.com"):
+        with pytest.raises(ValueError, match="not an ASCII URL"):
+            WirePool(url)
+        with pytest.raises(ValidationError, match="not an ASCII URL"):
+            EngineRequest(url=url)
+    WirePool("http://xn--bcher-kva.de:8000")  # the IDNA form is fine
+    assert EngineRequest(url="http://xn--bcher-kva.de:8000").url == "http://xn--bcher-kva.de:8000"

@@ -14,6 +14,7 @@ from treadle.engines.base import (
     EngineLoad,
     GenerateRequest,
     GenerateResult,
+    PauseMode,
 )
 from treadle.engines.errors import EngineModelMissing, EngineStartError, EngineUnavailable
 from treadle.runtime.launcher import EngineLauncher, LaunchedEngine
@@ -33,10 +34,11 @@ class FakeEngine(Engine):
     and health check fail from then on (as a dead process would); `stop()` makes it
     answer nothing, health checks included, and its calls in flight never end (as a
     SIGSTOPped process); `model_missing` makes every call a 404 for its model;
-    `update_weights` records what it was told."""
+    `update_weights` takes `load_s` of its clock and records what it was told (it
+    declares no pause mode: nothing may be in flight while it loads)."""
 
     def __init__(self, name: str, clock: Clock = MONOTONIC, tokens_per_s: float = 2000.0, *,
-                 dead: bool = False) -> None:
+                 dead: bool = False, load_s: float = 0.0) -> None:
         self.name = name
         self.clock = clock
         self.tokens_per_s = tokens_per_s
@@ -46,6 +48,8 @@ class FakeEngine(Engine):
         self.flaky = 0  # the next `flaky` calls raise although the engine stays healthy
         self.requests: list[GenerateRequest] = []
         self.weights: tuple[str, int] | None = None  # the last update_weights
+        self.load_s = load_s
+        self.loading_with_calls = 0  # loads begun while a call was in flight
         self._calls: dict[str, _Call] = {}
         self._next_id = 1000
         self.closed = False
@@ -108,9 +112,12 @@ class FakeEngine(Engine):
     def capabilities(self) -> EngineCapabilities:
         return EngineCapabilities(weight_updates=True)
 
-    async def update_weights(self, weights_path: str, policy_version: int) -> None:
+    async def update_weights(self, weights_path: str, policy_version: int,
+                             mode: PauseMode = "drain") -> None:
         if self.dead:
             raise EngineUnavailable(f"{self.name}: connection refused")
+        self.loading_with_calls += bool(self._calls)
+        await self.clock.sleep(self.load_s)
         self.weights = (weights_path, policy_version)
 
     async def aclose(self) -> None:

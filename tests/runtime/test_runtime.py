@@ -331,7 +331,7 @@ def test_pause_wait_lets_calls_in_flight_finish_first() -> None:
         rt = await with_engines(Slime(1, 1), [engine])
         task = asyncio.ensure_future(rt.turns("t0", "g").generate([1], 50, Sampling(), []))
         await clock.sleep(0.01)
-        await rt.pause("wait")
+        await rt.pause("drain")
         assert clock.now() == pytest.approx(0.05)  # when the call in flight ended
         assert task.done() and task.result().policy_versions == [0] * 50
         later = asyncio.ensure_future(rt.turns("t1", "g").generate([1], 5, Sampling(), []))

@@ -24,7 +24,7 @@ from treadle.engines.vllm import VLLMEngine
 from treadle.runtime.driver import Runtime
 from treadle.train.logprobs import teacher_forced_logprobs
 from treadle.train.model import load_model
-from treadle.types import TokenSegment
+from treadle.types import KVAcrossUpdates, TokenSegment
 from vllm_server import RecordingEngine, VLLMServer, serve_vllm
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -157,3 +157,72 @@ def test_a_weight_update_changes_the_logprobs_and_stamps_the_version(
     assert max(abs(f - lp) for f, lp in zip(forced, after.logprobs, strict=True)) < 1e-3
     old = teacher_forced(server.model_dir, prompt, after.output_ids)
     assert max(abs(f - lp) for f, lp in zip(old, after.logprobs, strict=True)) > 1e-2
+
+
+LONG_TASK = ("the agent reads a long report, calls a tool, and reads on: " +
+             " ".join(f"line {i} of the report says the value is {i * 7 % 13}."
+                      for i in range(10)))
+
+
+async def _across_an_update(server: VLLMServer, weights: tuple[Path, Path],
+                            versions: tuple[int, int], kv: KVAcrossUpdates
+                            ) -> tuple[list[int], list[int], Any, Any]:
+    """Two turns of one trajectory with a "keep" update to `weights[1]` in its tool
+    call: (prompt, the second call's prompt, first turn, second turn)."""
+    tok = HFTokenizer(server.model_dir)
+    stop = [tok.token_id(IM_END)]
+    rt = Runtime(Slime(1, 1))
+    rt.register_engine(VLLMEngine(server.url, server.model), max_batch=16,
+                       kv_capacity_tokens=16_384)
+    await rt.start()
+    try:
+        await rt.update_weights(str(weights[0]), versions[0])
+        turns = rt.turns(f"t-{kv.value}", "g", kv)
+        prompt = tok.encode(FMT.prompt(prompt_messages(LONG_TASK), []))
+        first = await turns.generate(prompt, 16, Sampling(temperature=1.0, seed=3), stop)
+        turns.turn_finished(len(first.output_ids), len(prompt) + len(first.output_ids),
+                            final=False)
+        turns.tool_started()
+        await rt.update_weights(str(weights[1]), versions[1], "keep")
+        observation = tok.encode(FMT.continuation(tool_messages(["the tool says ok"]), True))
+        turns.tool_finished(0.0, len(observation), final=False)
+        context = prompt + first.output_ids + observation
+        second = await turns.generate(context, 16, Sampling(temperature=1.0, seed=4), stop)
+        turns.turn_finished(len(second.output_ids), len(context) + len(second.output_ids),
+                            final=True)
+    finally:
+        await rt.close()
+    return prompt, context, first, second
+
+
+def _gap(model_dir: Path, prompt: list[int], out: Any) -> float:
+    forced = teacher_forced(model_dir, prompt, out.output_ids)
+    return max(abs(f - lp) for f, lp in zip(forced, out.logprobs, strict=True))
+
+
+def test_a_trajectory_across_a_keep_update_never_reuses_stale_kv(
+        dev_server: tuple[VLLMServer, Path]) -> None:
+    """A "keep" update between two turns: each turn's tokens carry the version that
+    sampled them, and with KV recomputed (the default) each turn's logprobs are its
+    version's weights' over the whole context — the second turn's context (over 128
+    tokens: vLLM's CPU blocks) was cached under the old weights, and a stale hit would
+    show here. With KV kept, the gap is measured (and must show the stale hit, or the
+    first half proves nothing)."""
+    server, updated = dev_server
+    old = server.model_dir
+
+    prompt, context, first, second = asyncio.run(asyncio.wait_for(_across_an_update(
+        server, (old, updated), (10, 11), KVAcrossUpdates.RECOMPUTE), 120))
+    assert len(context) > 256
+    assert first.policy_versions == [10] * len(first.output_ids)
+    assert second.policy_versions == [11] * len(second.output_ids)
+    assert _gap(old, prompt, first) < 1e-3
+    recomputed = _gap(updated, context, second)
+    assert recomputed < 1e-3, f"stale KV: max |delta| {recomputed:.2e}"
+
+    _, context, _, kept = asyncio.run(asyncio.wait_for(_across_an_update(
+        server, (old, updated), (12, 13), KVAcrossUpdates.KEEP), 120))
+    stale = _gap(updated, context, kept)
+    print(f"KV across a keep update: recomputed max |dlogp| {recomputed:.2e}, "
+          f"kept {stale:.3f}")
+    assert stale > 1e-2

@@ -30,7 +30,7 @@ from treadle.types import (
 def test_v2_round_trip_keeps_every_new_field() -> None:
     for t in (parent(), frozen_child(0), frozen_child(1)):
         record = trajectory_to_record(t)
-        assert record["version"] == RECORD_VERSION == 3
+        assert record["version"] == RECORD_VERSION == 4
         back = loads_record(dumps_record(record))
         assert back == t and trajectory_from_record(record) == t
         assert dumps_record(trajectory_to_record(back)) == dumps_record(record)
@@ -50,7 +50,8 @@ def test_v2_record_layout() -> None:
     keys = list(record)
     # The new fields sit between the trajectory's counts and its turns, as documented.
     assert keys[keys.index("output_tokens") + 1:keys.index("turns")] == \
-        ["parent_id", "children", "trainable", "metadata"]
+        ["parent_id", "children", "trainable", "metadata",
+         "policy_span", "kv_across_updates"]  # (the last two: v4)
     assert list(record["segments"][1]) == [*SEGMENT_FIELDS, *SEGMENT_META]
     assert SEGMENT_FIELDS == ("prompt_ids", "response_ids", "loss_mask", "logprobs",
                               "policy_versions")
@@ -76,7 +77,7 @@ def test_a_v1_record_reads_with_the_defaults() -> None:
     assert loads_record(json.dumps(v1_record())) == t
     # Written again it is a current record, which reads back the same.
     again = trajectory_to_record(t)
-    assert again["version"] == 3 and trajectory_from_record(again) == t
+    assert again["version"] == 4 and trajectory_from_record(again) == t
 
 
 def test_a_v1_record_may_not_have_v2_fields() -> None:
@@ -93,9 +94,9 @@ def test_a_v1_record_may_not_have_v2_fields() -> None:
 
 def test_an_unknown_version_is_refused_before_its_fields() -> None:
     record = trajectory_to_record(parent())
-    record.update(version=4, subagent_tree={})
-    with pytest.raises(RecordError, match=r"version: 4 is not a record version this treadle "
-                                          r"reads \(it reads 1, 2 and 3\)"):
+    record.update(version=5, subagent_tree={})
+    with pytest.raises(RecordError, match=r"version: 5 is not a record version this treadle "
+                                          r"reads \(it reads 1, 2, 3 and 4\)"):
         trajectory_from_record(record)
     del record["version"], record["subagent_tree"]
     with pytest.raises(RecordError, match="record: missing field\\(s\\) 'version'"):

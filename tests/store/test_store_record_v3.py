@@ -20,7 +20,7 @@ def test_every_source_round_trips_and_sits_after_the_reward() -> None:
         t = parent()
         t.reward_source = source
         record = to_record(t)
-        assert record["version"] == 3
+        assert record["version"] == 4
         assert record["reward_source"] == (None if source is None else source.value)
         keys = list(record)
         assert keys[keys.index("reward") + 1] == "reward_source"
@@ -31,7 +31,7 @@ def test_a_v2_record_reads_without_a_source_and_may_not_have_one() -> None:
     t = parent()
     t.reward_source = RewardSource.VERIFIER
     record = to_record(t)
-    del record["reward_source"]
+    del record["reward_source"], record["policy_span"], record["kv_across_updates"]
     record["version"] = 2
     back = trajectory_from_record(record)
     assert back.reward_source is None and back.reward == 1.0
@@ -68,6 +68,7 @@ def test_parquet_carries_the_source_and_reads_files_without_it(tmp_path: Path) -
     table = pq.read_table(path)
     assert set(table.column("reward_source").to_pylist()) == {"exit_code"}
     assert [back for _, back in read_parquet(path)] == [t]
-    pq.write_table(table.drop_columns(["reward_source"]), tmp_path / "v2.parquet")
+    pq.write_table(table.drop_columns(["reward_source", "policy_span", "kv_across_updates"]),
+                   tmp_path / "v2.parquet")
     t.reward_source = None
     assert [back for _, back in read_parquet(tmp_path / "v2.parquet")] == [t]

@@ -90,8 +90,9 @@ def test_the_docs_generator_gives_skyrl_its_own_uids_in_both_modes(tmp_path: Pat
         assert out["repetitions"] == [r for _ in range(3) for r in range(SAMPLES)], mode
         assert out["rewards"] == [rewards[uid] for uid in UIDS], mode
         assert out["stop_reasons"] == ["stop"] * len(UIDS), mode
-        # Beyond SkyRL 0.3.0's keys, only the newer one, None.
-        assert out["extra_keys"] == ["rollout_sample_support"], mode
+        # Beyond SkyRL 0.3.0's keys, only the newer one, None, and treadle's per-token
+        # policy versions.
+        assert out["extra_keys"] == ["rollout_sample_support", "treadle_policy_versions"], mode
         assert out["metrics"]["treadle/num_trajectories"] == len(UIDS)
         assert out["metrics"]["treadle/num_excluded"] == 0
         assert out["metrics"]["generate/avg_num_tokens"] == len(reply)

@@ -27,7 +27,8 @@ import httpx
 from treadle.client import RetryPolicy, RolloutClient
 from treadle.client.errors import ClientError
 
-# Patient enough for a service restart with its engines (tens of seconds).
+# The default patience (five minutes), retried more often than the default's 5 s so
+# that a reader is back soon after the service.
 PATIENT = RetryPolicy(attempts=400, backoff_s=0.05, max_backoff_s=0.5)
 IDLE_S = 3.0  # silence before a reader takes its connection for dead
 

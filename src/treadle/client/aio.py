@@ -173,7 +173,7 @@ class AsyncRolloutClient:
     async def weights(self) -> WeightsState:
         return await self._do(wire.weights_call())
 
-    async def pause(self, mode: str = "wait", *, timeout_s: float | None = None) -> WeightsState:
+    async def pause(self, mode: str = "drain", *, timeout_s: float | None = None) -> WeightsState:
         return await self._do(wire.pause_call(mode, timeout_s))
 
     async def resume(self, policy_version: int, *,
@@ -181,7 +181,7 @@ class AsyncRolloutClient:
         return await self._do(wire.resume_call(policy_version, trainer_run))
 
     async def update_weights(self, weights_path: str, policy_version: int, *,
-                             mode: str = "wait", timeout_s: float | None = None,
+                             mode: str = "drain", timeout_s: float | None = None,
                              trainer_run: str | None = None) -> WeightsState:
         return await self._do(wire.update_weights_call(weights_path, policy_version, mode,
                                                        timeout_s, trainer_run))

@@ -34,8 +34,9 @@ line every 15 s (`ServiceConfig.stream_heartbeat_s`); a stream silent for
 stopped forwarding, a half-open socket — and reconnects (None: never; a
 reconnection after silence is not a failure).
 
-Timeouts: `timeout_s` bounds each call; `rollout`, `pause` and `update_weights`
-wait as long as they take unless given their own `timeout_s`.
+Timeouts: `timeout_s` bounds each call; `rollout` and `pause` wait as long as they
+take unless given their own `timeout_s`; `update_weights` passes its `timeout_s` to
+the service, which bounds the update by it (600 s if not given).
 """
 
 from __future__ import annotations
@@ -217,19 +218,23 @@ class RolloutClient:
     def weights(self) -> WeightsState:
         return self._do(wire.weights_call())
 
-    def pause(self, mode: str = "wait", *, timeout_s: float | None = None) -> WeightsState:
-        """Hold new engine calls; "wait" for those in flight, or "abort" them (their
-        turns resume afterwards). Returns once none is in flight."""
+    def pause(self, mode: str = "drain", *, timeout_s: float | None = None) -> WeightsState:
+        """Hold new engine calls; "drain" those in flight (wait for them), or "abort"
+        them (their turns resume afterwards). Returns once none is in flight."""
         return self._do(wire.pause_call(mode, timeout_s))
 
     def resume(self, policy_version: int, *, trainer_run: str | None = None) -> WeightsState:
         """The engines serve `policy_version` (of `trainer_run`) now: new tokens carry it."""
         return self._do(wire.resume_call(policy_version, trainer_run))
 
-    def update_weights(self, weights_path: str, policy_version: int, *, mode: str = "wait",
+    def update_weights(self, weights_path: str, policy_version: int, *, mode: str = "drain",
                        timeout_s: float | None = None,
                        trainer_run: str | None = None) -> WeightsState:
-        """The whole barrier: pause, every engine loads `weights_path`, resume. Name the
+        """The whole barrier: pause, every engine loads `weights_path`, resume. `mode`:
+        what happens to engine calls in flight — "abort", "drain" (wait for them) or
+        "keep" (frozen in engines that can keep them and continued under the new
+        weights; docs/async.md). The service fails the update past `timeout_s` (its
+        default: 600 s), leaving the old weights serving (ServiceError 504). Name the
         `trainer_run`, so that jobs of another run are refused rather than trained on
         these weights."""
         return self._do(wire.update_weights_call(weights_path, policy_version, mode, timeout_s,

@@ -17,7 +17,9 @@ releases that 0.3.0 lacks:
     loss_masks           list[list[int]]
     stop_reasons         list[str]         "stop" (completed), "length" (truncated),
                                            else the status: "max_turns", "timeout"
-    rollout_logprobs     list[list[float]]
+    rollout_logprobs     list[list[float]]  the engine's logprob of each response token
+                                           as recorded (0.0 where the mask is 0): an
+                                           asynchronous trainer's behaviour policy
     trajectory_ids       list[TrajectoryID]  the id SkyRL gave the sample (its uid and
                                            repetition) when `trajectory_ids` maps it,
                                            else instance_id = group id, repetition_id
@@ -31,6 +33,11 @@ releases that 0.3.0 lacks:
     env_metrics          list[dict]        the reward parts, `Trajectory.metrics`
     rollout_expert_indices, pixel_values, image_grid_thw   None
     rollout_sample_support   None          treadle records no sampler top-k support
+    treadle_policy_versions  list[list[int]]  not a SkyRL key: the policy version that
+                                           sampled each response token (a trajectory
+                                           run across a weight update holds two), for
+                                           an off-policy correction by version lag;
+                                           SkyRL passes extra row-aligned keys along
 
 No ``trajectory_time_splits``: SkyRL 0.3.0 declares none, and its step-wise merging
 (`merge_stepwise_output`, generator.merge_stepwise_output=true) indexes every key
@@ -144,6 +151,7 @@ def to_skyrl(trajectories: Sequence[Trajectory], *, step_wise: bool = False,
         "pixel_values": None,
         "image_grid_thw": None,
         "rollout_sample_support": None,
+        "treadle_policy_versions": [s.policy_versions for s in rows],
     }
     return Converted(data, batch.exclusions)
 

@@ -31,27 +31,36 @@ BUSY = 503
 GATEWAY = frozenset({502, 504})
 
 
+_MAX_PATIENCE_S = 3600.0  # whatever a service announces, a client gives up after this
+
+
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
     """How often and how patiently a call or a stream is tried again.
 
-    `attempts` tries in a row may fail (the first included) before the client gives
-    up with ServiceUnavailable; the wait after failure n is ``backoff_s * 2**(n-1)``,
-    at most `max_backoff_s` (a 503's Retry-After, if longer, within that bound).
-    The defaults ride out about half a minute of a service restarting; a service
-    that announces a longer restart (the `x-treadle-restart-s` header of its
-    answers, `RestartWatch`) is waited for that long at least, at `max_backoff_s`
-    a try. No jitter: the same failures give the same waits.
+    Patience is time, not a count: the client gives up with ServiceUnavailable only
+    once `attempts` tries in a row have failed (the first included) *and* its waits
+    since the last progress add up to `patience_s` — or to the restart time the
+    service announced (the `x-treadle-restart-s` header of its answers,
+    `RestartWatch`), whichever is longer. The default rides out five minutes of a
+    service being down (a restart of a service that starts its own engines, a
+    proxy resetting connections meanwhile). The wait after failure n is
+    ``backoff_s * 2**(n-1)``, at most `max_backoff_s` (a 503's Retry-After, if
+    longer, within that bound). A policy that does not wait (`backoff_s` 0) gives up
+    after `attempts`. No jitter: the same failures give the same waits.
     """
 
     attempts: int = 10
     backoff_s: float = 0.25
     max_backoff_s: float = 5.0
+    # prime-rl waits 300 s on its admin calls: a trainer must not die of a restart.
+    patience_s: float = 300.0
 
     def __post_init__(self) -> None:
-        if self.attempts < 1 or self.backoff_s < 0 or self.max_backoff_s < self.backoff_s:
-            raise ValueError("RetryPolicy needs attempts >= 1 and 0 <= backoff_s <= "
-                             "max_backoff_s")
+        if self.attempts < 1 or self.backoff_s < 0 or self.max_backoff_s < self.backoff_s \
+                or not 0 <= self.patience_s <= _MAX_PATIENCE_S:
+            raise ValueError("RetryPolicy needs attempts >= 1, 0 <= backoff_s <= "
+                             f"max_backoff_s and 0 <= patience_s <= {_MAX_PATIENCE_S:.0f}")
 
     def delay(self, failures: int, retry_after_s: float | None = None) -> float:
         """Seconds to wait after `failures` consecutive failures (>= 1)."""
@@ -64,7 +73,6 @@ class RetryPolicy:
 
 
 RESTART_HEADER = "x-treadle-restart-s"
-_MAX_PATIENCE_S = 3600.0  # whatever a service announces, a client gives up after this
 
 
 class RestartWatch:
@@ -86,9 +94,10 @@ class RestartWatch:
 class Retries:
     """Consecutive failures of one call or stream; `progress` starts the count again.
     It gives up once `policy.attempts` tries in a row failed and their waits add up
-    to the restart time the service announced (`watch`, read at every failure: a
-    stream opened before the first answer learns it from that answer), or at once
-    after `attempts` when the policy does not wait at all."""
+    to the policy's patience or the restart time the service announced (`watch`,
+    read at every failure: a stream opened before the first answer learns it from
+    that answer), whichever is longer; at once after `attempts` when the policy
+    does not wait at all."""
 
     def __init__(self, policy: RetryPolicy, what: str, watch: RestartWatch | None = None
                  ) -> None:
@@ -107,7 +116,8 @@ class Retries:
         """Count a failure; the seconds to wait before the next try, or raise
         ServiceUnavailable (from `cause`) if no try is left."""
         self.failures += 1
-        patience = self.watch.seconds if self.watch is not None else 0.0
+        patience = max(self.policy.patience_s,
+                       self.watch.seconds if self.watch is not None else 0.0)
         if self.failures >= self.policy.attempts and (
                 self.waited >= patience or self.policy.backoff_s <= 0):
             raise ServiceUnavailable(

@@ -19,6 +19,10 @@ groups rows positionally (``rewards.view(-1, num_generations)``). Keys:
     treadle_reward     list[float | None] not a TRL key: TRL forwards extra keys to
                                           the reward functions, and `treadle_reward`
                                           (the reward function) returns it
+    treadle_policy_versions  list[list[int]]  the policy version that sampled each
+                                          completion token (one per logprob; [0] on an
+                                          excluded row's placeholder), for an
+                                          off-policy correction of `logprobs`
     treadle_trajectory_id, treadle_status, treadle_excluded   per row, for logging
 
 Rewards are treadle's (the environment scored them), so the reward function only
@@ -56,18 +60,18 @@ def to_trl(trajectories: Sequence[Trajectory], *, pad_token_id: int,
     batch = training_sequences(trajectories, drop_failed=False,
                                drop_group_on_failure=drop_group_on_failure)
     data: dict[str, list[Any]] = {key: [] for key in (
-        *REQUIRED_KEYS, "env_mask", "treadle_reward", "treadle_trajectory_id",
-        "treadle_status", "treadle_excluded")}
+        *REQUIRED_KEYS, "env_mask", "treadle_reward", "treadle_policy_versions",
+        "treadle_trajectory_id", "treadle_status", "treadle_excluded")}
     for s in batch.sequences:
         if s.num_segments > 1:
             raise ConversionError(f"trajectory {s.trajectory_id!r} has {s.num_segments} "
                                   f"segments; TRL takes one completion per prompt entry")
         if s.excluded is None:
-            prompt, completion, logprobs, mask = (s.prompt_ids, s.response_ids, s.logprobs,
-                                                  s.loss_mask)
+            prompt, completion, logprobs, mask, versions = (
+                s.prompt_ids, s.response_ids, s.logprobs, s.loss_mask, s.policy_versions)
         else:
             prompt = s.prompt_ids or [pad_token_id]
-            completion, logprobs, mask = [pad_token_id], [0.0], [0]
+            completion, logprobs, mask, versions = [pad_token_id], [0.0], [0], [0]
         if not completion:
             raise ConversionError(f"trajectory {s.trajectory_id!r} has an empty completion; "
                                   f"TRL needs at least one token")
@@ -76,6 +80,7 @@ def to_trl(trajectories: Sequence[Trajectory], *, pad_token_id: int,
         data["logprobs"].append(logprobs)
         data["env_mask"].append(mask)
         data["treadle_reward"].append(s.reward)
+        data["treadle_policy_versions"].append(versions)
         data["treadle_trajectory_id"].append(s.trajectory_id)
         data["treadle_status"].append(s.status.value)
         data["treadle_excluded"].append(s.excluded)

@@ -229,8 +229,8 @@ class WeightSettings:
     weights_dir: str
     url: str | None = None
     token: str | None = None
-    mode: str = "wait"  # the barrier's pause: "wait" for calls in flight, or "abort" them
-    timeout_s: float | None = None  # the barrier's; None: as long as it takes
+    mode: str = "drain"  # the barrier's: "drain" calls in flight, "abort" or "keep" them
+    timeout_s: float | None = None  # the barrier's; None: the service's default (600 s)
     # The run whose weights these are (default: rollout.custom.treadle.trainer_run).
     trainer_run: str | None = None
 

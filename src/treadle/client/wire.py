@@ -316,11 +316,18 @@ def resume_call(policy_version: int, trainer_run: str | None = None) -> Call[Wei
     return _weights("resume", given(policy_version=policy_version, trainer_run=trainer_run))
 
 
+UPDATE_ANSWER_GRACE_S = 30.0  # past an update's own timeout, for its 504 to arrive
+
+
 def update_weights_call(weights_path: str, policy_version: int, mode: str,
                         timeout_s: float | None,
                         trainer_run: str | None = None) -> Call[WeightsState]:
+    """The service bounds the update by `timeout_s` (its own default if None); the
+    call waits a grace longer, so that the service's answer, not a read timeout, says
+    what happened."""
     return _weights("update", given(weights_path=weights_path, policy_version=policy_version,
-                                    mode=mode, trainer_run=trainer_run), timeout_s)
+                                    mode=mode, trainer_run=trainer_run, timeout_s=timeout_s),
+                    None if timeout_s is None else timeout_s + UPDATE_ANSWER_GRACE_S)
 
 
 def report_call(job_id: str, metrics: Mapping[str, float]) -> Call[JobState]:

@@ -226,6 +226,9 @@ class WirePool:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {base_url!r}")
+        if not base_url.isascii():  # the request line and Host header are ASCII
+            raise ValueError(f"not an ASCII URL (write an internationalised host in its "
+                             f"IDNA form, xn--..., and percent-encode the path): {base_url!r}")
         self._host = parts.hostname
         self._port = parts.port or (443 if parts.scheme == "https" else 80)
         self._ssl = ssl.create_default_context() if parts.scheme == "https" else None

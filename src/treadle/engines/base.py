@@ -33,6 +33,9 @@ from treadle.engines.errors import EngineRequestError
 from treadle.types import ConstraintKind, OutputConstraint
 
 FinishReason = Literal["stop", "length", "abort"]
+# What an engine does with its requests in flight while it loads new weights: aborts
+# them, lets them finish first, or freezes them and continues them under the new weights.
+PauseMode = Literal["abort", "drain", "keep"]
 
 
 def derived_seed(*parts: object) -> int:
@@ -59,6 +62,20 @@ class GenerateRequest:
     timeout_s: float | None = None  # wall-clock limit of the whole call; None = no limit
     # Decode the reply under this (structured output); None: sample freely.
     constraint: OutputConstraint | None = None
+    # Keys the engine's prefix cache: KV cached under one salt never serves a request
+    # with another (vLLM's `cache_salt`). treadle salts with the policy version, so KV
+    # computed under old weights is never reused by accident after an update.
+    cache_salt: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class VersionSpan:
+    """Output tokens [start, end) of one call were sampled under the weights the
+    engine labels `version` (`Engine.update_weights`'s label; None: never labelled)."""
+
+    version: str | None
+    start: int
+    end: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +90,11 @@ class GenerateResult:
     cached_tokens: int | None  # prompt tokens served from the prefix cache; None = not reported
     queued_s: float | None  # time waiting before generation began; None = not reported
     generating_s: float  # time from send to reply (or, if reported, prefill + decode)
+    # The weights each output token was sampled under, in order, covering every output
+    # id, when the engine reports them (one that can pause with "keep" must: a call
+    # frozen across an update holds tokens of two versions). Empty: not reported; all
+    # of them came from the weights served when the call was sent.
+    version_spans: tuple[VersionSpan, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +106,10 @@ class EngineCapabilities:
     weight_updates: bool = False
     # The kinds of `GenerateRequest.constraint` it decodes under (structured output).
     constraints: frozenset[ConstraintKind] = frozenset()
+    # The `PauseMode`s its `update_weights` applies to requests in flight. "keep"
+    # also promises `GenerateResult.version_spans` on every result. An engine without
+    # "keep" gets none in flight while it loads (the runtime aborts or drains them).
+    pause_modes: frozenset[PauseMode] = frozenset()
 
     def refusal(self, constraint: OutputConstraint | None) -> str | None:
         """Why an engine with these capabilities cannot run a request constrained so,
@@ -132,10 +158,12 @@ class Engine(ABC):
         """What this engine can do (`EngineCapabilities`); none by default."""
         return EngineCapabilities()
 
-    async def update_weights(self, weights_path: str, version: int) -> None:
-        """Load new weights from `weights_path` and label them `version`; only engines
+    async def update_weights(self, weights_path: str, version: int,
+                             mode: PauseMode = "drain") -> None:
+        """Load new weights from `weights_path` and label them `version`, handling the
+        requests in flight by `mode` (one of `capabilities.pause_modes`); only engines
         whose `capabilities.weight_updates` is set implement it. EngineRequestError
-        from the others."""
+        from the others, and for a mode the engine does not declare."""
         raise EngineRequestError(f"{type(self).__name__} cannot load weights in place")
 
     async def context_window(self) -> int | None:

@@ -34,6 +34,8 @@ def add_engine_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
     emu.add_argument("--max-model-len", type=int, default=None,
                      help="bound on prompt + max_tokens (default: the model's context)")
     emu.add_argument("--seed", type=int, default=0, help="seed of the synthetic tokens")
+    emu.add_argument("--load-s", type=float, default=0.0, metavar="S",
+                     help="seconds a weight reload takes (before --time-scale; default 0)")
     emu.add_argument("--log-level", default="info")
     emu.set_defaults(func=run_emulate)
 
@@ -48,7 +50,8 @@ def run_emulate(args: argparse.Namespace) -> int:
         cost = CostModel.named(args.model, args.gpu)
         engine = EmulatedEngine(cost, tp=args.tp, time_scale=args.time_scale,
                                 max_num_seqs=args.max_num_seqs,
-                                max_model_len=args.max_model_len, seed=args.seed)
+                                max_model_len=args.max_model_len, seed=args.seed,
+                                load_s=args.load_s)
     except (KeyError, ValueError) as e:
         print(f"treadle engine emulate: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2

@@ -22,6 +22,13 @@ What it models (`treadle.core.cost_model.CostModel`):
   skips prefill of those tokens and is reported as `cached_tokens`.
 - Abort: `abort(id)` ends a request at once with its tokens so far; its slot is free
   for the next step.
+- Weight updates, as vLLM's RL endpoints do them: `pause(mode)` with "abort" (every
+  request ends now, with its tokens), "drain" (nothing new is admitted; returns once
+  the running batch has finished) or "keep" (nothing steps or is admitted: requests
+  freeze with their KV); `reload()` takes `load_s` (scaled) and labels the weights
+  (`weight_version`); `resume()`. Each result says which weights sampled which of
+  its tokens (`GenerateResult.version_spans`). A request's `cache_salt` roots its
+  block hashes, so KV cached under one salt never serves another.
 
 What it does not model: real token content (ids and logprobs come from a seeded
 RNG), sampling parameters other than `max_tokens` and `stop_token_ids`, chunked
@@ -46,7 +53,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from treadle.core.cost_model import CostModel
-from treadle.engines.base import EngineLoad, FinishReason, GenerateResult
+from treadle.engines.base import EngineLoad, FinishReason, GenerateResult, PauseMode, VersionSpan
 
 BLOCK = 16  # prefix-cache block size in tokens (vLLM's default)
 VOCAB = 151_936  # Qwen3's vocabulary size: synthetic ids fall in [0, VOCAB)
@@ -72,6 +79,9 @@ class _Seq:
     # Block hashes of the context's full blocks hashed so far: the context only grows,
     # so each block is hashed once per request, not at every lookup and insert.
     chain: list[bytes] = field(default_factory=list)
+    salt: bytes = b""  # roots the chain (the request's cache_salt)
+    # (weights label, index of the first output token it sampled), in order.
+    version_starts: list[tuple[str | None, int]] = field(default_factory=list)
 
     @property
     def context(self) -> int:
@@ -93,10 +103,11 @@ class PrefixCache:
         return PrefixCache.extend([], ids)
 
     @staticmethod
-    def extend(chain: list[bytes], tail: list[int]) -> list[bytes]:
+    def extend(chain: list[bytes], tail: list[int], root: bytes = b"") -> list[bytes]:
         """`chain` (the hashes of some whole blocks) extended in place by the full
-        blocks of `tail`, the ids that follow those blocks; returned."""
-        prev = chain[-1] if chain else b""
+        blocks of `tail`, the ids that follow those blocks; returned. `root` (a cache
+        salt) is hashed into the first block, and so into every block after it."""
+        prev = chain[-1] if chain else root
         try:
             # Fixed-width bytes, packed once: the same blocks hash alike, as with text,
             # at a tenth of the cost (this ran on every request of every engine).
@@ -147,14 +158,17 @@ class EmulatedEngine:
 
     `time_scale` multiplies every modelled duration (0.05 = 20x faster than real).
     `max_model_len` bounds prompt + max_tokens (default: the model's context).
+    `load_s`: how long loading new weights takes (before `time_scale`).
     All methods must be called from the loop that ran `start`.
     """
 
     def __init__(self, cost: CostModel, *, tp: int = 1, time_scale: float = 1.0,
                  max_num_seqs: int = 256, max_model_len: int | None = None, seed: int = 0,
+                 load_s: float = 0.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        if tp < 1 or time_scale <= 0 or max_num_seqs < 1:
-            raise ValueError("tp and max_num_seqs must be >= 1 and time_scale > 0")
+        if tp < 1 or time_scale <= 0 or max_num_seqs < 1 or load_s < 0:
+            raise ValueError("tp and max_num_seqs must be >= 1, time_scale > 0 and "
+                             "load_s >= 0")
         self.cost = cost
         self.tp = tp
         self.time_scale = time_scale
@@ -164,6 +178,10 @@ class EmulatedEngine:
             raise ValueError(f"{cost.model.name} does not fit on {tp} x {cost.gpu.name}")
         self.max_model_len = min(max_model_len or cost.model.max_context, self.kv_capacity)
         self.seed = seed
+        self.load_s = load_s
+        self.weight_version: str | None = None  # the label of the weights served
+        self.paused: PauseMode | None = None  # the pause in force ("abort" holds new ones)
+        self._drained = asyncio.Event()  # set when the running batch empties
         self._clock = clock
         self._waiting: list[tuple[int, int, _Seq]] = []  # heap (priority, arrival, seq)
         self._running: dict[str, _Seq] = {}
@@ -208,9 +226,10 @@ class EmulatedEngine:
                              f"exceeds the maximum model length {self.max_model_len}")
 
     def submit(self, request_id: str, prompt: list[int], max_tokens: int, *,
-               priority: int = 0, stop_token_ids: list[int] | None = None
-               ) -> asyncio.Future[GenerateResult]:
-        """Queue a request; the future resolves with its result (or abort)."""
+               priority: int = 0, stop_token_ids: list[int] | None = None,
+               cache_salt: str | None = None) -> asyncio.Future[GenerateResult]:
+        """Queue a request; the future resolves with its result (or abort). While the
+        engine is paused it waits in the queue."""
         self.check(prompt, max_tokens)
         if request_id in self._known:
             raise ValueError(f"request id {request_id!r} is already in flight")
@@ -221,7 +240,8 @@ class EmulatedEngine:
                                  digest_size=8).digest()
         seq = _Seq(request_id, list(prompt), max_tokens, frozenset(stop_token_ids or ()),
                    priority, arrival, random.Random(int.from_bytes(digest, "big")),
-                   asyncio.get_running_loop().create_future(), self._clock())
+                   asyncio.get_running_loop().create_future(), self._clock(),
+                   salt=b"" if cache_salt is None else cache_salt.encode())
         self._known[request_id] = seq
         heapq.heappush(self._waiting, (priority, arrival, seq))
         self._wake.set()
@@ -236,6 +256,32 @@ class EmulatedEngine:
         self._wake.set()
         return True
 
+    async def pause(self, mode: PauseMode) -> None:
+        """Stop admitting requests; "abort" ends every request now, "drain" returns
+        once the running batch has finished, "keep" freezes it (no step runs)."""
+        self.paused = mode
+        if mode == "abort":
+            for rid in list(self._known):
+                self.abort(rid)
+        elif mode == "drain":
+            while self._running:
+                self._drained.clear()
+                await self._drained.wait()
+        self._wake.set()
+
+    async def reload(self) -> None:
+        """Load new weights: `load_s`, scaled (there are none to load)."""
+        await asyncio.sleep(self.load_s * self.time_scale)
+
+    def label_weights(self, version: str) -> None:
+        """Name the weights served; tokens sampled from now on carry `version`."""
+        self.weight_version = version
+
+    def resume(self) -> None:
+        """Admit and step again after `pause`."""
+        self.paused = None
+        self._wake.set()
+
     def load(self) -> EngineLoad:
         return EngineLoad(len(self._running), len(self._known) - len(self._running),
                           self._kv_used() / self.kv_capacity)
@@ -247,7 +293,7 @@ class EmulatedEngine:
         next_t = self._clock()
         while True:
             stall = self._admit()
-            if not self._running:
+            if not self._running or self.paused == "keep":
                 self._wake.clear()
                 await self._wake.wait()
                 next_t = self._clock()
@@ -274,6 +320,8 @@ class EmulatedEngine:
         self.steps += 1
         self._kv += len(self._running)  # one token each, before any of them finishes
         for seq in list(self._running.values()):
+            if not seq.version_starts or seq.version_starts[-1][0] != self.weight_version:
+                seq.version_starts.append((self.weight_version, len(seq.output)))
             token = seq.rng.randrange(VOCAB)
             seq.output.append(token)
             seq.logprobs.append(-seq.rng.expovariate(1.5))  # ≤ 0, mean -0.67
@@ -290,17 +338,18 @@ class EmulatedEngine:
         """`seq.chain` extended over the full blocks of its context not hashed yet."""
         done, prompt = len(seq.chain) * BLOCK, len(seq.prompt)
         tail = (seq.prompt[done:] + seq.output) if done < prompt else seq.output[done - prompt:]
-        return PrefixCache.extend(seq.chain, tail)
+        return PrefixCache.extend(seq.chain, tail, seq.salt)
 
     def _waiting_can_join(self) -> bool:
-        return bool(self._waiting) and len(self._running) < self.max_num_seqs
+        return (bool(self._waiting) and len(self._running) < self.max_num_seqs
+                and self.paused is None)
 
     def _admit(self) -> float:
         """Move waiting requests into the batch while they fit; the prefill time (scaled)."""
         limit = self.kv_capacity * (1.0 - WATERMARK)
         used = self._kv_used()
         prefill = 0.0
-        while self._waiting and len(self._running) < self.max_num_seqs:
+        while self._waiting and len(self._running) < self.max_num_seqs and self.paused is None:
             _, _, seq = self._waiting[0]
             if self._known.get(seq.request_id) is not seq:  # aborted while waiting
                 heapq.heappop(self._waiting)
@@ -341,6 +390,8 @@ class EmulatedEngine:
         self._known.pop(seq.request_id, None)
         if self._running.pop(seq.request_id, None) is not None:  # a waiting one is
             self._kv -= seq.context  # skipped when popped
+            if not self._running:
+                self._drained.set()
         if reason != "abort":
             self._cache.insert_chain(self._chain(seq))  # the turn's KV stays cached
         now = self._clock()
@@ -350,4 +401,12 @@ class EmulatedEngine:
                 request_id=seq.request_id, output_ids=list(seq.output),
                 logprobs=list(seq.logprobs), finish_reason=reason,
                 prompt_tokens=len(seq.prompt), cached_tokens=seq.cached_tokens,
-                queued_s=started - seq.arrived_at, generating_s=now - started))
+                queued_s=started - seq.arrived_at, generating_s=now - started,
+                version_spans=_spans(seq)))
+
+
+def _spans(seq: _Seq) -> tuple[VersionSpan, ...]:
+    """Which weights sampled which output tokens of `seq`."""
+    ends = [start for _, start in seq.version_starts[1:]] + [len(seq.output)]
+    return tuple(VersionSpan(label, start, end)
+                 for (label, start), end in zip(seq.version_starts, ends, strict=True))

@@ -12,7 +12,7 @@ grammar: it decodes under no constraint (structured output is a 400 there).
 
 from __future__ import annotations
 
-from treadle.engines.base import EngineCapabilities
+from treadle.engines.base import EngineCapabilities, PauseMode
 from treadle.engines.vllm import VLLMEngine
 
 
@@ -20,6 +20,9 @@ class EmulatedEngineClient(VLLMEngine):
     """`VLLMEngine` for an emulated engine; `abort` returns the partial output."""
 
     abort_grace_s = 5.0  # how long the pending call may take to return after an abort
+    # Its pause models vLLM's three modes, and its replies say which weights sampled
+    # each token (`weight_versions`), so "keep" is declared here.
+    pause_modes: frozenset[PauseMode] = frozenset({"abort", "drain", "keep"})
 
     async def abort(self, request_id: str) -> None:
         await self._abort_by_endpoint(request_id, "/abort_request",
@@ -27,4 +30,4 @@ class EmulatedEngineClient(VLLMEngine):
 
     @property
     def capabilities(self) -> EngineCapabilities:
-        return EngineCapabilities(weight_updates=True)
+        return EngineCapabilities(weight_updates=True, pause_modes=self.pause_modes)

@@ -19,11 +19,14 @@ Endpoints (vLLM's shapes, so `VLLMEngine` drives it unchanged):
   `vllm:prefix_cache_hits_total`, `vllm:generation_tokens_total`.
 - `GET /health`, `GET /v1/models`; and, not in vLLM, `POST /abort_request
   {"request_id"}` ending a request with its tokens so far (its caller gets them).
-- vLLM's RL endpoints (`POST /pause`, `/resume`, `/collective_rpc` with
-  `reload_weights`, `/update_weight_version`, `GET /weight_info`), so a weight
-  update runs against the emulator as against vLLM in dev mode: it has no weights,
-  so reloading does nothing and pause/resume hold no request; the version label is
-  kept and read back.
+- vLLM's RL endpoints (`POST /pause?mode=abort|wait|keep`, `/resume`,
+  `/collective_rpc` with `reload_weights`, `/update_weight_version`, `GET
+  /weight_info`), so a weight update runs against the emulator as against vLLM in
+  dev mode, pause modes included (`EmulatedEngine.pause`); it has no weights, so
+  reloading only takes the engine's `load_s`. `clear_cache` is accepted and ignored
+  (KV is keyed by `cache_salt`). Unlike vLLM's /v1/completions, a reply carries
+  `weight_versions` (vLLM's spans, as its /inference/v1/generate reports them):
+  which weights sampled which output tokens.
 
 Bad requests get 400 (422 never: validation errors are reported as 400, as vLLM
 does) with `{"error": {"message", "type", "code"}}`; an unknown model gets 404.
@@ -47,7 +50,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from treadle.engines.base import GenerateResult
+from treadle.engines.base import GenerateResult, PauseMode
 from treadle.engines.emulated import EmulatedEngine
 from treadle.served import loopback_socket, serving_in_thread
 
@@ -72,6 +75,7 @@ class CompletionRequest(BaseModel):
     # Read only to be refused (no grammar here).
     structured_outputs: dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=128)
 
 
 class RpcRequest(BaseModel):
@@ -90,6 +94,7 @@ class AbortRequest(BaseModel):
     request_id: str
 
 
+_PAUSE_MODES: dict[str, PauseMode] = {"abort": "abort", "wait": "drain", "keep": "keep"}
 _M = TypeVar("_M", bound=BaseModel)
 _ENCODER = msgspec.json.Encoder()
 
@@ -142,6 +147,8 @@ def _reply(result: GenerateResult, body: CompletionRequest, served: str,
                   "total_tokens": result.prompt_tokens + len(result.output_ids),
                   "prompt_tokens_details": {"cached_tokens": result.cached_tokens}},
         "treadle_timing": {"queued_s": result.queued_s, "generating_s": result.generating_s},
+        "weight_versions": [{"version": s.version, "start": s.start, "end": s.end}
+                            for s in result.version_spans],
     }
 
 
@@ -194,17 +201,18 @@ def create_app(engine: EmulatedEngine, served_model: str) -> FastAPI:
         return PlainTextResponse("\n".join(lines) + "\n")
 
     # vLLM's RL endpoints (served with VLLM_SERVER_DEV_MODE=1), so that a weight update
-    # runs against the emulator as against vLLM. It has no weights: reload is a no-op,
-    # the version label is kept, and pause/resume hold nothing (the caller's runtime
-    # has stopped sending requests before it pauses).
-    weight: dict[str, str | None] = {"version": None}
-
+    # runs against the emulator as against vLLM, its pause modes included.
     @app.post("/pause")
-    async def pause() -> Response:
+    async def pause(mode: str = "abort", clear_cache: bool = True) -> Response:
+        del clear_cache  # KV is keyed by the requests' cache_salt
+        if mode not in _PAUSE_MODES:
+            return _error(400, f"Invalid pause mode: {mode}")
+        await engine.pause(_PAUSE_MODES[mode])
         return JSONResponse({"status": "paused"})
 
     @app.post("/resume")
     async def resume() -> Response:
+        engine.resume()
         return JSONResponse({"status": "resumed"})
 
     @app.post("/collective_rpc")
@@ -214,6 +222,7 @@ def create_app(engine: EmulatedEngine, served_model: str) -> FastAPI:
             return body
         if body.method != "reload_weights":
             return _error(400, f"the emulated engine has no method {body.method!r}")
+        await engine.reload()
         return JSONResponse({"results": [None]})
 
     @app.post("/update_weight_version")
@@ -221,12 +230,12 @@ def create_app(engine: EmulatedEngine, served_model: str) -> FastAPI:
         body = await _body(VersionRequest, request)
         if isinstance(body, Response):
             return body
-        weight["version"] = body.new_version
+        engine.label_weights(body.new_version)
         return JSONResponse({"success": True, "new_version": body.new_version})
 
     @app.get("/weight_info")
     async def weight_info() -> Response:
-        return JSONResponse({"weight_version": weight["version"]})
+        return JSONResponse({"weight_version": engine.weight_version})
 
     @app.post("/abort_request")
     async def abort(request: Request) -> Response:
@@ -255,7 +264,8 @@ def create_app(engine: EmulatedEngine, served_model: str) -> FastAPI:
         try:
             prompt = _prompt_ids(body)
             done = engine.submit(request_id, prompt, body.max_tokens, priority=body.priority,
-                                 stop_token_ids=body.stop_token_ids)
+                                 stop_token_ids=body.stop_token_ids,
+                                 cache_salt=body.cache_salt)
         except ValueError as e:
             return _error(400, str(e))
         result = await _unless_disconnected(request, done)

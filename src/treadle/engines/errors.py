@@ -12,6 +12,8 @@
         │                            its client names (404): it is of no use to any
         │                            turn and leaves the pool
         ├── EngineTimeout            the request ran past its `timeout_s`
+        │   └── WeightUpdateTimeout  a weight update ran past its timeout: the old
+        │                            weights serve, the policy version is unchanged
         ├── EngineProtocolError      the engine answered something this client cannot
         │                            read; the message names the field
         └── EngineRequestError       the engine rejected the request as invalid (4xx):
@@ -96,6 +98,12 @@ class EngineModelMissing(EngineUnavailable):
 
 class EngineTimeout(EngineError):
     """A request did not finish within its `timeout_s`."""
+
+
+class WeightUpdateTimeout(EngineTimeout):
+    """A weight update did not finish within its timeout: the old weights serve (every
+    engine back on them, or failed and replaced by one that loads them) and the policy
+    version is unchanged. The message says which engines did not finish."""
 
 
 class EngineProtocolError(EngineError):

@@ -35,6 +35,7 @@ report it per request); `generating_s` is the call's wall time. Load comes from
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Mapping
 from typing import Any, cast
@@ -50,8 +51,10 @@ from treadle.engines.base import (
     FinishReason,
     GenerateRequest,
     GenerateResult,
+    PauseMode,
+    VersionSpan,
 )
-from treadle.engines.errors import EngineError, EngineProtocolError
+from treadle.engines.errors import EngineError, EngineProtocolError, EngineRequestError
 from treadle.types import (
     ConstraintKind,
     JsonObjectConstraint,
@@ -60,6 +63,7 @@ from treadle.types import (
 )
 
 _MODELS_TIMEOUT_S = 10.0
+_VLLM_PAUSE: dict[PauseMode, str] = {"abort": "abort", "drain": "wait", "keep": "keep"}
 # What vLLM decodes under (its structured outputs).
 STRUCTURED = frozenset(ConstraintKind)
 
@@ -97,6 +101,15 @@ class Usage(msgspec.Struct, frozen=True):
     prompt_tokens_details: PromptTokensDetails | None = None
 
 
+class WeightVersionSpan(msgspec.Struct, frozen=True):
+    """vLLM's `WeightVersionSpan` (its /inference/v1/generate reports them; its
+    /v1/completions does not): output tokens [start, end) came from `version`."""
+
+    version: str | None
+    start: int
+    end: int
+
+
 class CompletionReply(msgspec.Struct, frozen=True):
     choices: list[Choice]
     id: str | None = None
@@ -104,6 +117,8 @@ class CompletionReply(msgspec.Struct, frozen=True):
     usage: Usage | None = None
     # Not vLLM: the emulated engine's timing split, read when present.
     treadle_timing: dict[str, float | None] | None = None
+    # Not vLLM's /v1/completions: the emulated engine's per-token weight versions.
+    weight_versions: list[WeightVersionSpan] | None = None
 
 
 def completion_body(request: GenerateRequest, model: str) -> dict[str, Any]:
@@ -128,6 +143,8 @@ def completion_body(request: GenerateRequest, model: str) -> dict[str, Any]:
         body["seed"] = request.seed
     if request.constraint is not None:
         body["structured_outputs"] = structured_outputs(request.constraint)
+    if request.cache_salt is not None:
+        body["cache_salt"] = request.cache_salt
     return body
 
 
@@ -172,6 +189,11 @@ def parse_completion(data: CompletionReply | Any, request: GenerateRequest,
     details = usage.prompt_tokens_details if usage is not None else None
     timing = reply.treadle_timing or {}
     generating = timing.get("generating_s")
+    spans = tuple(VersionSpan(s.version, s.start, s.end) for s in reply.weight_versions or ())
+    if spans and (spans[0].start != 0 or spans[-1].end != len(choice.token_ids) or any(
+            a.end != b.start for a, b in itertools.pairwise(spans))):
+        raise EngineProtocolError("/v1/completions reply: field 'weight_versions' does not "
+                                  f"cover the {len(choice.token_ids)} output tokens in order")
     return GenerateResult(
         request_id=request.request_id, output_ids=choice.token_ids, logprobs=logprobs,
         finish_reason=finish,
@@ -180,7 +202,8 @@ def parse_completion(data: CompletionReply | Any, request: GenerateRequest,
         prompt_tokens=usage.prompt_tokens if usage is not None else len(request.prompt_ids),
         cached_tokens=details.cached_tokens if details is not None else None,
         queued_s=timing.get("queued_s"),
-        generating_s=generating if generating is not None else elapsed_s)
+        generating_s=generating if generating is not None else elapsed_s,
+        version_spans=spans)
 
 
 class VLLMEngine(HttpEngine):
@@ -226,25 +249,45 @@ class VLLMEngine(HttpEngine):
 
     @property
     def capabilities(self) -> EngineCapabilities:
-        return EngineCapabilities(weight_updates=True, constraints=STRUCTURED)
+        return EngineCapabilities(weight_updates=True, constraints=STRUCTURED,
+                                  pause_modes=self.pause_modes)
 
-    async def update_weights(self, weights_path: str, version: int) -> None:
+    # vLLM 0.32 can also pause with "keep" (it freezes requests and resumes them under
+    # the new weights), but its /v1/completions reply does not say which tokens came
+    # from which weights (only /inference/v1/generate reports `weight_versions`), so
+    # this client does not declare it: the runtime aborts or drains its calls instead.
+    pause_modes: frozenset[PauseMode] = frozenset({"abort", "drain"})
+
+    async def update_weights(self, weights_path: str, version: int,
+                             mode: PauseMode = "drain") -> None:
         """Load new weights from `weights_path` (safetensors saved by the trainer, on a
         file system the server reads) and label them `version`.
 
         Uses the RL endpoints vLLM serves with ``VLLM_SERVER_DEV_MODE=1``: pause (its
-        in-flight requests finish first, and the prefix cache is dropped, since cached
-        KV was computed with the old weights), ``collective_rpc reload_weights``,
+        in-flight requests finish first with "drain", are aborted with "abort", are
+        frozen with "keep"), ``collective_rpc reload_weights``,
         ``update_weight_version``, resume. A server without them answers 404:
         EngineRequestError. The caller should have stopped sending requests first
         (`Runtime.pause`).
+
+        The prefix cache is kept (``clear_cache=false``): cached KV is keyed by the
+        requests' `cache_salt`, which treadle sets from the policy version, so KV of
+        the old weights serves only requests that ask for it (a trajectory whose job
+        keeps its KV across updates). vLLM's own default, ``clear_cache=true``, drops
+        it all and, with "keep", also preempts the frozen requests (their KV is
+        recomputed under the new weights when they resume). A caller that sends
+        requests without a `cache_salt` after an update (the runtime always sets one)
+        may be served KV of the old weights.
 
         Known limit, vLLM's CPU build 0.32: a model with ``tie_word_embeddings``
         reloads into wrong logprobs (its output projection keeps a stale packed copy of
         the old weights); untie the embeddings of a model you update in place. Compare
         the engine's logprobs with the trainer's after an update to catch such drift.
         """
-        await self._post_empty("/pause", params={"mode": "wait"})
+        if mode not in self.pause_modes:
+            raise EngineRequestError(f"{type(self).__name__} cannot pause with {mode!r}")
+        await self._post_empty("/pause", params={"mode": _VLLM_PAUSE[mode],
+                                                 "clear_cache": "false"})
         try:
             await self._post_json("/collective_rpc", {
                 "method": "reload_weights", "kwargs": {"weights_path": weights_path}}, Any)

@@ -77,6 +77,7 @@ from treadle.runtime.driver import Runtime
 from treadle.types import (
     FailureStage,
     GroupKey,
+    KVAcrossUpdates,
     OutputConstraint,
     ToolCall,
     Trajectory,
@@ -113,6 +114,8 @@ class SessionSpec:
     chat_format: str = "hermes"  # the model family's chat format (`agent.chat.chat_format`)
     swept: bool = True  # ends at its idle timeout (False: its owner always ends it)
     engine_pool: str = "policy"  # the runtime serving its calls: policy | frozen
+    # What its calls after a weight update do with KV cached before it (recorded).
+    kv_across_updates: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,12 +163,14 @@ class Session:
         self._clock = clock
         self.trajectory = Trajectory(
             spec.trajectory_id, spec.key, task_id=spec.task_id,
-            status=TrajectoryStatus.RUNNING, trainable=spec.trainable, metadata=dict(spec.metadata))
+            status=TrajectoryStatus.RUNNING, trainable=spec.trainable, metadata=dict(spec.metadata),
+            kv_across_updates=spec.kv_across_updates)
         # Timings on the runtime's clock (the scheduler's, modelled seconds with emulated
         # engines), as treadle's own trajectories have them; idleness on `clock`.
         self.conversation = Conversation(
             self.trajectory, tokenizer, self.fmt,
-            runtime.turns(spec.trajectory_id, spec.key.group_id), runtime.clock,
+            runtime.turns(spec.trajectory_id, spec.key.group_id, spec.kv_across_updates),
+            runtime.clock,
             trainable=spec.trainable)
         self.children: list[Session] = []
         self.reserved_children = 0  # child slots handed out (before their sessions exist)

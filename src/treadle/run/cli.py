@@ -375,7 +375,8 @@ def watch_job(request: dict[str, Any], url: str, token: str | None, where: str,
                         yield d.seq, trajectory_to_record(d.trajectory)
                 write_parquet(delivered(), parquet)
         except KeyboardInterrupt:
-            brief = RetryPolicy(attempts=2, backoff_s=0.1, max_backoff_s=0.1)
+            brief = RetryPolicy(attempts=2, backoff_s=0.1, max_backoff_s=0.1,
+                                patience_s=0.0)
             with contextlib.suppress(Exception), \
                     RolloutClient(url, token=token, retry=brief, timeout_s=5) as quick:
                 quick.cancel(job.job_id)  # the user is waiting: one quick try

@@ -12,7 +12,7 @@ only through `SchedulerInterface`:
 - `Runner` is what the runtime tells a runner — the scheduler's decisions about its
   trajectory (`admit`, `preempt`), an engine lost, a pause's abort, and that no
   engine will come (`fail`) — and what it reads of one (`waiting_since`,
-  `admitted_to`).
+  `admitted_to`, `calling_on`).
 
 `turns` imports only this module of the runtime; `driver` imports `turns` to make
 runners and sees them as `Runner`s.
@@ -42,6 +42,11 @@ class RunnerHost(Protocol):
     @property
     def policy_version(self) -> int:
         """The weights version to stamp on tokens sampled now."""
+        ...
+
+    @property
+    def cache_salt(self) -> str:
+        """The prefix-cache salt of the weights served now (`GenerateRequest.cache_salt`)."""
         ...
 
     @property
@@ -105,6 +110,11 @@ class Runner(Protocol):
     @property
     def admitted_to(self) -> str | None:
         """The engine of an admission not yet sent there."""
+        ...
+
+    @property
+    def calling_on(self) -> str | None:
+        """The engine its call in flight is on; None with no call in flight."""
         ...
 
     def admit(self, engine_id: str, priority: float) -> None:

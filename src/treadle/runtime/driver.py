@@ -46,17 +46,23 @@ fails with `NoEngineAvailable` (its trajectory ends with status error, stage
 engine) — unless an engine is starting then, in which case that start's end
 decides. Every engine call carries `request_timeout_s`.
 
-Weight updates: `pause("wait")` holds new calls and waits until none is in flight;
+Weight updates: `pause("drain")` holds new calls and waits until none is in flight;
 `pause("abort")` also aborts the calls in flight (their turns resume later). After
 the engines' weights change, `resume(policy_version=v)` stamps `v` on every token
-sampled from then on. `update_weights` does all three, and an engine launched
-afterwards (a replacement, an `AddEngine`) loads the same weights before it joins.
+sampled from then on. `update_weights` does all three, in one of three modes
+("abort", "drain", "keep": calls in flight frozen in engines that can keep them and
+continued under the new weights), within a timeout after which the old weights
+serve; an engine launched afterwards (a replacement, an `AddEngine`) loads the same
+weights before it joins. Every engine call carries the cache salt of the weights
+(`cache_salt`), so KV cached under old weights serves a new call only where its
+trajectory chose to keep KV across updates.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import Coroutine, Sequence
 from typing import Any, Literal
 
@@ -72,15 +78,22 @@ from treadle.core.events import (
     Preempt,
 )
 from treadle.core.scheduler import Scheduler
-from treadle.engines.base import Engine
-from treadle.engines.errors import EngineError, EngineStartError, NoEngineAvailable
+from treadle.engines.base import Engine, PauseMode
+from treadle.engines.errors import (
+    EngineError,
+    EngineStartError,
+    NoEngineAvailable,
+    WeightUpdateTimeout,
+)
 from treadle.runtime.contract import Runner
 from treadle.runtime.control import ControlStats, DecisionLoop
 from treadle.runtime.launcher import EngineLauncher, LaunchedEngine
 from treadle.runtime.pool import DEFAULT_RELAUNCH, EnginePool, EngineSlot, RelaunchPolicy
 from treadle.runtime.turns import ScheduledTurns
+from treadle.runtime.weights import WeightUpdate, keeps, quiesce, roll_back, weights_salt
+from treadle.types import KVAcrossUpdates
 
-__all__ = ["ControlStats", "EngineSlot", "RelaunchPolicy", "Runtime"]
+__all__ = ["ControlStats", "EngineSlot", "RelaunchPolicy", "Runtime", "WeightUpdate"]
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +120,11 @@ class Runtime:
         self.turn_retries = turn_retries  # calls repeated on a live engine before giving up
         self.engine_wait_s = engine_wait_s  # a waiting turn's grace while no engine is live
         self.policy_version = 0  # stamped on every sampled token
+        # One salt per set of weights this runtime served: the same version loaded
+        # again (a rolled-back update) must not meet KV a trajectory that kept its KV
+        # across updates computed under other weights with that version's salt.
+        self._salt_prefix = uuid.uuid4().hex[:8]
+        self._weights_served = 0
         self.trainer_run: str | None = None  # the run whose weights the engines serve
         self.control = ControlStats()
         self.pool = EnginePool(self, self.clock, launcher=launcher, gpus=gpus,
@@ -161,11 +179,13 @@ class Runtime:
 
     # -- trajectories ------------------------------------------------------------------
 
-    def turns(self, traj_id: str, group_id: str) -> ScheduledTurns:
-        """The runner of a new trajectory (its first `generate` announces it)."""
+    def turns(self, traj_id: str, group_id: str,
+              kv: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE) -> ScheduledTurns:
+        """The runner of a new trajectory (its first `generate` announces it); `kv`:
+        what its calls after a weight update do with KV cached before it."""
         if traj_id in self._runners:
             raise ValueError(f"trajectory {traj_id!r} is already running")
-        runner = ScheduledTurns(self, traj_id, group_id)
+        runner = ScheduledTurns(self, traj_id, group_id, kv)
         self._runners[traj_id] = runner
         self.control.max_live = max(self.control.max_live, len(self._runners))
         return runner
@@ -217,7 +237,7 @@ class Runtime:
 
     # -- weight updates ------------------------------------------------------------------
 
-    async def pause(self, mode: Literal["wait", "abort"] = "wait") -> None:
+    async def pause(self, mode: Literal["drain", "abort"] = "drain") -> None:
         """Hold new engine calls; return once none is in flight. "abort" aborts the
         calls in flight (their turns keep their tokens and resume after `resume`)."""
         self._gate.clear()
@@ -227,30 +247,80 @@ class Runtime:
         await self.pool.idle.wait()
 
     async def update_weights(self, weights_path: str, policy_version: int,
-                             mode: Literal["wait", "abort"] = "wait", *,
-                             trainer_run: str | None = None) -> None:
-        """The weight-update barrier: pause (`mode`), load `weights_path` into every
-        engine, resume stamping `policy_version`. ValueError (before pausing) if an
-        engine cannot load weights; an engine that fails to load them is failed (its
-        turns move to the others, which serve the new weights) so that no token of
-        the old weights is stamped with the new version. Engines launched later load
-        these weights before they join."""
+                             mode: PauseMode = "drain", *, timeout_s: float | None = None,
+                             trainer_run: str | None = None) -> WeightUpdate:
+        """The weight-update barrier: hold new calls, deal with the calls in flight by
+        `mode`, load `weights_path` into every engine, resume stamping
+        `policy_version`. Modes:
+
+        - "abort": calls in flight are aborted; their turns keep the tokens the
+          engine returned and resume under the new weights;
+        - "drain": calls in flight finish under the old weights first;
+        - "keep": calls in flight on an engine that can keep them (its
+          `capabilities.pause_modes`) are frozen there while it loads and continue
+          under the new weights (each token stamped with the weights that sampled it);
+          on an engine that cannot, they are aborted and resumed as with "abort".
+          New calls are held only while the engines load.
+
+        Bounded: if it has not finished `timeout_s` seconds (clock) after it began,
+        WeightUpdateTimeout, and the old weights serve: engines that loaded the new
+        ones load the old ones again (within another `timeout_s`) and any that does
+        not, or was still loading, is failed (replaced, if launched, by one that loads
+        the old weights); the policy version is unchanged. ValueError (before
+        pausing) if an engine cannot load weights; an engine that fails to load them
+        is failed (its turns move to the others, which serve the new weights) so that
+        no token of the old weights is stamped with the new version. Engines launched
+        later load these weights before they join."""
         slots = self.pool.slots()
         unable = [s.label for s in slots if not s.engine.capabilities.weight_updates]
         if unable:
             raise ValueError(f"engines cannot load weights: {', '.join(unable)}")
+        previous = self._weights
         self._weights = (weights_path, policy_version)
-        await self.pause(mode)
+        started = self.clock.now()
+        self._gate.clear()
+        loads: dict[asyncio.Task[None], EngineSlot] = {}
+        kept = aborted = 0
         try:
-            slots = self.pool.slots()  # with any that joined during the pause
-            results = await asyncio.gather(
-                *(s.engine.update_weights(weights_path, policy_version) for s in slots),
-                return_exceptions=True)
-            for slot, result in zip(slots, results, strict=True):
-                if isinstance(result, BaseException):
-                    self.pool.fail(slot, f"weight update failed: {result}", replace=False)
-        finally:
-            self.resume(policy_version, trainer_run=trainer_run)
+            async with self.clock.timeout(timeout_s):
+                kept, aborted = await quiesce(self._runners.values(), self.pool, mode)
+                for slot in self.pool.slots():  # with any that joined meanwhile
+                    engine_mode: PauseMode = ("keep" if mode == "keep" and keeps(slot)
+                                              else "drain")
+                    task = asyncio.ensure_future(
+                        slot.engine.update_weights(weights_path, policy_version, engine_mode))
+                    loads[task] = slot
+                if loads:
+                    await asyncio.wait(loads)
+        except TimeoutError:
+            self._weights = previous
+            late = await roll_back(self.pool, loads, previous, self.clock.timeout(timeout_s))
+            # Kept calls ran on the new weights meanwhile: their KV takes a new salt.
+            self._weights_served += bool(loads)
+            self.resume()
+            waited = (f"engines still loading: {', '.join(late)}" if late
+                      else "calls in flight still running")
+            raise WeightUpdateTimeout(
+                f"the update to policy version {policy_version} did not finish within "
+                f"{timeout_s} s ({waited}); the engines serve policy version "
+                f"{self.policy_version}") from None
+        except BaseException:
+            self._weights = previous
+            self.resume()
+            raise
+        for task, slot in loads.items():
+            error = task.exception()
+            if error is not None:
+                self.pool.fail(slot, f"weight update failed: {error}", replace=False)
+        self.resume(policy_version, trainer_run=trainer_run)
+        return WeightUpdate(policy_version, mode, self.clock.now() - started, kept, aborted)
+
+    @property
+    def cache_salt(self) -> str:
+        """The prefix-cache salt of the weights served now: KV an engine cached for
+        calls of other weights never serves a call carrying it."""
+        return (f"{weights_salt(self.policy_version, self.trainer_run)}-"
+                f"{self._salt_prefix}.{self._weights_served}")
 
     @property
     def paused(self) -> bool:
@@ -263,6 +333,7 @@ class Runtime:
         if policy_version is not None:
             self.policy_version = policy_version
             self.trainer_run = trainer_run
+            self._weights_served += 1
         self._gate.set()
 
     # -- what a runner may ask (contract.RunnerHost) ---------------------------------

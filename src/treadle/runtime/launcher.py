@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import ctypes
 import os
+import random
 import re
 import signal
 import socket
@@ -315,11 +316,38 @@ def die_with_parent() -> None:
 
 def free_port() -> int:
     """A loopback port nothing listens on (bound, then released; another process
-    may take it before the caller binds it, which start-up then reports)."""
+    may take it before the caller binds it, which start-up then reports).
+
+    It is drawn below the kernel's ephemeral range, so that no outgoing connection
+    (which takes its local port from that range) gets it in the meantime, and at
+    random rather than the kernel's next free port, so that processes starting
+    servers at once (test workers, launchers) do not draw the same one: the draw
+    is unseeded on purpose."""
+    low = _ephemeral_low()
+    draw = random.SystemRandom()
+    for _ in range(64 if low > _LOWEST_PORT + 1000 else 0):
+        port = draw.randrange(_LOWEST_PORT, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # in use
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+        chosen: int = s.getsockname()[1]
+        return chosen
+
+
+_LOWEST_PORT = 20000  # below: ports well-known services may hold
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
 
 
 def _tail(path: Path, lines: int = 30) -> str:

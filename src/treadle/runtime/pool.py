@@ -122,6 +122,7 @@ class EnginePool:
         self.relaunched = 0  # replacements launched so far
         self.idle = asyncio.Event()  # no call in flight on any engine
         self.idle.set()
+        self._call_ended = asyncio.Event()  # a call ended (`quiet` looks again)
         self._owner = owner
         self._clock = clock
         self._slots: dict[str, EngineSlot] = {}
@@ -222,10 +223,17 @@ class EnginePool:
     def call_ended(self, slot: EngineSlot) -> None:
         slot.calls -= 1
         self._inflight -= 1
+        self._call_ended.set()
         if not self._inflight:
             self.idle.set()
         if slot.draining:
             self.remove_if_idle(slot)
+
+    async def quiet(self, except_on: set[str]) -> None:
+        """Return once no call is in flight on any engine but those of `except_on`."""
+        while any(s.calls for s in self._slots.values() if s.engine_id not in except_on):
+            self._call_ended.clear()
+            await self._call_ended.wait()
 
     async def call_failed(self, slot: EngineSlot, error: EngineError) -> Literal["failed", "retry"]:
         """After a failed call: "failed" if the engine is dead (now failed), else "retry"."""

@@ -40,7 +40,14 @@ from treadle.runtime.driver import Runtime
 from treadle.runtime.replay import replay
 from treadle.sandbox.base import SandboxBackend
 from treadle.sandbox.pool import SandboxPool
-from treadle.types import FailureStage, GroupKey, Task, Trajectory, TrajectoryStatus
+from treadle.types import (
+    FailureStage,
+    GroupKey,
+    KVAcrossUpdates,
+    Task,
+    Trajectory,
+    TrajectoryStatus,
+)
 from treadle.workloads import TrajectorySpec
 
 log = logging.getLogger(__name__)
@@ -50,12 +57,14 @@ async def run_task(runtime: Runtime, suite: Suite, task: Task, *, traj_id: str, 
                    tokenizer: Tokenizer, sandboxes: SandboxBackend | SandboxPool | None,
                    limits: AgentLimits | None = None, sampling: Sampling | None = None,
                    chat_format: str = DEFAULT_FORMAT, attempt: int = 0,
-                   clock: Clock | None = None) -> Trajectory:
+                   clock: Clock | None = None,
+                   kv: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE) -> Trajectory:
     """One suite task, start to end, on the runtime's engines (see the module docstring),
     its conversation in the chat format named `chat_format` (`agent.chat`). Its
-    deadline and times are on `clock`, by default the runtime's."""
+    deadline and times are on `clock`, by default the runtime's; `kv`: what its calls
+    after a weight update do with KV cached before it (recorded)."""
     clock = clock or runtime.clock
-    turns = runtime.turns(traj_id, key.group_id)
+    turns = runtime.turns(traj_id, key.group_id, kv)
     try:
         started = clock.now()
         ran: list[Trajectory] = []  # the trajectory, once the agent loop has returned it
@@ -67,7 +76,8 @@ async def run_task(runtime: Runtime, suite: Suite, task: Task, *, traj_id: str, 
                 turns.ended("init failed")
                 traj = Trajectory(traj_id, key, task_id=task.task_id,
                                   status=TrajectoryStatus.ERROR, failure_stage=FailureStage.INIT,
-                                  reason=f"init: {type(e).__name__}: {e}", attempt=attempt)
+                                  reason=f"init: {type(e).__name__}: {e}", attempt=attempt,
+                                  kv_across_updates=kv)
                 traj.timings.started_at, traj.timings.finished_at = started, clock.now()
                 return traj
             traj = await run_agent(episode, tokenizer, turns, traj_id=traj_id, key=key,
@@ -75,6 +85,7 @@ async def run_task(runtime: Runtime, suite: Suite, task: Task, *, traj_id: str, 
                                    chat_format=chat_format, clock=clock)
             ran.append(traj)
         traj.attempt = attempt
+        traj.kv_across_updates = kv
         return traj
     finally:
         # Whatever ended it (a cancelled job, a bug in a suite), the runtime forgets
@@ -97,13 +108,14 @@ def _log_teardown_failure(traj_id: str, ran: list[Trajectory]) -> Callable[..., 
 
 
 async def replay_task(runtime: Runtime, spec: TrajectorySpec, *, traj_id: str, key: GroupKey,
-                      task_id: str = "", attempt: int = 0) -> Trajectory:
+                      task_id: str = "", attempt: int = 0,
+                      kv: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE) -> Trajectory:
     """A workload trajectory's script, replayed on the runtime's engines."""
     traj = Trajectory(traj_id, key, prompt_tokens=spec.prompt_tokens, task_id=task_id,
-                      attempt=attempt, status=TrajectoryStatus.RUNNING)
+                      attempt=attempt, status=TrajectoryStatus.RUNNING, kv_across_updates=kv)
     traj.timings.started_at = runtime.clock.now()
     try:
-        result = await replay(spec, runtime.turns(traj_id, key.group_id), runtime.clock)
+        result = await replay(spec, runtime.turns(traj_id, key.group_id, kv), runtime.clock)
     except EngineError as e:
         traj.status, traj.failure_stage = TrajectoryStatus.ERROR, FailureStage.ENGINE
         traj.reason = f"engine: {e}"

@@ -23,8 +23,16 @@ admitted priority. What can happen to the call, and what the runner does:
   picks the turn up).
 
 The returned `TurnOutput` concatenates the tokens of every call of the turn; each
-token carries the policy version current when it was sampled. Cancelling
+token carries the policy version of the weights that sampled it: the engine's
+`version_spans` where it reports them (a call frozen across a "keep" update holds
+tokens of two versions), else the version served when the call was sent (no update
+finishes while a call of an engine that cannot keep it is in flight). Cancelling
 `generate` aborts the call on its engine.
+
+Every call carries a cache salt (`GenerateRequest.cache_salt`): the weights' salt
+now (`RunnerHost.cache_salt`) with `KVAcrossUpdates.RECOMPUTE`, so its context is
+prefilled again under new weights; with `KEEP`, the salt of the weights of its
+first call, so later calls reuse what the engine cached of its context before.
 
 The runner talks to the runtime only through `runtime.contract`: it asks what a
 `RunnerHost` offers, and is told what a `Runner` hears (the block "what the runtime
@@ -52,6 +60,7 @@ from treadle.engines.errors import (
     EngineUnavailable,
 )
 from treadle.runtime.contract import EngineSlot, RunnerHost
+from treadle.types import KVAcrossUpdates
 
 _PRIORITY_BOUND = 2**31 - 1
 
@@ -60,9 +69,12 @@ class ScheduledTurns:
     """The turns of one trajectory on the runtime's engines. Made by `Runtime.turns`;
     a `TurnRunner` for the agent loop and a `contract.Runner` for the runtime."""
 
-    def __init__(self, host: RunnerHost, traj_id: str, group_id: str) -> None:
+    def __init__(self, host: RunnerHost, traj_id: str, group_id: str,
+                 kv: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE) -> None:
         self.traj_id = traj_id
         self.group_id = group_id
+        self.kv = kv
+        self._kept_salt: str | None = None  # with KEEP: the salt of its first call
         self.engine_id: str | None = None  # engine of the last call
         self.preemptions = 0  # calls cut short by the scheduler or a pause
         self.retries = 0  # calls repeated after an engine failure
@@ -124,7 +136,9 @@ class ScheduledTurns:
                 prompt_ids=prompt_ids + ids, max_tokens=max_tokens - len(ids),
                 temperature=sampling.temperature, top_p=sampling.top_p, seed=seed,
                 stop_token_ids=stop_ids, priority=_int_priority(priority),
-                timeout_s=self._rt.request_timeout_s, constraint=sampling.constraint)
+                timeout_s=self._rt.request_timeout_s, constraint=sampling.constraint,
+                cache_salt=self._salt())
+            sent_version = self._rt.policy_version
             started = clock.now()
             result = await self._send(slot, request)
             generating += clock.now() - started
@@ -147,7 +161,7 @@ class ScheduledTurns:
             if result.finish_reason != "abort" or sampling.constraint is None:
                 ids += result.output_ids
                 logprobs += result.logprobs
-                versions += [self._rt.policy_version] * len(result.output_ids)
+                versions += _versions(result, sent_version, eid)
             # (else a constrained reply cut mid-way starts over: its engine's grammar
             # would begin anew after the partial output, and the whole would not parse)
             if result.finish_reason != "abort":
@@ -226,7 +240,18 @@ class ScheduledTurns:
     def admitted_to(self) -> str | None:
         return None if self._admission is None else self._admission[0]
 
+    @property
+    def calling_on(self) -> str | None:
+        return None if self._call is None else self._call[0].engine_id
+
     # -- internals --------------------------------------------------------------------
+
+    def _salt(self) -> str:
+        if self.kv is KVAcrossUpdates.RECOMPUTE:
+            return self._rt.cache_salt
+        if self._kept_salt is None:
+            self._kept_salt = self._rt.cache_salt
+        return self._kept_salt
 
     def _expect(self) -> None:
         """An admission is due (the scheduler has, or is about to have, the turn queued)."""
@@ -277,6 +302,23 @@ class ScheduledTurns:
     def _end(self) -> None:
         self.done = True
         self._rt.trajectory_done(self)
+
+
+def _versions(result: GenerateResult, sent_version: int, engine_id: str) -> list[int]:
+    """The policy version of each output token of `result` (see the module docstring);
+    an engine's label is the version `Engine.update_weights` gave it, or None for
+    weights never labelled (those it served when the call was sent)."""
+    if not result.version_spans:
+        return [sent_version] * len(result.output_ids)
+    versions: list[int] = []
+    for span in result.version_spans:
+        try:
+            version = sent_version if span.version is None else int(span.version)
+        except ValueError:
+            raise EngineProtocolError(f"{engine_id} labels its weights {span.version!r}, "
+                                      "not a policy version") from None
+        versions += [version] * (span.end - span.start)
+    return versions
 
 
 def _int_priority(priority: float) -> int:

@@ -24,11 +24,12 @@
     POST /v1/engines/{id}/drain          send it nothing more; removed once idle
     DELETE /v1/engines/{id}              remove it now (its turns move elsewhere)
     GET  /v1/weights                     the policy version and whether paused
-    POST /v1/weights/pause               hold new engine calls ("wait" or "abort" those
+    POST /v1/weights/pause               hold new engine calls ("drain" or "abort" those
                                          in flight); returns once none is in flight
     POST /v1/weights/resume              the engines serve `policy_version` now; go on
     POST /v1/weights/update              pause, every engine loads `weights_path`, resume
-                                         with `policy_version` (vLLM in dev mode)
+                                         with `policy_version` (vLLM in dev mode); mode
+                                         abort | drain | keep, within timeout_s (504)
     POST /v1/keys                        a trainer key for a trainer run (admin) → 201
                                          {key_id, trainer_run, key}: the key only here
     GET  /v1/keys                        the trainer keys, never the keys themselves

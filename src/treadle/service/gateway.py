@@ -67,7 +67,14 @@ from treadle.service.schemas import (
 from treadle.store.aio import AsyncStore
 from treadle.store.errors import NotFound, RecordError, StoreConflict
 from treadle.store.jobs import PlannedTrajectory
-from treadle.types import FailureStage, GroupKey, RewardSource, Trajectory, TrajectoryStatus
+from treadle.types import (
+    FailureStage,
+    GroupKey,
+    KVAcrossUpdates,
+    RewardSource,
+    Trajectory,
+    TrajectoryStatus,
+)
 
 log = logging.getLogger(__name__)
 MAX_CHILDREN = 1024  # sub-agent sessions of one session (their repetitions' stride)
@@ -151,7 +158,8 @@ class Gateway:
                                  limits.idle_timeout_s),
             metadata=request.metadata,
             parent_id=None if parent is None else parent.spec.session_id,
-            trainable=request.trainable, chat_format=fmt, engine_pool=pool)
+            trainable=request.trainable, chat_format=fmt, engine_pool=pool,
+            kv_across_updates=KVAcrossUpdates(request.kv_across_updates))
         try:
             # The parent may have ended, or the sessions filled, during the awaits above.
             sessions.create(spec, runtime)
@@ -336,7 +344,7 @@ class Gateway:
             limits=SessionLimits(lim.max_turns, min(lim.max_total_tokens,
                                                     window or lim.max_total_tokens),
                                  lim.max_tokens_per_turn),
-            swept=False)
+            swept=False, kv_across_updates=work.kv)
         session = sessions.create(spec)  # (ServiceBusy: the job runner records the error)
         self._harnessed.add(p.trajectory_id)
         self._jobs[p.trajectory_id] = work.job_id

@@ -432,7 +432,8 @@ class Rollouts:
             match work:
                 case ReplayWork():
                     return await replay_task(self.runtime, work.spec, traj_id=p.trajectory_id,
-                                             key=key, task_id=p.task_id, attempt=attempt)
+                                             key=key, task_id=p.task_id, attempt=attempt,
+                                             kv=work.kv)
                 case HarnessWork():
                     if self.harnesses is None:
                         raise RuntimeError("this service runs no harness jobs")
@@ -444,7 +445,7 @@ class Rollouts:
                         self.runtime, work.suite, work.task, traj_id=p.trajectory_id, key=key,
                         tokenizer=self.tokenizer, sandboxes=self.sandboxes.pool(work.suite),
                         limits=work.limits, sampling=work.sampling,
-                        chat_format=work.chat_format, attempt=attempt)
+                        chat_format=work.chat_format, attempt=attempt, kv=work.kv)
         except asyncio.CancelledError:
             raise
         except Exception as e:

@@ -11,6 +11,10 @@
     treadle_engines                         gauge     engines in the pool
     treadle_scheduler_decision_seconds      histogram scheduler CPU per decision
     treadle_policy_version                  gauge     stamped on new tokens
+    treadle_weight_update_seconds           histogram new engine calls held, by mode
+    treadle_weight_update_calls_total       counter   calls in flight at an update, by
+                                                      what it did to them (kept, aborted)
+    treadle_weight_update_timeouts_total    counter   updates past their timeout
 
 Rates (tokens/s) are what Prometheus computes from the counters. Histograms use
 fixed log-spaced buckets. Everything here is updated from the service's event loop.
@@ -68,6 +72,15 @@ class Metrics:
         self.tool_latency = Histogram(LATENCY_BUCKETS)
         self.api_latency = Histogram(LATENCY_BUCKETS)
         self.decisions = Histogram(DECISION_BUCKETS)
+        self.weight_updates = Histogram(LATENCY_BUCKETS)  # held seconds, by mode
+        self.update_calls: dict[str, int] = defaultdict(int)  # kept | aborted
+        self.update_timeouts = 0
+
+    def weight_update(self, mode: str, held_s: float, kept: int, aborted: int) -> None:
+        """One weight update that finished."""
+        self.weight_updates.observe(held_s, mode)
+        self.update_calls["kept"] += kept
+        self.update_calls["aborted"] += aborted
 
     def render(self, *, active: int, queued: int, engines: dict[str, int],
                policy_version: int) -> str:
@@ -90,6 +103,12 @@ class Metrics:
               for e, n in sorted(engines.items())),
             "# TYPE treadle_engines gauge", f"treadle_engines {len(engines)}",
             "# TYPE treadle_policy_version gauge", f"treadle_policy_version {policy_version}",
+            *self.weight_updates.lines("treadle_weight_update_seconds", "mode"),
+            "# TYPE treadle_weight_update_calls_total counter",
+            *(f'treadle_weight_update_calls_total{{outcome="{o}"}} {n}'
+              for o, n in sorted(self.update_calls.items())),
+            "# TYPE treadle_weight_update_timeouts_total counter",
+            f"treadle_weight_update_timeouts_total {self.update_timeouts}",
         ]
         return "\n".join(lines) + "\n"
 

@@ -46,7 +46,7 @@ from treadle.service.schemas import (
     SuiteTasks,
 )
 from treadle.store.jobs import PlannedTrajectory
-from treadle.types import Task
+from treadle.types import KVAcrossUpdates, Task
 from treadle.workloads import TrajectorySpec
 from treadle.workloads.load import generate_named
 from treadle.workloads.trace import TraceError, spec_from_record
@@ -66,6 +66,7 @@ class SuiteWork:
     sampling: Sampling
     limits: AgentLimits
     chat_format: str  # the model family's format (`agent.chat`), checked when planned
+    kv: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE  # the job's KV across weight updates
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +82,7 @@ class HarnessWork:
     chat_format: str
     harness: str  # the harness command's name (`treadle serve --harness`)
     score: Score  # how the run is scored (`gateway.harness.judge`)
+    kv: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +92,7 @@ class ReplayWork:
     job_id: str
     planned: PlannedTrajectory
     spec: TrajectorySpec
+    kv: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE
 
 
 Work = SuiteWork | HarnessWork | ReplayWork  # one planned trajectory, what to run for it
@@ -123,6 +126,7 @@ class Planner:
         limits = AgentLimits(lim.max_turns, lim.max_total_tokens, lim.max_tokens_per_turn,
                              lim.deadline_s)
         tasks = request.tasks
+        kv = KVAcrossUpdates(request.kv_across_updates)
         out: list[Work] = []
         if isinstance(tasks, ReplayTasks):
             members: dict[str, int] = {}
@@ -132,7 +136,7 @@ class Planner:
                 planned = PlannedTrajectory(f"{job_id}/{spec.traj_id}",
                                             f"{job_id}/{spec.group_id}", spec.group_id,
                                             repetition)
-                out.append(ReplayWork(job_id, planned, spec))
+                out.append(ReplayWork(job_id, planned, spec, kv))
             return out
         if isinstance(tasks, SessionTasks):
             raise RequestRefused("tasks.sessions: sessions are made by harnesses, not run "
@@ -166,10 +170,10 @@ class Planner:
             for r in range(request.samples_per_task):
                 planned = PlannedTrajectory(f"{job_id}/{task.task_id}/{r}",
                                             f"{job_id}/{task.task_id}", task.task_id, r)
-                out.append(SuiteWork(job_id, planned, task, suite, sampling, limits, fmt)
+                out.append(SuiteWork(job_id, planned, task, suite, sampling, limits, fmt, kv)
                            if harness is None else
                            HarnessWork(job_id, planned, task, suite, sampling, limits, fmt,
-                                       harness.name, harness.score))
+                                       harness.name, harness.score, kv))
         self._keep(key, suite)  # only a suite a job could be planned with
         return out
 

@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute, Match, Route
 from starlette.types import Scope
 
-from treadle.engines.errors import public_text
+from treadle.engines.errors import WeightUpdateTimeout, public_text
 from treadle.errors import ServiceBusy
 from treadle.gateway import wire
 from treadle.gateway.errors import GatewayError
@@ -41,6 +41,7 @@ STATUS: dict[type[Exception], int] = {
     StoreConflict: 409,
     PolicyMismatch: 409,
     ServiceBusy: 503,
+    WeightUpdateTimeout: 504,
 }
 
 _TEXT = {
@@ -55,6 +56,7 @@ _TEXT = {
     422: "bad input: one entry per bad field",
     503: "too many requests at once, or too many trajectories queued: retry after "
          "Retry-After seconds",
+    504: "the weight update did not finish within its timeout_s: the old weights serve",
 }
 
 

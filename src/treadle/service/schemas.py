@@ -33,6 +33,14 @@ MAX_INT64 = (1 << 63) - 1  # the store's and the exports' integers
 TRAINER_RUN = r"^[A-Za-z0-9._:/-]+$"  # a trainer run's name (shown in errors and views)
 
 
+# A job's (or a session's) `KVAcrossUpdates`.
+KVChoice = Annotated[Literal["recompute", "keep"], Field(
+    description="what a trajectory that runs on across a weight update does with the KV "
+                "of its context cached under the old weights: compute it again under the "
+                "new ones, or keep it (no prefill; later tokens attend to the old "
+                "weights' KV). Recorded in each trajectory")]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -210,6 +218,7 @@ class JobRequest(_Strict):
                                     description="the model family's chat format its "
                                                 "trajectories are rendered in (suite "
                                                 "tasks; default: the service's)")
+    kv_across_updates: KVChoice = "recompute"
     priority: int = Field(default=0, ge=-1000, le=1000,
                           description="higher starts first when trajectories queue")
     job_id: str | None = Field(default=None, min_length=1, max_length=128,
@@ -295,6 +304,7 @@ class SessionRequest(_Strict):
     chat_format: str | None = Field(default=None, min_length=1, max_length=64,
                                     description="the model family's chat format (default: "
                                                 "the service's)")
+    kv_across_updates: KVChoice = "recompute"
     engine_pool: Literal["policy", "frozen"] | None = Field(
         default=None, description="the engines that serve its calls: the policy's (weight "
                                   "updates reach them), or the frozen pool (a pinned "
@@ -425,35 +435,10 @@ class EngineRequest(_Strict):
             raise ValueError(f"not a valid URL: {e}") from None
         if not parsed.host:
             raise ValueError("the URL has no host")
+        if not url.isascii():
+            raise ValueError("not an ASCII URL: write an internationalised host in its "
+                             "IDNA form (xn--...) and percent-encode the path")
         return url
-
-
-class PauseRequest(_Strict):
-    """`POST /v1/weights/pause`."""
-
-    mode: Literal["wait", "abort"] = "wait"
-
-
-class ResumeRequest(_Strict):
-    """`POST /v1/weights/resume`: the engines now serve `policy_version`."""
-
-    policy_version: int = Field(ge=0, le=MAX_INT64)
-    trainer_run: str | None = Field(default=None, min_length=1, max_length=128,
-                                    pattern=TRAINER_RUN,
-                                    description="the trainer run whose weights these are")
-
-
-class WeightUpdateRequest(_Strict):
-    """`POST /v1/weights/update`: the whole barrier in one call — pause, every engine
-    loads `weights_path` (a directory of safetensors it can read), resume."""
-
-    policy_version: int = Field(ge=0, le=MAX_INT64)
-    weights_path: str = Field(min_length=1, max_length=4096)
-    mode: Literal["wait", "abort"] = "wait"
-    trainer_run: str | None = Field(default=None, min_length=1, max_length=128,
-                                    pattern=TRAINER_RUN,
-                                    description="the trainer run whose weights these are "
-                                                "(jobs naming another run are refused)")
 
 
 class KeyRequest(_Strict):
@@ -477,13 +462,6 @@ class KeyCreated(KeyView):
     """`POST /v1/keys`'s answer: the only time the key is shown."""
 
     key: str
-
-
-class WeightsView(BaseModel):
-    policy_version: int  # what the policy's engines serve, stamped on their tokens
-    trainer_run: str | None = None  # whose weights those are (None: unnamed, or initial)
-    paused: bool
-    frozen_policy_version: int | None = None  # the frozen pool's pinned version, if any
 
 
 class FieldError(BaseModel):

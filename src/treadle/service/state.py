@@ -38,7 +38,8 @@ from treadle.service.monitor import Monitor
 from treadle.service.outbox import Outbox
 from treadle.service.planning import Planner
 from treadle.service.sandboxes import SuitePools
-from treadle.service.schemas import EngineRequest, WeightsView
+from treadle.service.schemas import EngineRequest
+from treadle.service.weight_schemas import WeightsView
 from treadle.store.aio import AsyncStore
 from treadle.store.db import Store
 

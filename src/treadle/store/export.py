@@ -26,6 +26,8 @@ in segment order. Columns:
     children         list<string>  the sub-agent trajectories it started
     trainable        bool     false for a frozen sub-agent (never trained)
     metadata_json    string   the record's "metadata" object as JSON
+    policy_span      list<int64>?  [oldest, newest] version that sampled its tokens
+    kv_across_updates string  recompute | keep: its KV after a weight update
     segment_index    int32?   0-based; null for a trajectory without segments
     num_segments     int32    segments of the trajectory
     segment_start_turn    int32?   the turn whose context the segment begins
@@ -37,11 +39,12 @@ in segment order. Columns:
     logprobs         list<double>  (double, not float: the engine's values exactly)
     policy_versions  list<int64>
 
-Every row is of record version 3 (the file's ``treadle.record_version``): an older
+Every row is of record version 4 (the file's ``treadle.record_version``): an older
 record is read and written again first, so its new columns hold the defaults.
 `read_parquet` turns a file back into `Trajectory` objects (through the strict
 record reader), so an export can be checked against the store; a file written
-before version 3 (without `reward_source`) or version 2 (without the sub-agent and
+before version 4 (without `policy_span` and `kv_across_updates`), version 3
+(without `reward_source` either) or version 2 (without the sub-agent and
 segment-start columns either) reads too.
 `write_parquet` writes the same file from (seq, record) pairs, e.g. a client's
 stream of a job (`treadle run` does). Both exports read the store a page at a time
@@ -79,6 +82,7 @@ _COPIED = ("trajectory_id", "group_id", "repetition", "task_id", "status", "reas
 _V2_COLUMNS = ("parent_id", "children", "trainable", "metadata_json", "segment_start_turn",
                "segment_start_reason")
 _V3_COLUMNS = ("reward_source",)  # and before version 3
+_V4_COLUMNS = ("policy_span", "kv_across_updates")  # and before version 4
 
 
 def export_jsonl(store: Store, job_id: str, path: str | os.PathLike[str],
@@ -124,6 +128,8 @@ def parquet_schema() -> pa.Schema:
         pa.field("children", pa.list_(pa.string()), nullable=False),
         pa.field("trainable", pa.bool_(), nullable=False),
         pa.field("metadata_json", pa.string(), nullable=False),
+        pa.field("policy_span", pa.list_(i64)),
+        pa.field("kv_across_updates", pa.string(), nullable=False),
         pa.field("segment_index", pa.int32()),
         pa.field("num_segments", pa.int32(), nullable=False),
         pa.field("segment_start_turn", pa.int32()),
@@ -199,7 +205,8 @@ def _add_rows(columns: dict[str, list[Any]], seq: int, record: Mapping[str, Any]
         # An older record (a job stored before this version) lacks columns the file
         # has; the reader knows its defaults, so it is upgraded through the reader.
         record = trajectory_to_record(trajectory_from_record(record))
-    per_trajectory: dict[str, Any] = {name: record[name] for name in (*_COPIED, *_V3_COLUMNS)}
+    per_trajectory: dict[str, Any] = {
+        name: record[name] for name in (*_COPIED, *_V3_COLUMNS, *_V4_COLUMNS)}
     per_trajectory.update(record["timings"])
     per_trajectory.update({
         "seq": seq,
@@ -237,6 +244,7 @@ def _trajectory(rows: list[dict[str, Any]]) -> Trajectory:
                           f"{', '.join(missing)}")
     v2 = not missing
     v3 = v2 and all(name in first for name in _V3_COLUMNS)
+    v4 = v3 and all(name in first for name in _V4_COLUMNS)
     segment_rows = sorted((r for r in rows if r["segment_index"] is not None),
                           key=lambda r: int(r["segment_index"]))
     segments = []
@@ -248,7 +256,7 @@ def _trajectory(rows: list[dict[str, Any]]) -> Trajectory:
         segments.append(segment)
     record: dict[str, Any] = {name: first[name] for name in _COPIED}
     record.update({
-        "version": RECORD_VERSION if v3 else 2 if v2 else 1,
+        "version": RECORD_VERSION if v4 else 3 if v3 else 2 if v2 else 1,
         "metrics": dict(first["metrics"]),
         "turns": json.loads(first["turns_json"]),
         "timings": {name: first[name] for name in TIMING_FIELDS},
@@ -260,4 +268,6 @@ def _trajectory(rows: list[dict[str, Any]]) -> Trajectory:
                       metadata=json.loads(first["metadata_json"]))
     if v3:
         record.update({name: first[name] for name in _V3_COLUMNS})
+    if v4:
+        record.update({name: first[name] for name in _V4_COLUMNS})
     return trajectory_from_record(record)

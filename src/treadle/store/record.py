@@ -11,16 +11,17 @@ bool is never a number), numbers must be finite (JSON has no NaN), and a bad rec
 raises `RecordError` naming the field, e.g. ``segments[1].logprobs[7]``. Writing
 checks the same invariants, so what is written can always be read back.
 
-Writing always gives version 3. Older records are still read: version 1 (a store
-or an export written before sub-agents) lacks the fields marked (v2) and (v3),
-version 2 (before reward sources) those marked (v3); they read as their defaults
-(no parent, no children, trainable, empty metadata, each segment starting at turn
-0 with reason "start"; no reward source). A record must have exactly the fields of
-its version.
+Writing always gives version 4. Older records are still read: version 1 (a store
+or an export written before sub-agents) lacks the fields marked (v2), (v3) and
+(v4), version 2 (before reward sources) those marked (v3) and (v4), version 3
+(before asynchronous RL) those marked (v4); they read as their defaults (no
+parent, no children, trainable, empty metadata, each segment starting at turn 0
+with reason "start"; no reward source; KV recomputed across updates). A record
+must have exactly the fields of its version.
 
-Record, version 3 (JSON types; ``?`` = may be null)::
+Record, version 4 (JSON types; ``?`` = may be null)::
 
-    version          int      3 (or 2, 1); a reader refuses versions it does not know
+    version          int      4 (or 3, 2, 1); a reader refuses versions it does not know
     trajectory_id    string   unique id; the prefix-cache routing key (non-empty)
     group_id         string   GRPO group: siblings of one task share it (non-empty)
     repetition       int      0..n-1 within the group
@@ -46,6 +47,14 @@ Record, version 3 (JSON types; ``?`` = may be null)::
     trainable        bool     (v2) false for a frozen sub-agent: every loss_mask is 0
                               and the converters never train on it
     metadata         object   (v2) the caller's, any JSON values (numbers finite)
+    policy_span      [int]?   (v4) [oldest, newest] policy version that sampled its
+                              tokens (mask-1 segment tokens and the turns' versions;
+                              `Trajectory.policy_span`, a check on them); null when
+                              the model sampled nothing. Two values apart: it ran
+                              across a weight update (each token says which version)
+    kv_across_updates string  (v4) recompute | keep (`KVAcrossUpdates`): what its
+                              calls after a weight update did with the KV of its
+                              context cached under the old weights
     turns            array    one object per LLM turn, in order:
         index            int      0-based position
         output_tokens    int      tokens the model sampled in this turn
@@ -59,8 +68,10 @@ Record, version 3 (JSON types; ``?`` = may be null)::
             latency_s        number   seconds from start to result
             output_tokens    int      tokens of the observation added to the context
             error            string?  tool-side error shown to the model
-        constraint       object   only where the reply was decoded under one
-                                  (structured output; absent: sampled freely):
+        constraint       object   (v4; also written by version 3 writers, which
+                                  did not bump for it) only where the reply was
+                                  decoded under one (structured output; absent:
+                                  sampled freely):
             kind             string   json_schema | json_object (`ConstraintKind`)
             name             string?  json_schema only: the caller's name for it
             schema           object   json_schema only: the JSON schema
@@ -114,6 +125,7 @@ from treadle.types import (
     GroupKey,
     JsonObjectConstraint,
     JsonSchemaConstraint,
+    KVAcrossUpdates,
     OutputConstraint,
     RewardSource,
     Timings,
@@ -124,15 +136,16 @@ from treadle.types import (
     Turn,
 )
 
-RECORD_VERSION = 3  # what the writer writes
-READ_VERSIONS = (1, 2, 3)  # what the reader reads
+RECORD_VERSION = 4  # what the writer writes
+READ_VERSIONS = (1, 2, 3, 4)  # what the reader reads
 
 _TOP_KEYS_V1 = frozenset({
     "version", "trajectory_id", "group_id", "repetition", "task_id", "status", "reason",
     "failure_stage", "infra_failure", "reward", "metrics", "attempt", "prompt_tokens",
     "output_tokens", "turns", "segments", "timings"})
 _TOP_KEYS_V2 = _TOP_KEYS_V1 | {"parent_id", "children", "trainable", "metadata"}
-_TOP_KEYS = _TOP_KEYS_V2 | {"reward_source"}
+_TOP_KEYS_V3 = _TOP_KEYS_V2 | {"reward_source"}
+_TOP_KEYS = _TOP_KEYS_V3 | {"policy_span", "kv_across_updates"}
 _TURN_KEYS = frozenset({"index", "output_tokens", "engine_id", "queued_s", "generating_s",
                         "policy_version", "tool_call"})
 _TOOL_KEYS = frozenset({"name", "arguments", "latency_s", "output_tokens", "error"})
@@ -192,6 +205,8 @@ def trajectory_to_record(t: Trajectory) -> dict[str, Any]:
         "children": list(t.children),
         "trainable": t.trainable,
         "metadata": _metadata(t.metadata),
+        "policy_span": None if (span := t.policy_span) is None else list(span),
+        "kv_across_updates": t.kv_across_updates.value,
         "turns": [_turn_to_record(turn) for turn in t.turns],
         "segments": [{
             "prompt_ids": list(s.prompt_ids),
@@ -220,7 +235,8 @@ def trajectory_from_record(record: Mapping[str, Any]) -> Trajectory:
     if isinstance(record, Mapping) and "version" in record:
         version = _version(record["version"])
     v2 = version >= 2
-    r = Fields(record, "", {1: _TOP_KEYS_V1, 2: _TOP_KEYS_V2}.get(version, _TOP_KEYS))
+    r = Fields(record, "", {1: _TOP_KEYS_V1, 2: _TOP_KEYS_V2, 3: _TOP_KEYS_V3}.get(
+        version, _TOP_KEYS))
     turns = [_turn_from_record(item, f"turns[{i}]")
              for i, item in enumerate(r.array("turns"))]
     segments = [_segment_from_record(item, f"segments[{i}]", v2)
@@ -251,6 +267,14 @@ def trajectory_from_record(record: Mapping[str, Any]) -> Trajectory:
         t.metadata = _metadata(r.value("metadata"))
     if version >= 3:
         t.reward_source = r.opt_choice("reward_source", RewardSource)
+    if version >= 4:
+        t.kv_across_updates = r.choice("kv_across_updates", KVAcrossUpdates)
+        span = r.value("policy_span")
+        stored = None if span is None else int_list(span, "policy_span")
+        derived = t.policy_span
+        if stored != (None if derived is None else list(derived)):
+            raise RecordError(f"policy_span: {span!r:.80} is not the span of the versions "
+                              f"that sampled its tokens ({derived})")
     _check_invariants(t)
     _check_links(t)
     if r.boolean("infra_failure") != t.infra_failure:

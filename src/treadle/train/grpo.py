@@ -458,7 +458,8 @@ def serving(policy: Path, out: Path, config: GRPOConfig, *,
     url = f"http://127.0.0.1:{port}"
     client = RolloutClient(url, token=token, timeout_s=60.0)
     # One try per probe: the start-up wait is this loop's, not the client's retries.
-    probe = RolloutClient(url, token=token, timeout_s=5.0, retry=RetryPolicy(attempts=1))
+    probe = RolloutClient(url, token=token, timeout_s=5.0, retry=RetryPolicy(attempts=1,
+                                                                             patience_s=0.0))
     try:
         log(f"starting the rollout service with a vLLM engine ({url}; log {out / 'serve.log'})")
         deadline = time.monotonic() + 300

@@ -32,9 +32,15 @@ _STOPS = sum(1 << (int(s) - 1) for s in (signal.SIGSTOP, signal.SIGTSTP, signal.
                                          signal.SIGTTOU))
 
 
+# SIGKILL sent and not yet taken: the process is as good as dead.
+_KILL = 1 << (int(signal.SIGKILL) - 1)
+_PF_EXITING = 0x4  # /proc/PID/stat's flags: the process is exiting (linux/sched.h)
+
+
 def state(pid: int | None) -> str | None:
-    """The state letter of /proc/PID/stat ("T" also for a stop signal pending, which
-    a loaded machine may not have delivered yet), None if there is no such process."""
+    """The state letter of /proc/PID/stat ("T" also for a stop signal pending, "X"
+    for a SIGKILL pending: a loaded machine may not have delivered them yet), None
+    if there is no such process."""
     if pid is None:
         return None
     try:
@@ -45,9 +51,16 @@ def state(pid: int | None) -> str | None:
     except OSError:
         return None
     for line in status.splitlines():
-        if line.startswith((b"SigPnd:", b"ShdPnd:")) and int(line.split()[1], 16) & _STOPS:
-            return "T"
-    return stat[stat.rindex(b")") + 2:][:1].decode()
+        if line.startswith((b"SigPnd:", b"ShdPnd:")):
+            pending = int(line.split()[1], 16)
+            if pending & _KILL:
+                return "X"
+            if pending & _STOPS:
+                return "T"
+    fields = stat[stat.rindex(b")") + 2:].split()
+    if int(fields[6]) & _PF_EXITING:  # the kill taken, the exit not finished
+        return "X"
+    return fields[0].decode()
 
 
 def children(pid: int) -> set[int]:

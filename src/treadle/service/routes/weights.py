@@ -9,17 +9,18 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from treadle.engines.errors import WeightUpdateTimeout
 from treadle.service.deps import CallerDep, ServiceDep
 from treadle.service.errors import RequestRefused
 from treadle.service.keys import run_named
 from treadle.service.replies import documented
-from treadle.service.schemas import (
+from treadle.service.strict_json import StrictJSONRoute
+from treadle.service.weight_schemas import (
     PauseRequest,
     ResumeRequest,
     WeightsView,
     WeightUpdateRequest,
 )
-from treadle.service.strict_json import StrictJSONRoute
 
 router = APIRouter(prefix="/v1/weights", route_class=StrictJSONRoute, tags=["weights"])
 
@@ -35,15 +36,21 @@ async def pause(request: PauseRequest, _caller: CallerDep, service: ServiceDep) 
     return service.weights_view()
 
 
-@router.post("/update", responses=documented(422))
+@router.post("/update", responses=documented(422, 504))
 async def update(request: WeightUpdateRequest, caller: CallerDep,
                  service: ServiceDep) -> WeightsView:
     run = run_named(caller, request.trainer_run)
+    metrics = service.rollouts.metrics
     try:
-        await service.runtime.update_weights(request.weights_path, request.policy_version,
-                                             request.mode, trainer_run=run)
+        done = await service.runtime.update_weights(
+            request.weights_path, request.policy_version, request.mode,
+            timeout_s=request.timeout_s, trainer_run=run)
     except ValueError as e:
         raise RequestRefused(f"weights_path: {e}") from None
+    except WeightUpdateTimeout:
+        metrics.update_timeouts += 1
+        raise
+    metrics.weight_update(done.mode, done.held_s, done.kept, done.aborted)
     service.rollouts.policy_version_changed()
     return service.weights_view()
 
