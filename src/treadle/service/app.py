@@ -126,6 +126,8 @@ def create_app(service: Service) -> FastAPI:
         app.include_router(router, responses=common)
     replies.install(app, [route for r in [system.health, dashboard.router, *routers]
                           for route in r.routes])
+    # The gate outermost: the chat door answers only what the gate has let in.
+    app.add_middleware(openai.ChatDoor, service=service)
     app.add_middleware(RequestGate, service=service)
     return app
 

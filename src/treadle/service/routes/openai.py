@@ -15,12 +15,16 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from treadle.errors import InputError, TreadleError
 from treadle.gateway import chat_request, wire
 from treadle.gateway.errors import GatewayError, InvalidRequest
 from treadle.service import strict_json
 from treadle.service.deps import DoorDep, ServiceDep
+from treadle.service.keys import Admin, SessionHolder, Trainer
+from treadle.service.state import Service
 
 router = APIRouter(prefix="/v1/sessions/{session_id}/openai/v1", tags=["gateway"])
 
@@ -58,9 +62,15 @@ _CHAT_REPLY: dict[int | str, dict[str, Any]] = {200: {
              responses={**_CHAT_REPLY, **_errors(400, 404, 409, 503)})
 async def chat_completions(session_id: str, request: Request, _door: DoorDep,
                            service: ServiceDep) -> Response:
+    return await answer(service, session_id, await request.body())
+
+
+async def answer(service: Service, session_id: str, raw: bytes) -> Response:
+    """The reply to a chat call of `session_id` whose body is `raw`, the caller's
+    scope already checked: the completion, its chunks, or an error in OpenAI's shape."""
     try:
         try:
-            body = strict_json.loads(await request.body())
+            body = strict_json.loads(raw)
         except (ValueError, UnicodeDecodeError) as e:
             raise InvalidRequest(f"the body is not JSON: {str(e)[:200]}") from None
         call, options = wire.parse_chat(body)
@@ -97,3 +107,83 @@ async def models(session_id: str, _door: DoorDep, service: ServiceDep) -> Respon
 
 def _error(error: GatewayError, status: int | None = None) -> JSONResponse:
     return JSONResponse(wire.error_body(error), status or error.status)
+
+
+class ChatDoor:
+    """ASGI middleware (inside `limits.RequestGate`, which has checked the key, taken
+    a slot and bounds the body): answers `chat_completions` without FastAPI's routing
+    and dependency solving, a share of the service's CPU on every call of every
+    harness (benchmarks/gateway.json). The answer is `answer`'s, as the route's.
+
+    Only the plain case is taken here: a POST on the route's path with one ASCII
+    bearer header whose key opens that session (its own key; the admin's or its
+    owner's trainer's, for a session they see). Anything else goes on to the app, and
+    so does a body whose reading failed, its failure replayed to the route's reading,
+    so that every refusal is the route's own."""
+
+    def __init__(self, app: ASGIApp, service: Service) -> None:
+        self.app = app
+        self.service = service
+        (self.route,) = (r for r in router.routes
+                         if isinstance(r, APIRoute) and r.endpoint is chat_completions)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        match = self.route.path_regex.match(scope["path"])
+        if match is None or not self._opens(scope, session_id := match["session_id"]):
+            await self.app(scope, receive, send)
+            return
+        try:
+            raw = await Request(scope, receive).body()
+        except Exception as e:  # a limit, a disconnect: the route reads it and answers
+            await self.app(scope, _failing(e), send)
+            return
+        scope["route"] = self.route  # the gate's latency histogram names it
+        scope["path_params"] = {"session_id": session_id}
+        reply = await answer(self.service, session_id, raw)
+        await reply(scope, _replaying(raw, receive), send)
+
+    def _opens(self, scope: Scope, session_id: str) -> bool:
+        """Whether the request's key opens `session_id`'s door as `deps.get_door` lets
+        it (False for whatever the route answers with an error)."""
+        given = [v for k, v in scope["headers"] if k == b"authorization"]
+        if len(given) > 1 or (given and not given[0].isascii()):
+            return False
+        keys = self.service.keys
+        match keys.principal(given[0] if given else None):
+            case SessionHolder(session_id=mine):
+                return mine == session_id
+            case Admin() | Trainer() as caller:
+                try:
+                    keys.owned_session(caller, session_id)
+                except TreadleError:
+                    return False
+                return True
+            case _:
+                return False
+
+
+def _replaying(body: bytes, receive: Receive) -> Receive:
+    """`receive` for an app after `body` was read: the body, then `receive` itself
+    (a stream waits on it for the client to hang up)."""
+    pending = True
+
+    async def replay() -> Message:
+        nonlocal pending
+        if pending:
+            pending = False
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+def _failing(error: Exception) -> Receive:
+    """`receive` raising `error`, what reading the body raised."""
+
+    async def fail() -> Message:
+        raise error
+
+    return fail
