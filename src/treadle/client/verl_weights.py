@@ -24,7 +24,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-import ray  # type: ignore[import-not-found]
+import ray  # type: ignore[import-not-found,unused-ignore]  # (in .venv with the ray extra)
 import torch
 from omegaconf import OmegaConf  # type: ignore[import-not-found]
 from verl.checkpoint_engine import (  # type: ignore[import-not-found]
