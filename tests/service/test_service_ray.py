@@ -2,10 +2,9 @@
 multi-node cluster (`ray.cluster_utils.Cluster`) whose nodes declare GPUs and a
 custom resource, with emulated engines (they only pretend to use the GPUs).
 
-One cluster serves the module (starting a Ray node takes seconds): a head node
-with 4 GPUs, nodes of 2 and 1 GPUs, each lending all of them to engines
-(`treadle_engine`), and a node of 2 GPUs that lends none. The node of 2 is removed
-by the last test."""
+One cluster of two nodes serves the module (a Ray node takes seconds to start): a
+head node with 6 GPUs of which it lends 4 to engines (`treadle_engine`), and a node
+"two" with 3 GPUs, all lent. Node "two" is removed by the last test."""
 
 from __future__ import annotations
 
@@ -31,7 +30,6 @@ from treadle.runtime.ray_launcher import RayCluster, RayLauncher
 from treadle.service.state import ServiceConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-ENGINE_NODES = {"head": 4, "two": 2, "one": 1}  # GPUs each lends to engines
 LENDS = (("treadle_engine", 1.0),)  # what each engine bundle asks for besides a GPU
 SCALE = 0.02
 TOKEN = "test-token"
@@ -41,12 +39,10 @@ TOKEN = "test-token"
 def cluster() -> Iterator[tuple[Cluster, dict[str, str]]]:
     """The cluster, connected, and its nodes' Ray ids by name."""
     c = Cluster(initialize_head=True, connect=True, head_node_args={
-        "num_cpus": 2, "num_gpus": 4, "resources": {"treadle_engine": 4},
+        "num_cpus": 2, "num_gpus": 6, "resources": {"treadle_engine": 4},
         "include_dashboard": False})
     nodes = {"head": c.head_node}
-    nodes["two"] = c.add_node(num_cpus=1, num_gpus=2, resources={"treadle_engine": 2})
-    nodes["one"] = c.add_node(num_cpus=1, num_gpus=1, resources={"treadle_engine": 1})
-    nodes["spare"] = c.add_node(num_cpus=1, num_gpus=2)
+    nodes["two"] = c.add_node(num_cpus=1, num_gpus=3, resources={"treadle_engine": 3})
     c.wait_for_nodes()
     try:
         yield c, {name: node.node_id for name, node in nodes.items()}
@@ -86,9 +82,11 @@ def test_engines_of_tp_4_2_1_are_packed_each_on_one_node_with_room(
     _, nodes = cluster
     placements, tps, refusal = asyncio.run(_start_stop([4, 2, 1], then=2))
     # Each one fits only where it went: 4 GPUs only on the head, then 2 only on "two"
-    # (the spare node's two GPUs are not lent to engines), then 1 only on "one".
-    assert [p.node_id for p in placements] == [nodes["head"], nodes["two"], nodes["one"]]
+    # (the head has 2 GPUs free but lends none of them), then 1 only on "two"; then no
+    # node lends 2 more.
+    assert [p.node_id for p in placements] == [nodes["head"], nodes["two"], nodes["two"]]
     assert [len(set(p.gpu_ids)) for p in placements] == tps == [4, 2, 1]
+    assert not set(placements[1].gpu_ids) & set(placements[2].gpu_ids)  # one node, apart
     assert "no node of the Ray cluster had 2 free GPUs with treadle_engine=1" in refusal
     # Stopped, the groups are released: the head's four GPUs take a TP-4 engine again.
     again, _, _ = asyncio.run(_start_stop([4]))
@@ -159,8 +157,8 @@ def test_a_node_lost_mid_job_moves_its_turns_and_loses_nothing(
                          timeout=30) as client:
         runtime, launcher = service.runtime, service.runtime.launcher
         assert isinstance(launcher, RayLauncher)
-        # Seven GPUs lent: three TP-2 engines, two on the head and one on "two" (the
-        # node of one GPU holds none).
+        # Seven GPUs lent: three TP-2 engines, two on the head (it lends 4) and one on
+        # "two" (it lends 3).
         where = {s.engine_id: launcher.placement(s.launched.url).node_id
                  for s in runtime.engines() if s.launched is not None}
         assert sorted(where.values()) == sorted([nodes["head"]] * 2 + [nodes["two"]])
