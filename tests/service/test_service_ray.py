@@ -13,13 +13,14 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import ray
+import ray._private.services
 from ray.cluster_utils import Cluster
 from service_helpers import running
 
@@ -35,20 +36,45 @@ SCALE = 0.02
 TOKEN = "test-token"
 
 
+def _patient(get_node: Callable[[str, str], Any]) -> Callable[[str, str], Any]:
+    """Ray's `services.get_node`, asked again for up to 5 minutes while the node is not
+    registered. Ray 2.60.0 gives a starting node's raylet 30 s to register
+    (ray/_private/node.py) and then fails the start; on two cores that a whole test
+    suite loads it takes longer. It polls the GCS, as Ray does: no event to wait on."""
+    def get(gcs_address: str, node_id: str) -> Any:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                return get_node(gcs_address, node_id)
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+    return get
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[tuple[Cluster, dict[str, str]]]:
     """The cluster, connected, and its nodes' Ray ids by name."""
-    c = Cluster(initialize_head=True, connect=True, head_node_args={
-        "num_cpus": 2, "num_gpus": 6, "resources": {"treadle_engine": 4},
-        "include_dashboard": False})
-    nodes = {"head": c.head_node}
-    nodes["two"] = c.add_node(num_cpus=1, num_gpus=3, resources={"treadle_engine": 3})
-    c.wait_for_nodes()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ray._private.services, "get_node",
+                      _patient(ray._private.services.get_node))
+        c = _cluster()
     try:
-        yield c, {name: node.node_id for name, node in nodes.items()}
+        yield c, {"head": c.head_node.node_id,
+                  "two": next(n.node_id for n in c.worker_nodes)}
     finally:
         ray.shutdown()
         c.shutdown()
+
+
+def _cluster() -> Cluster:
+    c = Cluster(initialize_head=True, connect=True, head_node_args={
+        "num_cpus": 2, "num_gpus": 6, "resources": {"treadle_engine": 4},
+        "include_dashboard": False})
+    c.add_node(num_cpus=1, num_gpus=3, resources={"treadle_engine": 3})  # "two"
+    c.wait_for_nodes(timeout=300)
+    return c
 
 
 async def _start_stop(tps: list[int], *, then: int = 0) -> tuple[list[Any], list[int], str]:
