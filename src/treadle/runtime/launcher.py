@@ -238,13 +238,9 @@ class LocalLauncher(EngineLauncher):
                 start_new_session=True, preexec_fn=die_with_parent)
         url = f"http://127.0.0.1:{port}"
         client = self.spec.client(url)
-        stopped = False
 
+        @once
         async def stop() -> None:
-            nonlocal stopped
-            if stopped:
-                return
-            stopped = True
             await client.aclose()
             await _end_process_group(proc, self.stop_timeout_s)
 
@@ -261,6 +257,19 @@ class LocalLauncher(EngineLauncher):
             raise
         return LaunchedEngine(client, tp, max_batch, kv, url,
                               f"{self.spec.name} tp{tp} :{port}", stop, proc.pid)
+
+
+def once(stop: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+    """`stop` made idempotent: the first call runs it, later ones return at once (a
+    `LaunchedEngine.stop`)."""
+    done = False
+
+    async def first() -> None:
+        nonlocal done
+        if not done:
+            done = True
+            await stop()
+    return first
 
 
 async def wait_healthy(name: str, client: Engine, exit_code: Callable[[], Awaitable[int | None]],

@@ -44,6 +44,7 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from secrets import token_hex
 from typing import Any
 
 from treadle.engines.errors import EngineStartError
@@ -54,6 +55,7 @@ from treadle.runtime.launcher import (
     ProcessSpec,
     die_with_parent,
     free_port,
+    once,
     stop_process_group,
     tail,
     wait_healthy,
@@ -213,18 +215,13 @@ class RayLauncher(EngineLauncher):
         index = self._started
         self._started += 1
         bundle = {**self.resources, "GPU": 1.0}
-        group = placement_group([bundle] * tp, strategy="STRICT_PACK",
-                                name=f"treadle-{self.spec.name}-{os.getpid()}-{index}")
+        group: Any = None
         host: Any = None
         client = None
         url = ""
-        stopped = False
 
+        @once
         async def stop() -> None:
-            nonlocal stopped
-            if stopped:
-                return
-            stopped = True
             self._placements.pop(url, None)
             if client is not None:
                 await client.aclose()
@@ -234,6 +231,9 @@ class RayLauncher(EngineLauncher):
             return PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i)
 
         try:
+            # Named for `ray list placement-groups`; a name is unique among live groups.
+            group = placement_group([bundle] * tp, strategy="STRICT_PACK",
+                                    name=f"treadle-{self.spec.name}-tp{tp}-{token_hex(4)}")
             await self._placed(group, tp)
             host = _host_actor().options(num_cpus=0, num_gpus=1, resources=self.resources,
                                          scheduling_strategy=in_bundle(0)).remote()
@@ -287,5 +287,6 @@ class RayLauncher(EngineLauncher):
                                        self.stop_timeout_s + 5.0)
             with contextlib.suppress(Exception):
                 ray.kill(host)
-        with contextlib.suppress(Exception):
-            remove(group)
+        if group is not None:
+            with contextlib.suppress(Exception):
+                remove(group)
