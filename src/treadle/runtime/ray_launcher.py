@@ -215,6 +215,7 @@ class RayLauncher(EngineLauncher):
         index = self._started
         self._started += 1
         bundle = {**self.resources, "GPU": 1.0}
+        tag = f"{self.spec.name}-tp{tp}-{token_hex(4)}"  # its group's and its log's name
         group: Any = None
         host: Any = None
         client = None
@@ -233,7 +234,7 @@ class RayLauncher(EngineLauncher):
         try:
             # Named for `ray list placement-groups`; a name is unique among live groups.
             group = placement_group([bundle] * tp, strategy="STRICT_PACK",
-                                    name=f"treadle-{self.spec.name}-tp{tp}-{token_hex(4)}")
+                                    name=f"treadle-{tag}")
             await self._placed(group, tp)
             host = _host_actor().options(num_cpus=0, num_gpus=1, resources=self.resources,
                                          scheduling_strategy=in_bundle(0)).remote()
@@ -245,8 +246,7 @@ class RayLauncher(EngineLauncher):
                 gpus += ids
             argv = self.spec.command(tp, port, index, host=node_ip)
             env = {**self.spec.env(), "CUDA_VISIBLE_DEVICES": ",".join(gpus)}
-            log_path = await host.start.remote(argv, env, f"{self.spec.name}-{os.getpid()}-"
-                                                          f"{index:03d}-tp{tp}.log")
+            log_path = await host.start.remote(argv, env, f"{tag}.log")
             url = f"http://{node_ip}:{port}"
             client = self.spec.client(url)
             await wait_healthy(self.spec.name, client, host.exit_code.remote,
