@@ -41,6 +41,12 @@ LAYERS: dict[str, set[str]] = {
               "reports", "served", "client", "store"},
 }
 _FREE = {"errors", "types", "clock", ""}  # importable from anywhere (clock: not core)
+# The modules that may import Ray (the optional `ray` extra), each only inside its
+# functions, so that treadle installs and imports without it.
+RAY_MODULES = {"treadle.runtime.ray_launcher"}
+# verl's checkpoint engine: loaded only inside a verl trainer's process, which runs on
+# its own Ray (and its own virtualenv, .venv-verl).
+TRAINER_RAY_MODULES = {"treadle.client.verl_weights"}
 
 
 def _modules() -> dict[str, Path]:
@@ -139,3 +145,30 @@ def test_the_core_reads_no_clock_and_nothing_imports_the_test_doubles() -> None:
 def test_every_package_has_a_layer() -> None:
     packages = {_package(m) for m in _graph()} - _FREE
     assert packages <= set(LAYERS) | {"cli", "demo", "__main__"}, packages - set(LAYERS)
+
+
+def _ray_imports(path: Path) -> Iterator[tuple[int, bool]]:
+    """(line, inside a function) of each import of `ray` in the module at `path`."""
+    tree = ast.parse(path.read_text(), str(path))
+    lazy = {id(node) for fn in ast.walk(tree)
+            if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) for node in ast.walk(fn)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            roots = [a.name.split(".")[0] for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            roots = [(node.module or "").split(".")[0]]
+        else:
+            continue
+        if "ray" in roots:
+            yield node.lineno, id(node) in lazy
+
+
+def test_only_the_ray_modules_import_ray_and_only_in_functions() -> None:
+    found = {name: list(_ray_imports(path)) for name, path in _modules().items()}
+    outside = sorted(f"{name}:{line}" for name, imports in found.items()
+                     if name not in RAY_MODULES | TRAINER_RAY_MODULES for line, _ in imports)
+    assert not outside, f"Ray imported outside {sorted(RAY_MODULES)}: {outside}"
+    eager = sorted(f"{name}:{line}" for name in RAY_MODULES for line, lazy in found[name]
+                   if not lazy)
+    assert not eager, f"Ray imported at module level (the base install has none): {eager}"
+    assert all(found[name] for name in RAY_MODULES), "a Ray module that imports no Ray"

@@ -11,12 +11,21 @@ import uvicorn
 
 from treadle.served import loopback_socket, serving_in_thread
 from treadle.service.app import create_app
-from treadle.service.state import ServiceConfig, build_service
+from treadle.service.state import Service, ServiceConfig, build_service
 
 
 @contextlib.contextmanager
 def running_service(config: ServiceConfig) -> Iterator[str]:
     """The service's base URL while the block runs."""
+    with running(config) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def running(config: ServiceConfig, *,
+            startup_timeout_s: float = 60.0) -> Iterator[tuple[str, Service]]:
+    """The service's base URL and its parts while the block runs (the parts belong to
+    the service's thread: read them, do not drive them)."""
     sock = loopback_socket()
     port = sock.getsockname()[1]
     service = build_service(config)
@@ -25,8 +34,8 @@ def running_service(config: ServiceConfig) -> Iterator[str]:
     server = uvicorn.Server(uvicorn.Config(create_app(service), log_level="warning",
                                            lifespan="on", access_log=False))
     with serving_in_thread(server, sock, name=f"treadle-service-{port}",
-                           startup_timeout_s=60):
-        yield f"http://127.0.0.1:{port}"
+                           startup_timeout_s=startup_timeout_s):
+        yield f"http://127.0.0.1:{port}", service
 
 
 def service_schema(config: ServiceConfig) -> dict[str, Any]:

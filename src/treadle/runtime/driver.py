@@ -153,6 +153,10 @@ class Runtime:
             results = await asyncio.gather(*(self.pool.launch(tp) for tp in pool),
                                            return_exceptions=True)
             errors = [r for r in results if isinstance(r, BaseException)]
+            for tp, r in zip(pool, results, strict=True):
+                if isinstance(r, BaseException):
+                    log.error("a TP-%d engine of the pool did not start: %s: %s", tp,
+                              type(r).__name__, r)
             if errors and len(errors) == len(results):
                 raise EngineStartError(f"no engine of the pool {pool} started: {errors[0]}")
         self.pool.watch_health()

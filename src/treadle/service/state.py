@@ -26,7 +26,14 @@ from treadle.errors import TreadleError
 from treadle.gateway.harness import Harness
 from treadle.runtime.clock import ScaledClock, WallClock
 from treadle.runtime.driver import Runtime
-from treadle.runtime.launcher import EmulatedProcess, EngineLauncher, LocalLauncher, VLLMProcess
+from treadle.runtime.launcher import (
+    EmulatedProcess,
+    EngineLauncher,
+    LocalLauncher,
+    ProcessSpec,
+    VLLMProcess,
+)
+from treadle.runtime.ray_launcher import RayCluster, RayLauncher
 from treadle.sandbox.base import SandboxBackend
 from treadle.sandbox.pool import PoolSettings
 from treadle.service.gateway import Gateway
@@ -90,6 +97,9 @@ class ServiceConfig:
     vllm_engines: int = 1  # how many (each a TP-1 process of its own)
     vllm_python: str = "python3"  # the interpreter vLLM is installed in
     vllm_max_model_len: int = 1024  # --max-model-len of the started engines
+    # Start the engines (`emulate` or `vllm_model`) on a Ray cluster (the `ray` extra),
+    # the pool the policy plans for the GPUs it reports, instead of on this machine.
+    ray: RayCluster | None = None
     # Directories a job's suite options may name files under (e.g. nemo_gym's
     # rows_path); a path outside them, or any path when there are none, is refused.
     data_roots: tuple[str, ...] = ()
@@ -144,8 +154,9 @@ class Service:
 
     async def start(self) -> None:
         # Engines started here from a model directory are TP-1 processes, whatever
-        # layout the policy would plan for GPUs it does not have.
-        pool = [1] * self.config.vllm_engines if self.config.vllm_model else None
+        # layout the policy would plan for GPUs it does not have (on Ray: its plan).
+        pool = ([1] * self.config.vllm_engines if self.config.vllm_model
+                and self.config.ray is None else None)
         await self.keys.load()
         await self.runtime.start(pool)
         if self.frozen is not None:
@@ -220,8 +231,6 @@ def build_service(config: ServiceConfig) -> Service:
     """The parts, not started (the app's lifespan starts them)."""
     cost = CostModel.named(config.model, config.gpu)
     scheduler = build_policy(parse_policy(config.policy), cost, batch_size=1024)
-    launcher: EngineLauncher | None = None
-    gpus = 0
     if config.emulate and config.vllm_model:
         raise ValueError("emulate and vllm_model exclude each other: one kind of engine")
     if config.time_scale != 1.0 and (config.vllm_model or any(
@@ -229,17 +238,7 @@ def build_service(config: ServiceConfig) -> Service:
         # Only emulated engines run on a scaled clock; real engines' seconds are real.
         raise ValueError("time_scale applies to emulated engines only (--emulate, or "
                          "--engine-kind emulated)")
-    if config.emulate:
-        launcher = LocalLauncher(EmulatedProcess(config.model, config.gpu,
-                                                 time_scale=config.time_scale))
-        gpus = config.emulate
-    elif config.vllm_model:
-        # Dev mode for the RL endpoints: the weight-update barrier reloads weights.
-        launcher = LocalLauncher(VLLMProcess(
-            model_dir=config.vllm_model, served_name="policy", python=config.vllm_python,
-            max_model_len=config.vllm_max_model_len,
-            extra_env=(("VLLM_CPU_KVCACHE_SPACE", "1"), ("VLLM_SERVER_DEV_MODE", "1"))))
-        gpus = config.vllm_engines
+    launcher, gpus = _launcher(config)
     # Emulated engines run `time_scale` times real; the scheduler and the replays'
     # tool latencies must see the same modelled seconds, or a replay sleeps its tools
     # in real seconds between turns that run 1/time_scale times faster.
@@ -277,6 +276,34 @@ def build_service(config: ServiceConfig) -> Service:
                    file_keys=config.trainer_keys)
     return Service(config, runtime, store, rollouts, gateway, keys, sandboxes,
                    restart_s=restart_s, frozen=frozen)
+
+
+def _launcher(config: ServiceConfig) -> tuple[EngineLauncher | None, int]:
+    """The launcher of the engines the service starts, and the GPUs it may use."""
+    spec: ProcessSpec
+    if config.emulate:
+        spec = EmulatedProcess(config.model, config.gpu, time_scale=config.time_scale)
+        gpus = config.emulate
+    elif config.vllm_model:
+        # Dev mode for the RL endpoints: the weight-update barrier reloads weights.
+        spec = VLLMProcess(
+            model_dir=config.vllm_model, served_name="policy", python=config.vllm_python,
+            max_model_len=config.vllm_max_model_len,
+            extra_env=(("VLLM_CPU_KVCACHE_SPACE", "1"), ("VLLM_SERVER_DEV_MODE", "1")))
+        gpus = config.vllm_engines
+    elif config.ray is not None:
+        raise ValueError("ray starts the engines of emulate or vllm_model: give one")
+    else:
+        return None, 0
+    if config.ray is None:
+        return LocalLauncher(spec), gpus
+    # A local cluster declares the emulated GPUs; of a running one's, at most `emulate`.
+    reported = config.ray.connect(num_gpus=config.emulate or None)
+    gpus = min(gpus, reported) if config.emulate else reported
+    if not gpus:
+        raise ValueError("the Ray cluster has no GPUs engines may use (nodes with GPUs "
+                         "and every resource of ray.resources)")
+    return RayLauncher(spec, resources=dict(config.ray.resources)), gpus
 
 
 def _open_sessions(gateway: Gateway) -> Callable[[str], bool]:

@@ -1,0 +1,212 @@
+"""Engines on a Ray cluster: `RayLauncher` and `treadle serve --ray`, on a local
+multi-node cluster (`ray.cluster_utils.Cluster`) whose nodes declare GPUs and a
+custom resource, with emulated engines (they only pretend to use the GPUs).
+
+One cluster of two nodes serves the module (a Ray node takes seconds to start): a
+head node with 6 GPUs of which it lends 4 to engines (`treadle_engine`), and a node
+"two" with 3 GPUs, all lent. Node "two" is removed by the last test."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import ray
+import ray._private.services
+from ray.cluster_utils import Cluster
+from service_helpers import running
+
+from treadle.bench.faults import ServiceProcess
+from treadle.engines.errors import EngineStartError
+from treadle.runtime.launcher import EmulatedProcess
+from treadle.runtime.ray_launcher import RayCluster, RayLauncher
+from treadle.service.state import ServiceConfig
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+LENDS = (("treadle_engine", 1.0),)  # what each engine bundle asks for besides a GPU
+SCALE = 0.02
+TOKEN = "test-token"
+
+
+def _patient(get_node: Callable[[str, str], Any]) -> Callable[[str, str], Any]:
+    """Ray's `services.get_node`, asked again for up to 5 minutes while the node is not
+    registered. Ray 2.60.0 gives a starting node's raylet 30 s to register
+    (ray/_private/node.py) and then fails the start; on two cores that a whole test
+    suite loads it takes longer. It polls the GCS, as Ray does: no event to wait on."""
+    def get(gcs_address: str, node_id: str) -> Any:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                return get_node(gcs_address, node_id)
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+    return get
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[tuple[Cluster, dict[str, str]]]:
+    """The cluster, connected, and its nodes' Ray ids by name."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ray._private.services, "get_node",
+                      _patient(ray._private.services.get_node))
+        c = _cluster()
+    try:
+        yield c, {"head": c.head_node.node_id,
+                  "two": next(n.node_id for n in c.worker_nodes)}
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+def _cluster() -> Cluster:
+    c = Cluster(initialize_head=True, connect=True, head_node_args={
+        "num_cpus": 2, "num_gpus": 6, "resources": {"treadle_engine": 4},
+        "include_dashboard": False})
+    c.add_node(num_cpus=1, num_gpus=3, resources={"treadle_engine": 3})  # "two"
+    c.wait_for_nodes(timeout=300)
+    return c
+
+
+async def _start_stop(tps: list[int], *, then: int = 0) -> tuple[list[Any], list[int], str]:
+    """Start engines of `tps` one after the other, then one of TP `then` (if given:
+    there must be no room for it), then stop them all: (placements, TP degrees, the
+    refusal of the last one)."""
+    launcher = RayLauncher(EmulatedProcess(time_scale=SCALE), resources=dict(LENDS),
+                           placement_timeout_s=5.0)
+    launched = []
+    try:
+        for tp in tps:
+            launched.append(await launcher.start(tp))
+        placements = [launcher.placement(x.url) for x in launched]
+        health = [await x.engine.health() for x in launched]
+        assert all(health)
+        refusal = ""
+        if then:
+            with pytest.raises(EngineStartError) as refused:
+                await launcher.start(then)
+            refusal = str(refused.value)
+    finally:
+        for x in launched:
+            await x.stop()
+    with pytest.raises(KeyError):  # stopped: no placement any more
+        launcher.placement(launched[0].url)
+    return placements, [x.tp for x in launched], refusal
+
+
+def test_engines_of_tp_4_2_1_are_packed_each_on_one_node_with_room(
+        cluster: tuple[Cluster, dict[str, str]]) -> None:
+    _, nodes = cluster
+    placements, tps, refusal = asyncio.run(_start_stop([4, 2, 1], then=2))
+    # Each one fits only where it went: 4 GPUs only on the head, then 2 only on "two"
+    # (the head has 2 GPUs free but lends none of them), then 1 only on "two"; then no
+    # node lends 2 more.
+    assert [p.node_id for p in placements] == [nodes["head"], nodes["two"], nodes["two"]]
+    assert [len(set(p.gpu_ids)) for p in placements] == tps == [4, 2, 1]
+    assert not set(placements[1].gpu_ids) & set(placements[2].gpu_ids)  # one node, apart
+    assert "no node of the Ray cluster had 2 free GPUs with treadle_engine=1" in refusal
+    # Stopped, the groups are released: the head's four GPUs take a TP-4 engine again.
+    again, _, _ = asyncio.run(_start_stop([4]))
+    assert again[0].node_id == nodes["head"]
+
+
+def test_serve_ray_runs_a_job_on_the_engines_it_lays_out_on_the_cluster(
+        cluster: tuple[Cluster, dict[str, str]], tmp_path: Path) -> None:
+    c, _ = cluster
+    service = ServiceProcess(tmp_path / "s.db", tmp_path / "s.log", TOKEN, [
+        "--ray", c.address, "--ray-resource", "treadle_engine=1", "--emulate", "2",
+        "--time-scale", str(SCALE), "--policy", "verl@tp1"])
+    service.start()
+    try:
+        with httpx.Client(base_url=service.url, timeout=30,
+                          headers={"authorization": f"Bearer {TOKEN}"}) as client:
+            engines = client.get("/v1/engines").json()
+            r = client.post("/v1/jobs", json={"tasks": {"workload": "math",
+                                                        "trajectories": 8,
+                                                        "group_size": 4}, "job_id": "s"})
+            assert r.status_code == 201, r.text
+            records = [x["trajectory"] for x in _stream(client, "s")]
+    finally:
+        service.stop()
+    # Of the seven GPUs lent, the two --emulate allows: two TP-1 engines on the
+    # cluster's nodes (listening on a node's address, not on loopback).
+    ip = ray.util.get_node_ip_address()
+    assert sorted(e["tp"] for e in engines) == [1, 1], engines
+    assert all(e["url"].startswith(f"http://{ip}:") for e in engines), engines
+    assert [t["status"] for t in records] == ["completed"] * 8
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    (["--ray"], "--ray starts the engines of --emulate GPUS or --vllm MODEL_DIR: give one"),
+    (["--ray", "--emulate", "2"], "Ray is not installed (pip install 'treadle[ray]')"),
+    (["--emulate", "2", "--ray-resource", "x=1"], "--ray-resource needs --ray"),
+    (["--ray", "--emulate", "2", "--ray-resource", "x"],
+     "--ray-resource 'x': NAME=AMOUNT, AMOUNT > 0"),
+])
+def test_serve_ray_without_ray_or_with_bad_options_says_so_in_one_line(
+        argv: list[str], line: str) -> None:
+    # Ray hidden from the interpreter, as in an install without the extra.
+    code = ("import sys; sys.modules['ray'] = None; from treadle.cli import main; "
+            f"sys.exit(main(['serve', '--sandbox', 'none', *{argv!r}]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2 and out.stdout == "", out.stderr
+    assert out.stderr.splitlines() == [f"treadle serve: {line}"], out.stderr
+
+
+def _stream(client: httpx.Client, job: str) -> Iterator[dict[str, Any]]:
+    with client.stream("GET", f"/v1/jobs/{job}/trajectories", params={"follow": "true"},
+                       timeout=300) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line:
+                yield json.loads(line)
+
+
+def test_a_node_lost_mid_job_moves_its_turns_and_loses_nothing(
+        cluster: tuple[Cluster, dict[str, str]], tmp_path: Path) -> None:
+    c, nodes = cluster
+    config = ServiceConfig(db=str(tmp_path / "r.db"), token=TOKEN, emulate=7,
+                           time_scale=SCALE, policy="verl@tp2",
+                           ray=RayCluster(c.address, resources=LENDS))
+    with running(config, startup_timeout_s=240) as (url, service), \
+            httpx.Client(base_url=url, headers={"authorization": f"Bearer {TOKEN}"},
+                         timeout=30) as client:
+        runtime, launcher = service.runtime, service.runtime.launcher
+        assert isinstance(launcher, RayLauncher)
+        # Seven GPUs lent: three TP-2 engines, two on the head (it lends 4) and one on
+        # "two" (it lends 3).
+        where = {s.engine_id: launcher.placement(s.launched.url).node_id
+                 for s in runtime.engines() if s.launched is not None}
+        assert sorted(where.values()) == sorted([nodes["head"]] * 2 + [nodes["two"]])
+        [lost] = [e for e, node in where.items() if node == nodes["two"]]
+        label_of = {s.engine_id: s.label for s in runtime.engines()}
+        n = 96
+        r = client.post("/v1/jobs", json={"tasks": {"workload": "math", "trajectories": n,
+                                                    "group_size": 8}, "job_id": "j"})
+        assert r.status_code == 201, r.text
+        stream = _stream(client, "j")
+        lines = [next(stream) for _ in range(n // 8)]  # mid-job: an eighth delivered
+        [slot] = [s for s in runtime.engines() if s.engine_id == lost]
+        while not slot.calls:  # and turns running on the engine the node takes down
+            time.sleep(0.01)
+        c.remove_node(next(x for x in c.list_all_nodes() if x.node_id == nodes["two"]))
+        lines += list(stream)
+        view = client.get("/v1/jobs/j").json()
+    assert [x["seq"] for x in lines] == list(range(1, n + 1))  # none lost, none twice
+    records = [x["trajectory"] for x in lines]
+    assert len({t["trajectory_id"] for t in records}) == n
+    assert all(t["status"] == "completed" for t in records), {t["status"] for t in records}
+    assert view["status"] == "completed" and view["delivered"] == n
+    # The lost node's engine, busy when the node went, was failed by the runtime: the
+    # turns it ran were run again on the others, and every trajectory completed.
+    assert [label for label, _ in runtime.failures] == [label_of[lost]]
