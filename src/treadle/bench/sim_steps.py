@@ -49,6 +49,7 @@ BASELINES = ("slime", "verl", *(f"{p}@tp{tp}" for p in ("slime", "verl") for tp 
 POLICIES = (*BASELINES, "heddle", "treadle")
 MODES = tuple(m.value for m in Mode)
 GOAL = 1.3  # treadle's best mode over the best TP-tuned baseline's, long-tailed workloads
+ABLATION_MODES = ("sync", "partial")  # where treadle also runs without per-prompt history
 LONG_TAIL_RATIO = 4.0  # p99/p50 of output tokens at or above this: long-tailed
 
 
@@ -204,7 +205,8 @@ def run_steps_bench(args: Any, log: Callable[[str], None]) -> dict[str, Any]:
               "train_fraction": args.train_fraction, "max_staleness": args.max_staleness}
     tasks = [_Task(w, m, p, **common) for w in workloads for m in modes for p in policies]
     ablations = [_Task(w, m, "treadle", per_prompt=False, **common)
-                 for w in workloads for m in modes if "treadle" in policies]
+                 for w in workloads for m in modes
+                 if "treadle" in policies and m in ABLATION_MODES]
     started = time.perf_counter()
     log(f"{len(tasks) + len(ablations)} runs of {args.steps} steps, {args.jobs} at a time")
     results = _map([*tasks, *ablations], args.jobs, log, started)

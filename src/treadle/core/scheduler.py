@@ -348,6 +348,12 @@ class TrajectoryScheduler(Scheduler):
             heapq.heappush(e.by_importance, (-prio, -seq, tid))
             self._out.append(Admit(tid, e.engine_id, prio))
 
+    def _rerank_running(self, t: TrajState, prio: float) -> None:
+        """A running turn's new priority: its rank when a pause is chosen."""
+        assert t.phase is Phase.RUNNING and t.engine_id is not None
+        t.priority = prio
+        heapq.heappush(self.engines[t.engine_id].by_importance, (-prio, -t.seq, t.traj_id))
+
     def _preempt(self, t: TrajState, now: float) -> None:
         """Pause a running turn and put it back in its engine's queue (KV kept)."""
         assert t.phase is Phase.RUNNING and t.engine_id is not None

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from treadle.core.cost_model import CostModel
 from treadle.core.lower_bound import lower_bound, trajectory_cost
 from treadle.core.policies import PolicySpec, build_policy, parse_policy
+from treadle.core.policies.progressive import Staleness
 from treadle.core.predictor import Outcome
 from treadle.core.steps_bound import GroupCost, StepsBound, steps_lower_bound
 from treadle.sim.runner import MAX_BATCH, layout_label, treadle_scorer
@@ -109,9 +110,12 @@ def simulate_steps(spec: PolicySpec | str, stream: PromptStream, cost: CostModel
         raise ValueError("the oracle is a one-step reference; it has no multi-step run")
     started = clock()
     n, rollout_gpus = config.batch_groups * stream.group_size, gpus - config.train_gpus
-    scorer = treadle_scorer(cost, rollout_gpus, history, n) if spec.name == "treadle" else None
+    ours = spec.name == "treadle"
+    scorer = treadle_scorer(cost, rollout_gpus, history, n) if ours else None
+    staleness = (Staleness(config.max_staleness, finish_first=True, gate=True)
+                 if ours and config.max_staleness is not None else None)
     policy = build_policy(spec, cost, batch_size=n, history=history, seed=seed,
-                          max_batch=MAX_BATCH, layout_scorer=scorer)
+                          max_batch=MAX_BATCH, layout_scorer=scorer, staleness=staleness)
     pool = policy.initial_pool(rollout_gpus)
     chosen = clock()
     result = StepsDriver(cost, gpus, policy, pool, stream, config, max_batch=MAX_BATCH).run()

@@ -48,7 +48,7 @@ from typing import Protocol
 
 from treadle.core.cost_model import TP_DEGREES, CostModel
 from treadle.core.policies.layout import Layout, homogeneous_pool, reduce_lengths
-from treadle.core.policies.progressive import Progressive, WorkEstimator
+from treadle.core.policies.progressive import Progressive, Staleness, WorkEstimator
 from treadle.core.scheduler import EngineState, Phase, TrajState
 
 TAIL_PER_ENGINE = 4  # trajectories per engine placed by exact evaluation
@@ -215,8 +215,9 @@ class Treadle(Progressive):
     def __init__(self, cost: CostModel, estimator: WorkEstimator, *,
                  prior_lengths: Sequence[float], typical_context: float,
                  max_batch: int = 1024, layout: Sequence[int] | None = None,
-                 layout_scorer: LayoutScorer | None = None, replan_s: float = 15.0) -> None:
-        super().__init__(cost, estimator, replan_s=replan_s)
+                 layout_scorer: LayoutScorer | None = None, replan_s: float = 15.0,
+                 staleness: Staleness | None = None) -> None:
+        super().__init__(cost, estimator, replan_s=replan_s, staleness=staleness)
         self.prior_lengths = list(prior_lengths)
         self.typical_context = typical_context
         self.max_batch = max_batch
