@@ -19,6 +19,7 @@ from treadle.core.events import (
     TrajectoryArrived,
     TrajectoryEnded,
     TurnFinished,
+    TurnPreempted,
 )
 from treadle.core.policies import build_policy, parse_policy
 from treadle.core.policies.progressive import Progressive
@@ -142,6 +143,10 @@ def test_no_trajectory_is_lost_or_delivered_twice(mode: Mode) -> None:
     assert not (set(delivered) & (in_flight | discarded)) and not in_flight & discarded
     groups = Counter(tid.rsplit("-r", 1)[0] for tid in delivered)
     assert all(n == GROUP for n in groups.values())
+    # Every group the stream handed out is delivered once, or still pending.
+    done, pending, handed_out = driver.groups()
+    assert len(done) == len(set(done)) == 4 * GROUPS
+    assert set(done) | pending == set(range(handed_out)) and not set(done) & pending
 
 
 @pytest.mark.parametrize("mode", [Mode.OVERPROVISION, Mode.ASYNC, Mode.PARTIAL])
@@ -170,6 +175,17 @@ def test_the_scheduler_hears_every_version_once_in_order(mode: Mode) -> None:
         assert [t for t, _ in updates] == pytest.approx(list(result.step_ends_s))
 
 
+@pytest.mark.parametrize("mode", [Mode.ASYNC, Mode.PARTIAL])
+def test_no_kv_of_old_weights_survives_an_update(mode: Mode) -> None:
+    """At each update the turns running then lose their KV (`TurnPreempted`, to
+    re-prefill under the new weights; colocated: when the trainer takes the GPUs).
+    (Over-provisioning aborts them instead; sync has none running.)"""
+    _, spy, _ = _cached(mode, "verl")
+    updates = [t for t, e in spy.events if isinstance(e, PolicyUpdated)]
+    dropped = Counter(t for t, e in spy.events if isinstance(e, TurnPreempted))
+    assert all(dropped[t] > 0 for t in updates[:-1])  # the last one ends the run
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_the_lower_bound_is_below_every_run(mode: Mode) -> None:
     cost, stream = _cost(), _stream()
@@ -182,11 +198,12 @@ def test_the_lower_bound_is_below_every_run(mode: Mode) -> None:
         assert row.ratio_to_lower_bound >= 1.0
 
 
-def test_a_run_is_deterministic_and_a_seed_changes_it() -> None:
-    a, _, _ = _run(Mode.PARTIAL, "treadle", steps=2)
-    b, _, _ = _run(Mode.PARTIAL, "treadle", steps=2)
-    c, _, _ = _run(Mode.PARTIAL, "treadle", steps=2, seed=1)
-    assert a == b
+@pytest.mark.parametrize("mode", [Mode.PARTIAL, Mode.ASYNC])
+def test_a_run_is_deterministic_and_a_seed_changes_it(mode: Mode) -> None:
+    a, _, da = _run(mode, "treadle")
+    b, _, db = _run(mode, "treadle")
+    c, _, _ = _run(mode, "treadle", seed=1)
+    assert a == b and da.delivered_ids() == db.delivered_ids()
     assert a.trace_digest != c.trace_digest
 
 

@@ -175,6 +175,7 @@ class StepsDriver:
         self._specs: dict[str, TrajectorySpec] = {}  # every attempt launched
         self._delivered_ids: list[str] = []
         self._discarded_ids: set[str] = set()
+        self._delivered_groups: list[int] = []  # stream indices, in batch order
 
     # -- running ------------------------------------------------------------------------
 
@@ -230,6 +231,14 @@ class StepsDriver:
         """Attempts launched and neither delivered nor discarded (at the end: those
         the run left running or waiting in a complete group)."""
         return {tid for g in [*self._running.values(), *self._complete] for tid in g.members}
+
+    def groups(self) -> tuple[list[int], set[int], int]:
+        """Stream indices of the groups delivered (in batch order) and of those
+        launched and not delivered (running, complete or waiting to be launched
+        again), and how many the stream has handed out."""
+        pending = {g.draw.index for g in [*self._running.values(), *self._complete,
+                                          *self._relaunch]}
+        return list(self._delivered_groups), pending, self._next_index
 
     def spec(self, tid: str) -> TrajectorySpec:
         """The episode an attempt replays."""
@@ -327,6 +336,7 @@ class StepsDriver:
                                                       g.draw.index))
         batch, self._complete = order[:self.cfg.batch_groups], order[self.cfg.batch_groups:]
         for g in batch:
+            self._delivered_groups.append(g.draw.index)
             for tid in g.members:
                 st = self.cluster.trajs[tid]
                 assert st.first_version is not None  # it finished, so it ran
