@@ -168,7 +168,7 @@ def summarise(rows: Sequence[dict[str, Any]], long_tailed: bool) -> dict[str, An
             "treadle_over_best_tp_tuned": pols["treadle"]["trained_tokens_per_gpu_s"]
             / pols[base]["trained_tokens_per_gpu_s"],
             "heddle_over_best_tp_tuned": pols["heddle"]["trained_tokens_per_gpu_s"]
-            / pols[base]["trained_tokens_per_gpu_s"],
+            / pols[base]["trained_tokens_per_gpu_s"] if "heddle" in pols else None,
             "lower_bound_s": pols["treadle"]["lower_bound_s"],
         }
     best_base_mode = max(per_mode, key=lambda m: per_mode[m]["best_tp_tuned_tokens_per_gpu_s"])
@@ -295,7 +295,7 @@ def markdown_report(report: dict[str, Any]) -> str:
     for w in report["workloads"]:
         pm = w["summary"]["per_mode"]
         cells = [f"{pm[m]['treadle_over_best_tp_tuned']:.3f} / "
-                 f"{pm[m]['heddle_over_best_tp_tuned']:.2f} ({pm[m]['best_tp_tuned']})"
+                 f"{pm[m]['heddle_over_best_tp_tuned'] or 0:.2f} ({pm[m]['best_tp_tuned']})"
                  if m in pm else "" for m in MODES]
         lines.append(f"| {w['workload']} | " + " | ".join(cells) + " |")
     lines += ["", "## Per-prompt history (treadle's predictor, steps after the first epoch)",

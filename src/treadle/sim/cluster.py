@@ -6,12 +6,10 @@ events in time order and carries out its decisions. It also holds the truth the
 scheduler must not see: a turn's output length is revealed (as `TurnFinished`)
 only once the engine has generated it, a tool's latency only when it returns.
 
-The trajectories given to the constructor arrive at t = 0 (one synchronous RL
-step; `run` reports the makespan, the time the last one finishes). A multi-step
-driver (`sim.steps`) also launches trajectories later (`launch`), ends them
-(`abort`), pauses the engines for a weight update or a colocated trainer
-(`pause_engines`), announces new weights (`set_policy_version`) and hears of every
-finished trajectory (`on_finish`).
+The constructor's trajectories arrive at t = 0 (one synchronous RL step; `run`
+reports the makespan). A multi-step driver (`sim.steps`) also `launch`es and
+`abort`s trajectories, `pause_engines` (new weights, a colocated trainer),
+`set_policy_version` and hears of every finished trajectory (`on_finish`).
 """
 
 from __future__ import annotations
@@ -248,10 +246,6 @@ class Cluster:
         """sha256 of the event trace so far."""
         return self._hash.hexdigest()
 
-    def run_events(self, max_events: int = 50_000_000) -> None:
-        """Run until the kernel is stopped or has nothing left (no checks)."""
-        self.kernel.run(max_events=max_events)
-
     def launch(self, spec: TrajectorySpec) -> None:
         """A new trajectory arrives now; its id must be new to this cluster."""
         if spec.traj_id in self.trajs:
@@ -264,12 +258,11 @@ class Cluster:
 
     def sampled(self, tid: str) -> float:
         """Output tokens the trajectory has sampled so far (a running turn's too)."""
-        st = self.trajs[tid]
-        eng = self._engine_running(tid)
-        if eng is not None:
-            eng.advance(self.kernel.now)
-            return st.sampled + eng.progress(tid)
-        return st.sampled + (0.0 if st.tool is not None else st.turn_done)
+        st, eng = self.trajs[tid], self._engine_running(tid)
+        if eng is None:
+            return st.sampled + (0.0 if st.tool is not None else st.turn_done)
+        eng.advance(self.kernel.now)
+        return st.sampled + eng.progress(tid)
 
     def abort(self, tid: str, reason: str) -> float:
         """End an unfinished trajectory now, wherever it is (generating, waiting, in
@@ -278,9 +271,9 @@ class Cluster:
         st = self.trajs[tid]
         if st.finished_at is not None:
             raise ValueError(f"trajectory {tid!r} has finished; nothing to abort")
+        tokens = self.sampled(tid)
         eng = self._engine_running(tid)
         if eng is not None:
-            eng.advance(self.kernel.now)
             self._leave(eng, tid, keep_cache=False)
         for eid, waiting in self._waiting.items():
             if any(w == tid for _, _, w in waiting):
@@ -292,7 +285,6 @@ class Cluster:
                 handle.cancel()
         for e in self.engines.values():
             e.take_cached(tid)
-        tokens = st.sampled + (0.0 if st.tool is not None else st.turn_done)
         del self.trajs[tid]
         self._unfinished -= 1
         self._trace("abort", tid, reason)

@@ -181,7 +181,7 @@ class StepsDriver:
 
     def run(self, max_events: int = 50_000_000) -> StepsResult:
         self.kernel.at(0.0, self._launch_more, order=DRIVER_ORDER)
-        self.cluster.run_events(max_events)
+        self.kernel.run(max_events=max_events)
         if self._end is None:
             raise RuntimeError(f"{self.cfg.mode.value}: {self._trained} of {self.cfg.steps} "
                                f"training steps done when the run stopped at "
