@@ -203,15 +203,7 @@ def _sim_steps(args: argparse.Namespace) -> int:
     from treadle.core.policies import parse_policy
     from treadle.sim.runner import history_for
     from treadle.sim.steps import Mode
-    from treadle.sim.steps_runner import (
-        EPOCH_BATCHES,
-        config_for,
-        epoch_source,
-        simulate_steps,
-        steps_bound,
-        stream_costs,
-        train_seconds,
-    )
+    from treadle.sim.steps_runner import EPOCH_BATCHES, StepsPlan, epoch_source, simulate_steps
     from treadle.sim.stream import PromptStream
     from treadle.workloads.load import GENERATED
 
@@ -228,6 +220,8 @@ def _sim_steps(args: argparse.Namespace) -> int:
     if args.timeline:
         raise UsageError("--timeline is for one rollout step (no --steps or --mode)")
     mode = Mode(args.mode or "sync")
+    if args.train_gpus is not None and mode is not Mode.ASYNC:
+        raise UsageError("--train-gpus is for --mode async (the other modes train on all GPUs)")
     batch_groups = args.trajectories // 16
     generated = args.workload in GENERATED
     if generated:
@@ -240,13 +234,11 @@ def _sim_steps(args: argparse.Namespace) -> int:
         source = epoch_source(trace, prompts, 16, args.seed, cost.model.max_context)
     try:
         stream = PromptStream(args.workload if generated else trace.name, source, prompts, 16)
-        train_s = train_seconds(stream, batch_groups, cost, args.gpus, args.train_fraction)
-        config = config_for(mode, steps=args.steps, batch_groups=batch_groups, train_s=train_s,
-                            max_staleness=args.max_staleness,
-                            overprovision=args.overprovision, train_gpus=args.train_gpus,
-                            gpus=args.gpus)
-        bound = steps_bound(stream_costs(stream, (config.steps - 1) * batch_groups
-                                         + config.cap, cost), config, args.gpus)
+        plan = StepsPlan(stream, cost, args.gpus, steps=args.steps, batch_groups=batch_groups,
+                         train_fraction=args.train_fraction, max_staleness=args.max_staleness,
+                         overprovision=args.overprovision, train_gpus=args.train_gpus)
+        config = plan.config(mode)
+        bound = plan.bound(config)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     history = (history_for(args.workload, args.trajectories, args.seed,
@@ -265,7 +257,7 @@ def _sim_steps(args: argparse.Namespace) -> int:
                           "gpu": args.gpu, "trajectories_per_step": args.trajectories,
                           "steps": args.steps, "mode": mode.value,
                           "max_staleness": args.max_staleness,
-                          "train_fraction": args.train_fraction, "train_s": train_s,
+                          "train_fraction": args.train_fraction, "train_s": plan.train_s,
                           "train_gpus": config.train_gpus, "prompts_per_epoch": prompts,
                           "lower_bound": {"makespan_s": bound.makespan_s, **asdict(bound)},
                           "results": [asdict(r) for r in rows]}, indent=2))

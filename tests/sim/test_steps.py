@@ -27,14 +27,7 @@ from treadle.core.predictor import Predictor
 from treadle.core.scheduler import Scheduler, TrajectoryScheduler
 from treadle.sim.runner import MAX_BATCH, history_for
 from treadle.sim.steps import Mode, StepsConfig, StepsDriver, StepsResult
-from treadle.sim.steps_runner import (
-    config_for,
-    epoch_source,
-    simulate_steps,
-    steps_bound,
-    stream_costs,
-    train_seconds,
-)
+from treadle.sim.steps_runner import StepsPlan, epoch_source, simulate_steps
 from treadle.sim.stream import PromptStream
 
 GPUS, GROUPS, GROUP = 8, 8, 16  # 128 trajectories a step on 8 GPUs
@@ -52,14 +45,18 @@ def _stream(workload: str = "coding", per_prompt: bool = True, seed: int = 0,
 
 
 @functools.cache
+def _plan(steps: int = 4, staleness: int | None = 1, workload: str = "coding") -> StepsPlan:
+    return StepsPlan(_stream(workload), _cost(), GPUS, steps=steps, batch_groups=GROUPS,
+                     train_fraction=0.3, max_staleness=staleness, train_gpus=2)
+
+
 def _train_s(workload: str) -> float:
-    return train_seconds(_stream(workload), GROUPS, _cost(), GPUS, 0.3)
+    return _plan(workload=workload).train_s
 
 
 def _config(mode: Mode, steps: int = 4, staleness: int | None = 1,
             workload: str = "coding") -> StepsConfig:
-    return config_for(mode, steps=steps, batch_groups=GROUPS, train_s=_train_s(workload),
-                      max_staleness=staleness, overprovision=0.25, train_gpus=2, gpus=GPUS)
+    return _plan(steps, staleness, workload).config(mode)
 
 
 @dataclass
@@ -190,7 +187,7 @@ def test_no_kv_of_old_weights_survives_an_update(mode: Mode) -> None:
 def test_the_lower_bound_is_below_every_run(mode: Mode) -> None:
     cost, stream = _cost(), _stream()
     cfg = _config(mode)
-    bound = steps_bound(stream_costs(stream, 3 * GROUPS + cfg.cap, cost), cfg, GPUS)
+    bound = _plan().bound(cfg)
     for policy in ("verl", "verl@tp4", "treadle"):
         row = simulate_steps(policy, stream, cost, GPUS, cfg, bound,
                              history=history_for("coding", GROUPS * GROUP, 0))

@@ -29,18 +29,14 @@ from typing import Any
 from treadle.core.cost_model import CostModel
 from treadle.core.predictor import Outcome, Predictor
 from treadle.core.predictor_eval import evaluate
-from treadle.core.steps_bound import GroupCost
 from treadle.sim.runner import history_for
 from treadle.sim.steps import Mode
 from treadle.sim.steps_runner import (
     EPOCH_BATCHES,
+    StepsPlan,
     StepsReport,
-    config_for,
     epoch_source,
     simulate_steps,
-    steps_bound,
-    stream_costs,
-    train_seconds,
 )
 from treadle.sim.stream import PromptStream
 
@@ -76,45 +72,31 @@ def _stream(workload: str, trajectories: int, seed: int, per_prompt: bool,
                         prompts, GROUP, per_prompt=per_prompt)
 
 
-_STREAMS: dict[tuple[str, int, int, bool], tuple[PromptStream, float]] = {}
+# Per process, the plans of the streams its runs share (a worker runs many runs of a
+# workload): the training step's length and the group costs are computed once.
+_PLANS: dict[tuple[object, ...], StepsPlan] = {}
 
 
 def _run(task: _Task) -> dict[str, Any]:
     """One policy through one mode (in a worker process)."""
     cost = CostModel.named(MODEL, GPU)
-    groups = task.trajectories // GROUP
-    key = (task.workload, task.trajectories, task.seed, task.per_prompt)
-    if key not in _STREAMS:  # once per process: runs of a workload share it
+    key = (task.workload, task.trajectories, task.seed, task.per_prompt, task.steps,
+           task.train_fraction, task.max_staleness)
+    if key not in _PLANS:
         stream = _stream(task.workload, task.trajectories, task.seed, task.per_prompt, cost)
-        _STREAMS[key] = (stream, train_seconds(stream, groups, cost, GPUS, task.train_fraction))
-    stream, train_s = _STREAMS[key]
-    config = config_for(Mode(task.mode), steps=task.steps, batch_groups=groups,
-                        train_s=train_s, max_staleness=task.max_staleness,
-                        overprovision=0.25, train_gpus=None, gpus=GPUS)
-    costs = _costs(task, cost, stream)
-    bound = steps_bound(costs, config, GPUS)
+        _PLANS[key] = StepsPlan(stream, cost, GPUS, steps=task.steps,
+                                batch_groups=task.trajectories // GROUP,
+                                train_fraction=task.train_fraction,
+                                max_staleness=task.max_staleness)
+    plan = _PLANS[key]
+    config = plan.config(Mode(task.mode))
+    bound = plan.bound(config)
     history = history_for(task.workload, task.trajectories, task.seed,
                           max_context=cost.model.max_context)
-    row = simulate_steps(task.policy, stream, cost, GPUS, config, bound, history=history,
-                         seed=task.seed)
-    return {"task": asdict(task), "row": asdict(row), "train_s": train_s,
+    row = simulate_steps(task.policy, plan.stream, cost, GPUS, config, bound,
+                         history=history, seed=task.seed)
+    return {"task": asdict(task), "row": asdict(row), "train_s": plan.train_s,
             "bound": {"makespan_s": bound.makespan_s, **asdict(bound)}}
-
-
-_COSTS: dict[tuple[str, int, int], list[GroupCost]] = {}
-
-
-def _costs(task: _Task, cost: CostModel, stream: PromptStream) -> list[GroupCost]:
-    """The stream's group costs, once per process and workload (the widest prefix any
-    mode's bound needs)."""
-    key = (task.workload, task.trajectories, task.seed)
-    if key not in _COSTS:
-        groups = task.trajectories // GROUP
-        widest = (task.steps - 1) * groups + config_for(
-            Mode.PARTIAL, steps=task.steps, batch_groups=groups, train_s=0.0,
-            max_staleness=None, overprovision=0.25, train_gpus=None, gpus=GPUS).cap
-        _COSTS[key] = stream_costs(stream, widest, cost)
-    return _COSTS[key]
 
 
 def prompt_history_accuracy(workload: str, trajectories: int, steps: int, seed: int,

@@ -85,18 +85,45 @@ def stream_costs(stream: PromptStream, groups: int, cost: CostModel) -> list[Gro
     return out
 
 
-def train_seconds(stream: PromptStream, batch_groups: int, cost: CostModel, gpus: int,
-                  fraction: float) -> float:
-    """A training step on all GPUs (see the module docstring)."""
-    if not 0.0 <= fraction < 1.0:
-        raise ValueError(f"train fraction must be in [0, 1), got {fraction}")
-    first = [s for i in range(batch_groups) for s in stream.group(i).specs]
-    return fraction / (1.0 - fraction) * lower_bound(first, cost, gpus).makespan_s
+class StepsPlan:
+    """What the runs of one stream share — the training step's length and the
+    stream's group costs (once, for the widest prefix any mode's bound needs) — and
+    each mode's settings and lower bound. ValueError for a train fraction outside
+    [0, 1) or settings `StepsConfig` refuses."""
 
+    def __init__(self, stream: PromptStream, cost: CostModel, gpus: int, *, steps: int,
+                 batch_groups: int, train_fraction: float, max_staleness: int | None,
+                 overprovision: float = 0.25, train_gpus: int | None = None) -> None:
+        if not 0.0 <= train_fraction < 1.0:
+            raise ValueError(f"train fraction must be in [0, 1), got {train_fraction}")
+        self.stream, self.cost, self.gpus = stream, cost, gpus
+        self.steps, self.batch_groups = steps, batch_groups
+        self.max_staleness, self.overprovision = max_staleness, overprovision
+        self.train_gpus = train_gpus
+        first = [s for i in range(batch_groups) for s in stream.group(i).specs]
+        lb = lower_bound(first, cost, gpus).makespan_s
+        self.train_s = train_fraction / (1.0 - train_fraction) * lb  # module docstring
+        self._costs: list[GroupCost] | None = None
 
-def steps_bound(costs: Sequence[GroupCost], config: StepsConfig, gpus: int) -> StepsBound:
-    return steps_lower_bound(costs, steps=config.steps, batch_groups=config.batch_groups,
-                             cap=config.cap, train_gpu_s=config.train_s * gpus, gpus=gpus)
+    def config(self, mode: Mode) -> StepsConfig:
+        """The mode's settings; the trainer's own GPUs only in async (default
+        `default_train_gpus`)."""
+        split = 0
+        if mode is Mode.ASYNC:
+            split = self.train_gpus if self.train_gpus is not None \
+                else default_train_gpus(self.gpus)
+        return StepsConfig(mode, self.steps, self.batch_groups, self.train_s,
+                           max_staleness=self.max_staleness,
+                           overprovision=self.overprovision, train_gpus=split)
+
+    def bound(self, config: StepsConfig) -> StepsBound:
+        if self._costs is None:
+            widest = max(self.config(m).cap for m in Mode)
+            self._costs = stream_costs(self.stream, (self.steps - 1) * self.batch_groups
+                                       + widest, self.cost)
+        return steps_lower_bound(self._costs, steps=config.steps,
+                                 batch_groups=config.batch_groups, cap=config.cap,
+                                 train_gpu_s=config.train_s * self.gpus, gpus=self.gpus)
 
 
 def simulate_steps(spec: PolicySpec | str, stream: PromptStream, cost: CostModel, gpus: int,
@@ -134,18 +161,6 @@ def simulate_steps(spec: PolicySpec | str, stream: PromptStream, cost: CostModel
 
 
 def default_train_gpus(gpus: int) -> int:
-    """The async trainer's GPUs when none are named: 3/8 of the cluster, in whole
-    nodes of 8 (24 of 64), where the trainer's and the rollout's step times meet for
-    a 30% training fraction (see benchmarks/README.md, multi-step)."""
+    """The async trainer's GPUs when none are named: 3/8 of the cluster in whole
+    nodes of 8 (24 of 64; see docs/sim-steps.md for what other splits do)."""
     return max(8, round(gpus * 3 / 8 / 8) * 8) if gpus >= 16 else max(1, gpus // 2)
-
-
-def config_for(mode: Mode, *, steps: int, batch_groups: int, train_s: float,
-               max_staleness: int | None, overprovision: float, train_gpus: int | None,
-               gpus: int) -> StepsConfig:
-    """The run's settings; `train_gpus` only matters (and defaults) in async."""
-    split = 0
-    if mode is Mode.ASYNC:
-        split = train_gpus if train_gpus is not None else default_train_gpus(gpus)
-    return StepsConfig(mode, steps, batch_groups, train_s, max_staleness=max_staleness,
-                       overprovision=overprovision, train_gpus=split)
