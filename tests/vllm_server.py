@@ -21,7 +21,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from treadle.engines.base import Engine, EngineLoad, GenerateRequest, GenerateResult
+from treadle.engines.base import (
+    Engine,
+    EngineCapabilities,
+    EngineLoad,
+    GenerateRequest,
+    GenerateResult,
+)
 from treadle.runtime.launcher import VLLMProcess, free_port, stop_process_group
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,6 +55,13 @@ class RecordingEngine(Engine):
     @property
     def results(self) -> list[GenerateResult]:
         return [result for _, result in self.calls]
+
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        return self.inner.capabilities
+
+    async def context_window(self) -> int | None:
+        return await self.inner.context_window()
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         result = await self.inner.generate(request)

@@ -13,8 +13,9 @@ live runtime fills the token ids as well.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 
 class TrajectoryStatus(enum.Enum):
@@ -87,6 +88,34 @@ class ToolCall:
     error: str | None = None  # tool-side error shown to the model as an observation
 
 
+class ConstraintKind(enum.Enum):
+    """What an engine can be asked to decode under (structured output)."""
+
+    JSON_SCHEMA = "json_schema"  # a JSON value valid against a given JSON schema
+    JSON_OBJECT = "json_object"  # any JSON object
+
+
+@dataclass(frozen=True, slots=True)
+class JsonSchemaConstraint:
+    """The reply is decoded as a JSON value valid against `schema` (every token is
+    sampled from those the schema allows next)."""
+
+    schema: Mapping[str, Any]  # the JSON schema, as the caller gave it
+    name: str | None = None  # the caller's name for it (OpenAI's json_schema.name)
+    kind: ClassVar[ConstraintKind] = ConstraintKind.JSON_SCHEMA
+
+
+@dataclass(frozen=True, slots=True)
+class JsonObjectConstraint:
+    """The reply is decoded as a JSON object, of any shape."""
+
+    kind: ClassVar[ConstraintKind] = ConstraintKind.JSON_OBJECT
+
+
+# What a turn's reply was decoded under; None where it was sampled freely.
+OutputConstraint = JsonSchemaConstraint | JsonObjectConstraint
+
+
 @dataclass(slots=True)
 class Turn:
     """One LLM generation, optionally followed by one tool call."""
@@ -98,6 +127,9 @@ class Turn:
     queued_s: float = 0.0  # waiting before the first token (scheduler + engine queues)
     generating_s: float = 0.0  # from first token (prefill included) to last token
     policy_version: int = 0  # weights version that sampled this turn
+    # What the reply was decoded under (structured output: the harness's
+    # response_format); None: sampled freely.
+    constraint: OutputConstraint | None = None
 
 
 @dataclass(slots=True)

@@ -24,6 +24,7 @@ from treadle.runtime.driver import Runtime
 from treadle.runtime.replay import ReplayResult, replay
 from treadle.runtime.turns import ScheduledTurns
 from treadle.testing import FakeClock
+from treadle.types import JsonObjectConstraint
 from treadle.workloads import TrajectorySpec, TurnSpec
 from vllm_server import RecordingEngine
 
@@ -109,6 +110,33 @@ def test_a_preempted_turn_resumes_with_the_tokens_it_had() -> None:
     assert len(out.output_ids) == 300 and out.finish_reason == "length"
     assert out.generating_s == pytest.approx(0.3)  # no token was sampled twice
     assert turns.preemptions == 1 and sched.preemptions == 1
+
+
+def test_a_preempted_constrained_turn_starts_over() -> None:
+    """A reply decoded under a constraint cannot resume mid-way (the engine's grammar
+    would begin anew after the partial output): preempted, it samples again from its
+    start, and its partial tokens are in no reply."""
+    clock = FakeClock(autojump=True)
+    engine = FakeEngine("a", clock, tokens_per_s=1000)
+    sched = FakeManualScheduler(cap=1)
+    constrained = Sampling(constraint=JsonObjectConstraint())
+
+    async def main() -> Any:
+        rt = await with_engines(sched, [engine])
+        task = asyncio.ensure_future(rt.turns("t0", "g0").generate([1, 2, 3], 300,
+                                                                   constrained, []))
+        await clock.sleep(0.08)  # 80 of its tokens are out
+        sched.to_preempt.append("t0")
+        rt.decide()
+        out = await task
+        await rt.close()
+        return out
+
+    out = run(main)
+    first, second = engine.requests
+    assert first.constraint == second.constraint == JsonObjectConstraint()
+    assert second.prompt_ids == [1, 2, 3] and second.max_tokens == 300
+    assert len(out.output_ids) == 300 == len(out.logprobs) == len(out.policy_versions)
 
 
 def test_a_preempted_turn_on_the_emulated_engine_resumes_with_its_tokens() -> None:

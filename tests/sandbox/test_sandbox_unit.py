@@ -22,12 +22,12 @@ from treadle.sandbox import (
     TokenBucket,
     _files,
     _process,
-    _reaper,
     _seccomp,
     get_backend,
 )
 from treadle.sandbox._cgroup import _unescape
 from treadle.sandbox.base import MIB, classify
+from treadle.sandbox.inside import reaper
 from treadle.testing import FakeClock
 
 
@@ -47,8 +47,8 @@ def test_limits_validate_and_map_to_rlimits() -> None:
 
 
 def test_reaper_spec_round_trips() -> None:
-    spec = _reaper.format_spec(Limits(cpu_s=2).rlimits())
-    parsed = _reaper.parse_spec(spec)
+    spec = reaper.format_spec(Limits(cpu_s=2).rlimits())
+    parsed = reaper.parse_spec(spec)
     import resource
 
     assert (resource.RLIMIT_CPU, 2, 3) in parsed

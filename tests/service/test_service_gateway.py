@@ -258,8 +258,11 @@ def test_a_second_call_while_one_runs_is_409_and_an_engine_failure_is_503(
                 with pytest.raises(openai.InternalServerError) as failed:
                     first.result()
             assert failed.value.status_code == retried.value.status_code == 503
+            # Ended by the gateway, it waits for its owner (who may still score it).
             assert len(fake.requests) >= 1 and gw.http.get(
-                f"/v1/sessions/{info['session_id']}").status_code == 404
+                f"/v1/sessions/{info['session_id']}").json()["status"] == "error"
+            assert gw.http.post(f"/v1/sessions/{info['session_id']}/end",
+                                json={}).status_code == 200
             (traj,) = gw.trajectories(info["job_id"])
             gw.http.close()
     assert traj.status is TrajectoryStatus.ERROR and traj.failure_stage is FailureStage.ENGINE
@@ -311,8 +314,11 @@ def test_a_restart_fails_the_open_sessions_and_keeps_the_untaken_ones(tmp_path: 
         with running_service(config) as url:  # the same store, a new process's memory
             gw = Gateway(url, fake, tok)
             assert gw.http.get(f"/v1/sessions/{info['session_id']}").status_code == 404
-            second, _ = gw.session(job_id="r1")
+            second, client = gw.session(job_id="r1")
             assert second["trajectory_id"] == "r1/0/1"
+            gw.reply("served")  # a session with no call served would be no trajectory
+            client.chat.completions.create(model="policy",
+                                           messages=[{"role": "user", "content": "hi"}])
             gw.http.post(f"/v1/sessions/{second['session_id']}/end", json={"reward": 1.0})
             got = {t.trajectory_id: t for t in gw.trajectories("r1")}
             gw.http.close()

@@ -274,7 +274,8 @@ def test_a_trainers_session_is_its_own_and_a_key_dies_however_its_session_ends(
     # The session ends by itself (idle): its key is refused from then on.
     with _as(url, a["api_key"]) as key_a:
         deadline = time.monotonic() + 60  # a bound for a hang: it ends in 0.2-1.2 s
-        while admin.get(f"/v1/sessions/{sid}").status_code == 200:
+        # (Ended by the gateway, it waits out its grace for its owner: still viewable.)
+        while admin.get(f"/v1/sessions/{sid}").json().get("status") == "running":
             assert time.monotonic() < deadline, "the idle session never ended"
             time.sleep(0.05)
         assert key_a.get(f"{_door(a, url)}/models").status_code == 401
@@ -320,6 +321,11 @@ def test_trainer_keys_made_through_the_api_outlive_a_restart_until_revoked(
 def test_a_session_a_trainer_ends_is_its_runs_and_scored_by_its_owner(
         url: str, run_a: httpx.Client, run_b: httpx.Client) -> None:
     a = _session(run_a)
+    with _as(url, a["api_key"]) as key_a:  # a call served: a trajectory to score
+        served = key_a.post(f"{_door(a, url)}/chat/completions", json={
+            "model": "policy", "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 2})
+        assert served.status_code == 200, served.text
     ended = run_a.post(f"/v1/sessions/{a['session_id']}/end", json={"reward": 0.5})
     assert ended.status_code == 200
     # The job made for it is run-a's: its stream is run-a's to read, no one else's.

@@ -11,6 +11,7 @@ from treadle.engines import EngineRequestError, GenerateRequest
 from treadle.train.engine import TorchEngine
 from treadle.train.logprobs import teacher_forced_logprobs
 from treadle.train.model import IM_END_ID, load_model
+from treadle.types import JsonObjectConstraint
 
 PROMPTS = [[1, 40, 41, 42, 43], [1, 50, 60], [1, 70, 71, 72, 73, 74, 75, 76]]
 
@@ -96,6 +97,7 @@ def test_abort_of_a_waiting_request_returns_no_tokens(tiny_dir: Path) -> None:
 @pytest.mark.parametrize("kw", [
     {"max_tokens": 0}, {"max_tokens": 2000}, {"prompt": []}, {"prompt": [10**6]},
     {"temperature": -1.0}, {"top_p": 0.0},
+    {"constraint": JsonObjectConstraint()},  # no grammar: refused, never sampled freely
 ])
 def test_bad_requests_are_engine_request_errors(tiny_dir: Path, kw: dict[str, object]) -> None:
     kw = dict(kw)

@@ -16,7 +16,7 @@ from typing import Protocol
 
 from treadle.engines.base import Engine, FinishReason, GenerateRequest, derived_seed
 from treadle.engines.errors import EngineError
-from treadle.types import Turn
+from treadle.types import OutputConstraint, Turn
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +30,9 @@ class Sampling:
     # policy give the same tokens in any job (evaluations share their random
     # numbers). None: the engine's own randomness.
     seed: int | None = None
+    # Decode the reply under this (structured output: a harness's response_format);
+    # None: sample freely. A constrained reply is never resumed mid-way (`runtime.turns`).
+    constraint: OutputConstraint | None = None
 
     def for_turn(self, task_id: str, repetition: int, turn: int) -> Sampling:
         """These parameters with the seed of one turn (unchanged when unseeded)."""
@@ -119,7 +122,8 @@ class EngineTurns:
         result = await self.engine.generate(GenerateRequest(
             request_id=f"{self.request_prefix}-{self._calls}", prompt_ids=prompt_ids,
             max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
-            seed=sampling.seed, stop_token_ids=stop_ids, timeout_s=self.request_timeout_s))
+            seed=sampling.seed, stop_token_ids=stop_ids, timeout_s=self.request_timeout_s,
+            constraint=sampling.constraint))
         if result.finish_reason == "abort":
             raise EngineError(f"engine {self.engine_id} aborted the request")
         return TurnOutput(result.output_ids, result.logprobs,

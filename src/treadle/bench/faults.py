@@ -31,7 +31,7 @@ from pathlib import Path
 import httpx
 
 from treadle.runtime.launcher import free_port, stop_process_group
-from treadle.sandbox._reaper import descendants
+from treadle.sandbox.inside.reaper import descendants
 
 PROXY_FAULTS = ("reset", "cut", "stall", "half_open")
 _START_TIMEOUT_S = 120.0

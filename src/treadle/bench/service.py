@@ -61,7 +61,7 @@ import httpx
 
 from treadle.reports import log, write_report
 from treadle.runtime.launcher import free_port, stop_process_group
-from treadle.sandbox._reaper import descendants
+from treadle.sandbox.inside.reaper import descendants
 
 Log = Callable[[str], None]
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100

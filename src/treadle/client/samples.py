@@ -33,8 +33,14 @@ trains in its group like any other trajectory.
 
 **Everything else is trained**, including TRUNCATED, MAX_TURNS and TIMEOUT: those
 are the agent's outcomes, scored by the environment. Such a trajectory must have a
-reward; one that is not terminal or not scored raises ConversionError, as does
-one with no token segments (a simulated trajectory has no tokens to train on).
+reward; one that is not terminal or not scored raises ConversionError.
+
+**Bad records are skipped, never the batch.** A trajectory with no token segments
+(a simulated run, a session ended before any call) has nothing to train on: it is
+left out like an excluded one (dropped, or a masked row where the format is
+positional), marked `Exclusion.skipped`, logged as a warning, and counted in
+`Batch.skipped` / `Converted.skipped`. Like a frozen one, it leaves its group
+alone (``drop_group_on_failure`` does not drop the group for it).
 
 **Segments.** A trajectory whose context was edited has several token segments;
 each becomes one training sequence, and every segment of a trajectory carries the
@@ -46,6 +52,7 @@ trainer that computes GRPO over rows instead would; see docs/client.md per train
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -55,6 +62,9 @@ from treadle.client.errors import ConversionError
 from treadle.types import Trajectory, TrajectoryStatus
 
 _T = TypeVar("_T")
+log = logging.getLogger(__name__)
+NO_TOKENS = "no token segments: nothing to train on (a simulated run, or a session "\
+            "ended before any call)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +77,9 @@ class Exclusion:
     # e.g. "infra_failure (engine): engine unreachable", "frozen sub-agent (of t1)",
     # "group member t3 excluded"
     reason: str
+    # The record itself cannot train (no token segments): skipped as bad data, where
+    # the others are left out by the training policy.
+    skipped: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +117,11 @@ class Batch:
     sequences: list[TrainingSequence]  # in input order, a trajectory's segments in order
     exclusions: list[Exclusion]  # in input order
 
+    @property
+    def skipped(self) -> int:
+        """Bad records left out (`Exclusion.skipped`)."""
+        return sum(e.skipped for e in self.exclusions)
+
 
 @dataclass(frozen=True, slots=True)
 class Converted(Generic[_T]):
@@ -111,6 +129,11 @@ class Converted(Generic[_T]):
 
     data: _T  # what the trainer takes (a list of records, a dict of columns)
     exclusions: list[Exclusion]  # trajectories dropped or masked, in input order
+
+    @property
+    def skipped(self) -> int:
+        """Bad records left out (`Exclusion.skipped`)."""
+        return sum(e.skipped for e in self.exclusions)
 
 
 def exclusion_reason(t: Trajectory) -> str | None:
@@ -133,7 +156,8 @@ def exclusions(trajectories: Sequence[Trajectory], *,
 
     Raises ConversionError for a trajectory that is not terminal, for one that
     would train but has no reward, and for a repeated trajectory id or (group,
-    repetition).
+    repetition). One that would train but has no token segments is skipped
+    (`Exclusion.skipped`, a logged warning).
     """
     seen: set[str] = set()
     slots: set[tuple[str, int]] = set()
@@ -157,9 +181,17 @@ def exclusions(trajectories: Sequence[Trajectory], *,
             # survivors the way a failure may, so it leaves its group alone.
             if t.trainable:
                 broken[t.key.group_id] = t.trajectory_id
+        elif not t.segments:
+            out[t.trajectory_id] = Exclusion(t.trajectory_id, t.key.group_id, t.status,
+                                             NO_TOKENS, skipped=True)
         elif t.reward is None:
             raise ConversionError(f"trajectory {t.trajectory_id!r} ({t.status.value}) has no "
                                   f"reward: score it before training")
+    skipped = [e.trajectory_id for e in out.values() if e.skipped]
+    if skipped:
+        log.warning("skipped %d trajectories with no token segments (nothing to train on): "
+                    "%s", len(skipped), ", ".join(skipped[:10]) + (", ..." if len(skipped) > 10
+                                                                  else ""))
     if drop_group_on_failure and broken:
         for t in trajectories:
             if t.trajectory_id not in out and t.key.group_id in broken:
@@ -177,15 +209,12 @@ def training_sequences(trajectories: Sequence[Trajectory], *, drop_failed: bool 
     Excluded trajectories are dropped (``drop_failed=True``) or kept as masked rows
     with reward and advantage None, one row per segment (one row with empty token
     lists, segment_index 0 and num_segments 1, if they have none). Advantages are
-    over the trained members of each group (`group_advantages`). A trained
-    trajectory without segments raises ConversionError.
+    over the trained members of each group (`group_advantages`). A trajectory with
+    no token segments is skipped (`Batch.skipped`), as a row only where excluded
+    ones are kept.
     """
     out_of = exclusions(trajectories, drop_group_on_failure=drop_group_on_failure)
     trained = [t for t in trajectories if t.trajectory_id not in out_of]
-    for t in trained:
-        if not t.segments:
-            raise ConversionError(f"trajectory {t.trajectory_id!r} has no token segments "
-                                  f"(a simulated run?): nothing to train on")
     scores = group_advantages([_reward(t) for t in trained], [t.key.group_id for t in trained],
                               normalize_std=normalize_std, epsilon=epsilon)
     advantage = {t.trajectory_id: a for t, a in zip(trained, scores, strict=True)}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import math
 import os
 import re
@@ -33,9 +34,11 @@ from treadle.engines.errors import (
     EngineRequestError,
     EngineTimeout,
     EngineUnavailable,
+    remember_address,
 )
 
 _T = TypeVar("_T")
+log = logging.getLogger(__name__)
 _HEALTH_TIMEOUT_S = 5.0
 _ABORT_TIMEOUT_S = 5.0
 _LOAD_TIMEOUT_S = 10.0
@@ -162,6 +165,7 @@ class HttpEngine(Engine):
                  headers: Mapping[str, str] | None = None,
                  connect_timeout_s: float = 10.0) -> None:
         self.base_url = base_url.rstrip("/")
+        remember_address(self.base_url)  # never shown in an answer to a client
         stack = os.environ.get(HTTP_STACK_ENV, "wire")
         self._legacy = client is not None or stack == "httpx"
         self._transport: Transport
@@ -238,6 +242,20 @@ class HttpEngine(Engine):
         if not task.done():
             await HttpEngine.abort(self, request_id)
 
+    async def _max_model_len(self, model: str | None) -> int | None:
+        """`max_model_len` of the served model named `model` (or of the first, when
+        None) in `/v1/models`, as vLLM and SGLang list it; None where not given."""
+        try:
+            listed = await self._get_json("/v1/models", Any, _LOAD_TIMEOUT_S)
+        except EngineError:
+            return None
+        entries = listed.get("data") if isinstance(listed, dict) else None
+        for entry in entries if isinstance(entries, list) else []:
+            if isinstance(entry, dict) and (model is None or entry.get("id") == model):
+                value = entry.get("max_model_len")
+                return value if type(value) is int and value > 0 else None
+        return None
+
     async def health(self) -> bool:
         try:
             reply = await self._transport.request("GET", "/health",
@@ -302,6 +320,12 @@ class HttpEngine(Engine):
         status = reply.status
         if status == 200:
             return reply
+        if method == "POST":
+            # A call the engine refused or failed, logged whole with the engine's
+            # address, which answers to clients never show (`errors.public_text`).
+            # (A failed poll of /metrics or /health is its poller's to report.)
+            log.warning("engine %s answered %d to POST %s: %s", self.base_url, status, path,
+                        reply.text[:300])
         if status == 404 and self._model_missing(reply):
             raise EngineModelMissing(f"{self.base_url} does not serve the model: "
                                      f"{reply.text[:300]}")

@@ -5,6 +5,10 @@ Contracts every implementation keeps:
 - Token in, token out: `prompt_ids` go to the engine as ids and `output_ids` are the
   engine's sampled ids, never re-tokenized text. `logprobs` (when requested) has one
   entry per output id, the engine's log-probability of that sampled token.
+- A request's `constraint` (structured output: a JSON schema, any JSON object) is
+  decoded under by an engine whose `capabilities.constraints` has its kind; the
+  logprobs are still the engine's, of the tokens sampled under the constraint. An
+  engine without that kind raises EngineRequestError, never decodes freely instead.
 - `generate` returns a `GenerateResult` for a finished or aborted request, and raises
   only `EngineError` subclasses: `EngineUnavailable` (unreachable, 5xx),
   `EngineTimeout` (past `timeout_s`), `EngineProtocolError` (malformed reply; the
@@ -26,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from treadle.engines.errors import EngineRequestError
+from treadle.types import ConstraintKind, OutputConstraint
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -52,6 +57,8 @@ class GenerateRequest:
     priority: int = 0  # lower is served first by engines scheduling by priority
     logprobs: bool = True  # ask for the sampled tokens' logprobs (RL needs them)
     timeout_s: float | None = None  # wall-clock limit of the whole call; None = no limit
+    # Decode the reply under this (structured output); None: sample freely.
+    constraint: OutputConstraint | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +82,17 @@ class EngineCapabilities:
 
     # `update_weights` loads new weights in place (vLLM's RL endpoints in dev mode).
     weight_updates: bool = False
+    # The kinds of `GenerateRequest.constraint` it decodes under (structured output).
+    constraints: frozenset[ConstraintKind] = frozenset()
+
+    def refusal(self, constraint: OutputConstraint | None) -> str | None:
+        """Why an engine with these capabilities cannot run a request constrained so,
+        or None: it can."""
+        if constraint is None or constraint.kind in self.constraints:
+            return None
+        served = ", ".join(sorted(k.value for k in self.constraints)) or "none"
+        return (f"the engine cannot decode under a {constraint.kind.value} constraint "
+                f"(structured output it serves: {served})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +137,11 @@ class Engine(ABC):
         whose `capabilities.weight_updates` is set implement it. EngineRequestError
         from the others."""
         raise EngineRequestError(f"{type(self).__name__} cannot load weights in place")
+
+    async def context_window(self) -> int | None:
+        """The longest context (prompt and reply, in tokens) this engine serves, or
+        None: it cannot tell. Never raises."""
+        return None
 
     async def model_problem(self) -> str | None:
         """Why this engine cannot serve the model its client asks for (it serves

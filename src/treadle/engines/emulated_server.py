@@ -7,8 +7,10 @@ Endpoints (vLLM's shapes, so `VLLMEngine` drives it unchanged):
 - `POST /v1/completions`: `prompt` a token-id list (no tokenizer here: text is a
   400), `max_tokens`, `temperature`/`top_p` (accepted, not used), `logprobs`,
   `stop_token_ids`, `priority`, `request_id` (or the `X-Request-Id` header),
-  `return_token_ids`; `n` must be 1 and `stream` false. The reply's `model` is the
-  served name, `<model>-emulated`, and `text` is empty. `usage.prompt_tokens_details
+  `return_token_ids`; `n` must be 1 and `stream` false; structured output
+  (`structured_outputs`, `response_format`) is a 400: it has no grammar, and a
+  constraint ignored would fake the output. The reply's `model` is the served name,
+  `<model>-emulated`, and `text` is empty. `usage.prompt_tokens_details
   .cached_tokens` is always reported; a non-vLLM `treadle_timing{queued_s,
   generating_s}` field carries the emulated split. A client that disconnects aborts
   its request (as in vLLM).
@@ -67,6 +69,9 @@ class CompletionRequest(BaseModel):
     return_token_ids: bool = False
     n: int = 1
     stream: bool = False
+    # Read only to be refused (no grammar here).
+    structured_outputs: dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
 
 
 class RpcRequest(BaseModel):
@@ -240,6 +245,11 @@ def create_app(engine: EmulatedEngine, served_model: str) -> FastAPI:
                                f"serves `{served_model}`")
         if body.n != 1 or body.stream:
             return _error(400, "n must be 1 and stream false on the emulated engine")
+        if body.structured_outputs is not None or (
+                body.response_format is not None
+                and body.response_format.get("type") != "text"):
+            return _error(400, "the emulated engine decodes under no structured-output "
+                               "constraint (structured_outputs, response_format)")
         request_id = (body.request_id or request.headers.get("x-request-id")
                       or uuid.uuid4().hex)
         try:

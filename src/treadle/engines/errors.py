@@ -20,11 +20,58 @@
 An aborted request is not an error: `generate` returns `finish_reason="abort"` with
 the tokens so far. Like the sandbox and envs trees, these mean the infrastructure
 failed, which a trainer must tell apart from the model's output being bad.
+
+Their messages name the engine by its address (for the logs). An engine's address
+is internal to the service: `public_text` is what an answer to a client (a harness,
+an API caller) may carry of such a message, every address of an engine this
+process has made a client for (`remember_address`) replaced by ``<engine>``.
 """
 
 from __future__ import annotations
 
+import re
+import threading
+from urllib.parse import urlsplit
+
 from treadle.errors import TreadleError
+
+ENGINE_PLACEHOLDER = "<engine>"
+# Every engine address this process has made a client for, each as its URL and as
+# host:port (a failed connect says that): an error may name either. Bounded by the
+# engines a service ever knew (a refused registration's included); never shrinks, as
+# their errors may outlive them. A bare host is not kept: "http://0" must not hide
+# every 0 of a message.
+_ADDRESSES: dict[str, re.Pattern[str]] = {}
+_LOCK = threading.Lock()  # clients are made in the service's and in tests' threads
+
+
+def remember_address(base_url: str) -> None:
+    """Note `base_url` as an engine's address, for `public_text` to hide."""
+    try:
+        parts = urlsplit(base_url)
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError:  # not a URL a client could reach: nothing to hide
+        return
+    if not parts.hostname or port is None:
+        return
+    netloc = parts.netloc.rpartition("@")[2]
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    forms = {base_url.rstrip("/"), f"{parts.scheme}://{netloc}", f"{host}:{port}"}
+    with _LOCK:
+        for form in forms - _ADDRESSES.keys():
+            # Whole: not inside a longer name, number or address (a port after it).
+            _ADDRESSES[form] = re.compile(rf"(?<![\w.:@-]){re.escape(form)}(?![\w.-]|:\d)")
+
+
+def public_text(text: str) -> str:
+    """`text` with every engine address in it (`remember_address`) replaced by
+    ``<engine>``: what an error body may say. The longest forms are replaced first,
+    so a URL goes whole, not host:port inside it."""
+    with _LOCK:
+        patterns = [_ADDRESSES[f] for f in sorted(_ADDRESSES, key=len, reverse=True)]
+    for pattern in patterns:
+        text = pattern.sub(ENGINE_PLACEHOLDER, text)
+    return text
 
 
 class EngineError(TreadleError):

@@ -8,7 +8,11 @@ Wire format (SGLang's documented native API): the request carries `input_ids`,
 `return_logprob`, `rid` (the request id) and `priority`; the reply carries
 `output_ids` and `meta_info{prompt_tokens, cached_tokens, finish_reason{type},
 output_token_logprobs: [[logprob, token_id, text], ...]}`. The logprob entries'
-token ids must match `output_ids` (checked).
+token ids must match `output_ids` (checked). A request's `constraint` goes in
+`sampling_params.json_schema` (SGLang's documented field: the schema as a JSON
+string; any JSON object is the schema `{"type": "object"}`, as SGLang's own OpenAI
+server sends `json_object`), decoded under the server's grammar backend
+(`--grammar-backend`, xgrammar by default).
 
 `abort` posts `/abort_request {"rid"}`: SGLang then ends the pending `/generate`
 with finish type "abort" and the output so far, which `generate` returns. If the
@@ -22,6 +26,7 @@ or `meta_info.e2e_latency` when reported.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -29,8 +34,20 @@ import httpx
 import msgspec
 
 from treadle.engines._http import HttpEngine, convert, parse_prometheus
-from treadle.engines.base import EngineLoad, FinishReason, GenerateRequest, GenerateResult
+from treadle.engines.base import (
+    EngineCapabilities,
+    EngineLoad,
+    FinishReason,
+    GenerateRequest,
+    GenerateResult,
+)
 from treadle.engines.errors import EngineProtocolError
+from treadle.types import (
+    ConstraintKind,
+    JsonObjectConstraint,
+    JsonSchemaConstraint,
+    OutputConstraint,
+)
 
 _METRICS = {
     "sglang:num_running_reqs": "running",
@@ -71,6 +88,8 @@ def generate_body(request: GenerateRequest) -> dict[str, Any]:
         # SGLang keeps sampling seeds as int32 (and reads them only when the server
         # runs with --enable-deterministic-inference): 31 bits of ours.
         params["sampling_seed"] = request.seed & 0x7FFF_FFFF
+    if request.constraint is not None:
+        params["json_schema"] = json_schema_text(request.constraint)
     body: dict[str, Any] = {
         "input_ids": request.prompt_ids,
         "sampling_params": params,
@@ -81,6 +100,15 @@ def generate_body(request: GenerateRequest) -> dict[str, Any]:
     if request.priority:
         body["priority"] = request.priority
     return body
+
+
+def json_schema_text(constraint: OutputConstraint) -> str:
+    """SGLang's `sampling_params.json_schema` for `constraint`."""
+    match constraint:
+        case JsonSchemaConstraint(schema=schema):
+            return json.dumps(schema)
+        case JsonObjectConstraint():
+            return '{"type": "object"}'
 
 
 def parse_generate(data: GenerateReply | Any, request: GenerateRequest,
@@ -121,6 +149,14 @@ class SGLangEngine(HttpEngine):
         super().__init__(base_url, client=client, headers=headers,
                          connect_timeout_s=connect_timeout_s)
         self.abort_grace_s = abort_grace_s
+
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        return EngineCapabilities(constraints=frozenset(ConstraintKind))  # its grammars
+
+    async def context_window(self) -> int | None:
+        """The served model's `max_model_len` (`GET /v1/models`; SGLang serves one)."""
+        return await self._max_model_len(None)
 
     async def _call(self, request: GenerateRequest, started: float) -> GenerateResult:
         data = await self._post_json("/generate", generate_body(request), GenerateReply)

@@ -17,7 +17,12 @@ The request id goes in the `X-Request-Id` header and the body's `request_id`
 (vLLM prefixes it, e.g. `cmpl-<id>`). `priority` only matters when the server runs
 with `--scheduling-policy priority` (lower first); other servers reject a non-zero
 priority with a 400 (EngineRequestError). A request's `seed` goes in the body's
-`seed` (vLLM samples that request from its own generator).
+`seed` (vLLM samples that request from its own generator). A request's `constraint`
+goes in the body's `structured_outputs` (vLLM's own field, ≥ 0.10.2: `{"json":
+schema}` or `{"json_object": true}`), which vLLM compiles into a grammar (its
+default backend, xgrammar on 0.32) masking every step's logits to the tokens the
+constraint allows; `logprobs` are then those of the masked distribution, as vLLM
+reports them. A schema its backend cannot compile is a 400 (EngineRequestError).
 
 Limits: non-streaming. `abort` closes the HTTP connection, which vLLM turns into an
 engine-side abort, so an aborted result carries no tokens (the partial output never
@@ -47,8 +52,16 @@ from treadle.engines.base import (
     GenerateResult,
 )
 from treadle.engines.errors import EngineError, EngineProtocolError
+from treadle.types import (
+    ConstraintKind,
+    JsonObjectConstraint,
+    JsonSchemaConstraint,
+    OutputConstraint,
+)
 
 _MODELS_TIMEOUT_S = 10.0
+# What vLLM decodes under (its structured outputs).
+STRUCTURED = frozenset(ConstraintKind)
 
 _METRICS = {
     "vllm:num_requests_running": "running",
@@ -113,7 +126,18 @@ def completion_body(request: GenerateRequest, model: str) -> dict[str, Any]:
         body["priority"] = request.priority
     if request.seed is not None:
         body["seed"] = request.seed
+    if request.constraint is not None:
+        body["structured_outputs"] = structured_outputs(request.constraint)
     return body
+
+
+def structured_outputs(constraint: OutputConstraint) -> dict[str, Any]:
+    """vLLM's `structured_outputs` for `constraint` (`StructuredOutputsParams`)."""
+    match constraint:
+        case JsonSchemaConstraint(schema=schema):
+            return {"json": dict(schema)}
+        case JsonObjectConstraint():
+            return {"json_object": True}
 
 
 def parse_completion(data: CompletionReply | Any, request: GenerateRequest,
@@ -186,6 +210,10 @@ class VLLMEngine(HttpEngine):
         return (f"the engine at {self.base_url} serves {', '.join(served) or 'no model'}, "
                 f"not {self.model!r}")
 
+    async def context_window(self) -> int | None:
+        """The served model's `max_model_len` (`GET /v1/models`)."""
+        return await self._max_model_len(self.model)
+
     def _model_missing(self, reply: WireReply) -> bool:
         # vLLM: {"error": {"message": "The model `x` does not exist.", "code": 404}}
         return "does not exist" in reply.text[:1000]
@@ -198,7 +226,7 @@ class VLLMEngine(HttpEngine):
 
     @property
     def capabilities(self) -> EngineCapabilities:
-        return EngineCapabilities(weight_updates=True)
+        return EngineCapabilities(weight_updates=True, constraints=STRUCTURED)
 
     async def update_weights(self, weights_path: str, version: int) -> None:
         """Load new weights from `weights_path` (safetensors saved by the trainer, on a

@@ -43,18 +43,22 @@ def run_python(code: str) -> str:
     not the host's other files. Without bwrap it is refused, not run unsandboxed."""
     if not shutil.which("bwrap"):
         return "error: no sandbox (bubblewrap) on this machine to run programs in"
-    binds = []
+    # The fresh /tmp first, the binds after: bwrap mounts in order, so an interpreter
+    # under /tmp (a checkout or a virtualenv there) is bound on top of it, not hidden.
+    argv = ["bwrap", "--tmpfs", "/tmp", "--dev", "/dev", "--proc", "/proc"]
     for path in dict.fromkeys(["/usr", "/lib", "/lib64", "/bin", "/etc/alternatives",
                                sys.base_prefix, sys.prefix]):
-        binds += ["--ro-bind-try", path, path]
-    argv = ["bwrap", *binds, "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-            "--clearenv", "--unshare-all", "--die-with-parent", "--new-session",
-            sys.executable, "-I", "-c", code]
+        argv += ["--ro-bind-try", path, path]
+    argv += ["--clearenv", "--unshare-all", "--die-with-parent", "--new-session",
+             sys.executable, "-I", "-c", code]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=10)
     except subprocess.TimeoutExpired:
         return "error: the program ran for more than 10 s"
-    return (done.stdout + done.stderr)[-2000:] or "(no output)"
+    # Without the trailing newline print() leaves, as treadle's own python tool shows
+    # output: the demo's model learnt from such transcripts, and a stray blank line
+    # after the number is enough to garble the answer it copies from it.
+    return (done.stdout + done.stderr).rstrip("\n")[-2000:] or "(no output)"
 
 
 def solve(client: OpenAI, prompt: str, tools: list[dict[str, Any]]) -> str | None:

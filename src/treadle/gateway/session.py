@@ -24,10 +24,20 @@ engine refuses    reason ``engine refused: ...``
 its parent        a sub-agent still open when its parent ends: aborted
 ================  =============================================================
 
+A session that ends before any call was served is no trajectory of the policy (no
+token, no outcome): however it ended, it is stored as an error, stage harness,
+without a reward (`no_call_served`, where its trajectory is handed to the store).
+
 Limits (`SessionLimits`): a call past ``max_turns`` is refused (`SessionLimit`,
 the session stays open for its owner to end); a reply is cut at the room left
-under ``max_total_tokens`` (finish_reason length), and a call whose context
-already fills it is refused naming the limit.
+under ``max_total_tokens`` (finish_reason length, whatever the reply holds), and a
+call whose context already fills it is refused naming the limit.
+
+Structured output: a call's ``constraint`` (its response_format) goes to the engine,
+which decodes the reply under it; the turn records it. Refused (400 naming
+response_format): with tools the model may call, on engines without that kind
+(`EngineCapabilities.constraints`), or when the engine refuses the format itself
+(the session then stays open).
 
 Sub-agents (PARL): a session created with a parent is its child; the parent's
 record lists its children. A child that ends before its parent without a reward
@@ -58,12 +68,20 @@ from treadle.gateway.errors import (
     GatewayEngineError,
     GatewayError,
     GatewayInternalError,
+    InvalidRequest,
     SessionBusy,
     SessionEnded,
     SessionLimit,
 )
 from treadle.runtime.driver import Runtime
-from treadle.types import FailureStage, GroupKey, ToolCall, Trajectory, TrajectoryStatus
+from treadle.types import (
+    FailureStage,
+    GroupKey,
+    OutputConstraint,
+    ToolCall,
+    Trajectory,
+    TrajectoryStatus,
+)
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +128,9 @@ class CallRequest:
     seed: int | None = None  # None: the session's seed, derived per turn
     stop: tuple[str, ...] = ()  # strings that end the reply (cut after sampling)
     one_call: bool = False  # parallel_tool_calls false: cut the reply after its first call
+    # response_format json_object / json_schema: the reply is decoded under it by the
+    # engine (structured output); None: sampled freely.
+    constraint: OutputConstraint | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +156,7 @@ class Session:
         self.spec = spec
         self.fmt = chat_format(spec.chat_format)
         self.tokenizer = tokenizer
+        self._runtime = runtime  # its engines say what structured output they serve
         self._clock = clock
         self.trajectory = Trajectory(
             spec.trajectory_id, spec.key, task_id=spec.task_id,
@@ -232,6 +254,7 @@ class Session:
 
     async def _call(self, request: CallRequest) -> CallResult:
         limits, conv = self.spec.limits, self.conversation
+        self._check_constraint(request)
         forced = self.fmt.forced_prefix(request.tool_choice)
         begun = conv.begin(request.messages, request.tools, forced=forced)
         turn = conv.turns
@@ -261,15 +284,40 @@ class Session:
             text = text[:cut]
         reply = self.fmt.reply(text, request.tool_choice)
         record = conv.record_reply(out, reply, kept=len(ids))
+        record.constraint = request.constraint
         if reply.calls:
             first = reply.calls[0]
             record.tool_call = ToolCall(first.name, first.parsed_arguments())
         self.final_text = reply.content
         conv.turn_finished(final=False)
         conv.tool_started()
-        finish = "tool_calls" if reply.calls else (
-            "length" if out.finish_reason == "length" and cut is None else "stop")
+        # A reply the engine cut (at its token budget: the room under max_total_tokens,
+        # max_tokens_per_turn or the call's max_tokens) says length whatever it holds,
+        # tool calls included, as OpenAI's does; one that a stop string or the first
+        # call cut stopped where the model would have.
+        finish = "length" if out.finish_reason == "length" and cut is None else (
+            "tool_calls" if reply.calls else "stop")
         return CallResult(reply, finish, ids, logprobs, len(begun.prompt_ids), turn)
+
+    def _check_constraint(self, request: CallRequest) -> None:
+        """InvalidRequest (naming response_format in full) for a constraint this
+        call cannot be decoded under: with tools the model may call (the whole reply
+        is decoded under the format, so it could not call them), or on engines that
+        cannot decode under its kind."""
+        constraint = request.constraint
+        if constraint is None:
+            return
+        kind = constraint.kind.value
+        if request.tools and request.tool_choice.mode != "none":
+            raise InvalidRequest(
+                f"response_format {kind} with tools the model may call is not served: the "
+                "whole reply is decoded under the format, so it could not call them (send "
+                "tool_choice none, or no tools)", param="response_format")
+        for slot in self._runtime.engines():
+            refusal = slot.engine.capabilities.refusal(constraint)
+            if refusal is not None:
+                raise InvalidRequest(f"response_format {kind} is not served by this "
+                                     f"session's engines: {refusal}", param="response_format")
 
     async def _generate(self, request: CallRequest, prompt_ids: list[int], budget: int,
                         turn: int) -> TurnOutput:
@@ -277,18 +325,29 @@ class Session:
         sampling = Sampling(
             base.temperature if request.temperature is None else request.temperature,
             base.top_p if request.top_p is None else request.top_p,
-            request.seed if request.seed is not None else base.seed)
+            request.seed if request.seed is not None else base.seed, request.constraint)
         if request.seed is None:
             sampling = sampling.for_turn(self.spec.task_id, self.spec.key.repetition, turn)
         try:
             return await self.conversation.generate(prompt_ids, budget, sampling)
         except EngineRequestError as e:
             self.conversation.take_back()
+            if request.constraint is not None:
+                # Its context fits (the session's limits are within the engine's), so
+                # what the engine refused is the format (a schema its grammar cannot
+                # take): the session stays open for a call without it.
+                log.warning("session %s: the engine refused a %s call: %s",
+                            self.spec.session_id, request.constraint.kind.value, e)
+                raise InvalidRequest(f"the engine refused to decode under response_format "
+                                     f"{request.constraint.kind.value}: {e}",
+                                     param="response_format") from None
+            log.warning("session %s: the engine refused the call: %s", self.spec.session_id, e)
             self.finish(TrajectoryStatus.TRUNCATED, f"engine refused: {e}")
             raise ContextTooLong(f"the engine refused the call: {e}",
                                  param="messages") from None
         except EngineError as e:
             self.conversation.take_back()
+            log.warning("session %s: the engines failed the call: %s", self.spec.session_id, e)
             self.finish(TrajectoryStatus.ERROR, f"engine: {e}", FailureStage.ENGINE)
             raise GatewayEngineError(f"the engines failed the call: {e}") from None
 
@@ -342,4 +401,18 @@ class Session:
         self.conversation.ended(self.trajectory.reason or self.trajectory.status.value)
 
 
-__all__ = ["CallRequest", "CallResult", "Session", "SessionLimits", "SessionSpec"]
+def no_call_served(traj: Trajectory) -> None:
+    """A session's trajectory as it is stored: one that ended before any call was
+    served has no token to train on and no outcome of the policy, so it is no
+    completed (or truncated, or timed out) trajectory and has no reward: the
+    harness's episode failed (status error, stage harness)."""
+    if traj.turns or traj.status in (TrajectoryStatus.ERROR, TrajectoryStatus.ABORTED):
+        return
+    traj.reason = (f"harness: no call was served before the session ended "
+                   f"({traj.status.value}" + (f": {traj.reason})" if traj.reason else ")"))
+    traj.status, traj.failure_stage = TrajectoryStatus.ERROR, FailureStage.HARNESS
+    traj.reward = traj.reward_source = None
+
+
+__all__ = ["CallRequest", "CallResult", "Session", "SessionLimits", "SessionSpec",
+           "no_call_served"]

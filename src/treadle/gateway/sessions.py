@@ -10,6 +10,13 @@ credit rule and the ways a session ends are in `gateway.session`). Idleness is
 timed on `clock` in real seconds: a session whose owner made no call for its
 `idle_timeout_s` ends with status timeout, unless it is an orchestrator whose
 sub-agents are still open or its owner always ends it (`SessionSpec.swept`).
+
+A session the gateway ended (an engine failure, a refused context, its idle
+timeout) waits `grace_s` (the service's is 300 s) for its owner before it is handed
+on: the owner's `end` within it scores it (its reward, rewards and metadata; the
+status stays what ended it, and an error takes no reward), and a call gets
+`SessionEnded`, not a 404. Unscored after `grace_s`, it is handed on as it is. A
+harness run's session (`swept` false) has no grace: its run ends and scores it.
 Not thread-safe: one event loop.
 """
 
@@ -38,13 +45,16 @@ class Sessions:
 
     def __init__(self, runtime: Runtime, tokenizer: Tokenizer, *,
                  on_end: Callable[[Trajectory], Awaitable[None]], clock: Clock = MONOTONIC,
-                 max_sessions: int = 4096, sweep_s: float = 1.0) -> None:
+                 max_sessions: int = 4096, sweep_s: float = 1.0,
+                 grace_s: float = 0.0) -> None:
         self.runtime = runtime
         self.tokenizer = tokenizer
         self.max_sessions = max_sessions  # open sessions at once
         self._on_end = on_end
         self._clock = clock
         self._sweep_s = sweep_s  # how often idle sessions are looked for
+        self.grace_s = grace_s  # how long a session the gateway ended waits for its owner
+        self._grace: dict[str, float] = {}  # session id -> when its grace is over
         self._open: dict[str, Session] = {}
         self._held: dict[str, list[Session]] = {}  # parent id -> children waiting for it
         self._sweeper: asyncio.Task[None] | None = None
@@ -105,11 +115,14 @@ class Sessions:
                   stage: FailureStage | None = None,
                   reward_source: RewardSource | None = None) -> Trajectory:
         """End an open session (a call in flight: SessionBusy) and hand it on;
-        `reward_source` says what gave `reward` (kept only with one)."""
+        `reward_source` says what gave `reward` (kept only with one). A session the
+        gateway ended, in its grace, is scored instead (its status kept)."""
         session = self.get(session_id)
         if session.busy:
             raise SessionBusy(f"session {session_id} is running a call; end it after")
         traj = session.trajectory
+        if session.ended:  # in its grace: what ended it stands
+            status = traj.status
         if status is not TrajectoryStatus.ERROR:
             traj.reward = reward
             traj.reward_source = None if reward is None else reward_source
@@ -124,6 +137,11 @@ class Sessions:
         if self._sweeper is not None:
             self._sweeper.cancel()
             await asyncio.gather(self._sweeper, return_exceptions=True)
+        for session in [s for s in self._open.values() if s.spec.session_id in self._grace]:
+            try:  # ended already: handed on unscored rather than lost
+                await self._settle(session)
+            except Exception:
+                log.exception("handing on session %s", session.spec.session_id)
         for session in self._open.values():
             session.finish(TrajectoryStatus.ABORTED, "service closed")
         self._open.clear()
@@ -132,6 +150,7 @@ class Sessions:
         """Drop an ended session unstored (its owner stores its trajectory)."""
         self._open.pop(session_id, None)
         self._held.pop(session_id, None)
+        self._grace.pop(session_id, None)
 
     def abort_job(self, job_id: str) -> list[Trajectory]:
         """End the open sessions of a cancelled job, unstored (the store has aborted
@@ -140,18 +159,27 @@ class Sessions:
         for session in [s for s in self._open.values() if s.spec.job_id == job_id]:
             session.finish(TrajectoryStatus.ABORTED, "cancelled")
             del self._open[session.spec.session_id]
+            self._grace.pop(session.spec.session_id, None)
             out.append(session.trajectory)
         for parent in [p for p in self._held if p not in self._open]:
             del self._held[parent]
         return out
 
     async def settle(self, session: Session) -> None:
-        """Hand on a session that ended by itself (an engine failure, a refused context)."""
-        if session.spec.session_id in self._open and session.ended:
-            await self._settle(session)
+        """A session that ended by itself (an engine failure, a refused context): it
+        waits out its grace for its owner, or is handed on now (no grace: a harness
+        run's, or a grace of 0)."""
+        sid = session.spec.session_id
+        if sid not in self._open or not session.ended or sid in self._grace:
+            return
+        if session.spec.swept and self.grace_s > 0:
+            self._grace[sid] = self._clock.now() + self.grace_s
+            return
+        await self._settle(session)
 
     async def _settle(self, session: Session) -> None:
         self._open.pop(session.spec.session_id, None)
+        self._grace.pop(session.spec.session_id, None)
         traj = session.trajectory
         for child in session.children:
             if not child.ended:  # settled as any ended session is: its own children too
@@ -172,6 +200,13 @@ class Sessions:
         while True:
             await self._clock.sleep(self._sweep_s)
             now = self._clock.now()
+            for sid, over in list(self._grace.items()):
+                session = self._open.get(sid)
+                if session is not None and now >= over:
+                    try:  # its owner did not come: handed on unscored
+                        await self._settle(session)
+                    except Exception:
+                        log.exception("handing on session %s", sid)
             for session in list(self._open.values()):
                 idle = session.spec.limits.idle_timeout_s
                 # An orchestrator waits while its sub-agents work; a harness run ends
@@ -179,9 +214,9 @@ class Sessions:
                 waiting = any(not c.ended for c in session.children) or not session.spec.swept
                 if not session.busy and not session.ended and not waiting \
                         and now - session.last_active >= idle:
-                    try:
-                        await self.end(session.spec.session_id,
-                                       status=TrajectoryStatus.TIMEOUT, reason="idle_timeout")
+                    try:  # ended by the gateway: its owner may still score it
+                        session.finish(TrajectoryStatus.TIMEOUT, "idle_timeout")
+                        await self.settle(session)
                     except Exception:  # one bad session must not stop the sweep
                         log.exception("ending idle session %s", session.spec.session_id)
 

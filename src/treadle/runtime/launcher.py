@@ -152,6 +152,12 @@ class VLLMProcess(ProcessSpec):
     # CPU generators cannot do). A prompt then prefills in one step; GPU servers with
     # long prompts want it on.
     chunked_prefill: bool = False
+    # Structured output (a request's constraint) with no whitespace sampled between
+    # JSON tokens (xgrammar's compact JSON): with whitespace free, the small model
+    # looped on it until its token budget in 6 of 6 draws at T=1 (measured on vLLM
+    # 0.32, 96 tokens); without, 3 of 3 closed a bounded schema in 25 tokens. The
+    # reply still matches its schema; the whitespace is only not sampled.
+    compact_json: bool = True
     name: str = "vllm"
     startup_estimate_s: float = 60.0
 
@@ -165,6 +171,9 @@ class VLLMProcess(ProcessSpec):
             cmd += ["--tensor-parallel-size", str(tp)]
         if not self.chunked_prefill:
             cmd.append("--no-enable-chunked-prefill")
+        if self.compact_json:
+            cmd += ["--structured-outputs-config",
+                    '{"backend": "xgrammar", "disable_any_whitespace": true}']
         return cmd + list(self.extra_args)
 
     def env(self) -> dict[str, str]:

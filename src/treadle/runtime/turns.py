@@ -9,7 +9,9 @@ admitted priority. What can happen to the call, and what the runner does:
 - the scheduler preempts it (`Preempt`): the engine aborts it; the tokens it had
   produced (the emulated engine returns them; vLLM's client cannot, so they are
   lost) are kept, and once admitted again it resumes with them appended to the
-  prompt and `max_tokens` reduced by as many;
+  prompt and `max_tokens` reduced by as many — unless the turn is decoded under a
+  constraint (`Sampling.constraint`): its grammar cannot resume mid-way, so it
+  starts over;
 - the engine fails (`EngineUnavailable`, `EngineTimeout`, a malformed reply): the
   runtime checks the engine's health. A dead engine is failed (`EngineFailed`: the
   scheduler re-routes everything it held, this turn included, with a full
@@ -122,7 +124,7 @@ class ScheduledTurns:
                 prompt_ids=prompt_ids + ids, max_tokens=max_tokens - len(ids),
                 temperature=sampling.temperature, top_p=sampling.top_p, seed=seed,
                 stop_token_ids=stop_ids, priority=_int_priority(priority),
-                timeout_s=self._rt.request_timeout_s)
+                timeout_s=self._rt.request_timeout_s, constraint=sampling.constraint)
             started = clock.now()
             result = await self._send(slot, request)
             generating += clock.now() - started
@@ -142,9 +144,12 @@ class ScheduledTurns:
                 raise EngineProtocolError(f"{eid} returned {len(result.output_ids)} ids and "
                                           f"{len(result.logprobs)} logprobs")
             self.engine_id = eid
-            ids += result.output_ids
-            logprobs += result.logprobs
-            versions += [self._rt.policy_version] * len(result.output_ids)
+            if result.finish_reason != "abort" or sampling.constraint is None:
+                ids += result.output_ids
+                logprobs += result.logprobs
+                versions += [self._rt.policy_version] * len(result.output_ids)
+            # (else a constrained reply cut mid-way starts over: its engine's grammar
+            # would begin anew after the partial output, and the whole would not parse)
             if result.finish_reason != "abort":
                 finish = result.finish_reason
                 break

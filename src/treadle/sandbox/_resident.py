@@ -3,7 +3,7 @@
 A per-call bwrap exec builds namespaces, mounts, a gate shell and an interpreter
 for every call (15-30 ms). A `ResidentExecutor` starts one bwrap launch per
 sandbox, through the same gate, with the same options, seccomp filter, rlimits
-and work dir, whose command (`--as-pid-1`) is the agent of _resident_agent.py; a
+and work dir, whose command (`--as-pid-1`) is the agent of `inside.agent`; a
 call is then one message on a SOCK_SEQPACKET socket carrying a memfd with the
 request, a memfd with the caller's stdin and two pipes the call writes its output
 to, which the host reads directly (capped as in _process.py). The agent forks and
@@ -49,12 +49,10 @@ import socket
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
-from pathlib import Path
 from typing import Any
 
 from treadle.errors import SandboxSupervisorError
-from treadle.sandbox import _process
+from treadle.sandbox import _process, inside
 from treadle.sandbox._cgroup import Cgroups, ExecCgroup
 from treadle.sandbox._seccomp import memfd
 from treadle.sandbox.base import ExecResult, Limits, classify
@@ -77,19 +75,15 @@ _STDERR_KEEP = 4096
 _MAX_LEFT = 4  # outer bwrap, agent, zygote, its standby: all a cgroup holds between calls
 
 
-@cache
-def agent_source() -> str:
-    return Path(__file__).with_name("_resident_agent.py").read_text()
+_AGENT_MODULES = ("procs", "scratch", "agent")  # `inside`'s modules the agent is made of
 
 
-@cache
-def zygote_source() -> str:
-    return Path(__file__).with_name("_resident_zygote.py").read_text()
-
-
-@cache
-def scratch_source() -> str:
-    return Path(__file__).with_name("_resident_scratch.py").read_text()
+def agent_command(python: str, sock_fd: int) -> list[str]:
+    """The agent's command line: `inside.boot` with the agent's modules, then its
+    arguments (the socket's fd, the zygote's source)."""
+    modules = [part for name in _AGENT_MODULES for part in (name, inside.source(name))]
+    return [python, "-I", "-S", "-c", inside.source("boot"), str(len(_AGENT_MODULES)),
+            *modules, str(sock_fd), inside.source("zygote")]
 
 
 @dataclass(slots=True)

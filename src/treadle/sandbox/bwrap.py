@@ -16,20 +16,14 @@ Each exec is one fresh `bwrap` process tree:
 - System calls: the seccomp filter of `_seccomp.py` (no ptrace or process_vm_* of
   anything, no kernel keyrings, none of a list of calls no tool needs), loaded by
   bwrap into its pid 1 and the command. Without libseccomp, none (a warning).
-- File system: a new root (a tmpfs, read-only after setup) holding the host's
-  system directories read-only (/usr, /etc, /opt and the /bin, /lib... links;
-  `VISIBLE_TOP_LEVEL`) plus any `expose` path. Everything else (/home, /root,
-  /tmp, /run with its sockets, /var, /srv, /mnt, /sys, and any top-level
-  directory nobody thought of) does not exist inside: default deny. Within what is
-  visible, the caller's working directory, treadle's source checkout, the
-  password/ssh/sudo files of /etc (`DEFAULT_HIDE`) and any `hide` path are covered
-  (empty read-only tmpfs, or /dev/null for files). A fresh /proc with /proc/1
-  (bwrap's pid 1: its /proc/1/mem is otherwise writable by the same uid),
-  /proc/keys and /proc/key-users covered; a minimal, read-only /dev with a
+- File system (see _view.py): a new root holding the host's system directories
+  read-only and any `expose` path; everything else of the host (/home, /root,
+  /tmp, /run, /var, /sys, any top-level directory nobody thought of) does not
+  exist inside: default deny. The caller's working directory, treadle's source
+  checkout, the password/ssh/sudo files of /etc and any `hide` path are covered.
+  A fresh /proc (/proc/1 and the key lists covered), a minimal read-only /dev, a
   /dev/shm and a /tmp of their own per exec, each `memory_mb` in size; the work
-  dir (with `bounded_workdirs`, a tmpfs of `workdir_mb` where treadle may mount,
-  see _workdir.py) is bound read-write at `mount_point` (default /work) and is
-  the cwd and HOME.
+  dir bound read-write at `mount_point` (default /work), the cwd and HOME.
 - Environment: cleared (`--clearenv`), then PATH, HOME, LANG and the caller's `env`.
   The bwrap options travel in a memfd (`--args`), so they are not in any cmdline.
 - Limits: the gate sets the CPU, file-size, fd, core and address-space rlimits on
@@ -75,21 +69,11 @@ from treadle.sandbox import _process, _resident, _seccomp, _workdir
 from treadle.sandbox._cgroup import Cgroups, detect_cgroups
 from treadle.sandbox._host import BASE_LANG, HostSandbox
 from treadle.sandbox._seccomp import SyscallFilter, syscall_filter
+from treadle.sandbox._view import file_view
 from treadle.sandbox.base import MIB, ExecResult, Limits, Sandbox, SandboxBackend
 
 log = logging.getLogger(__name__)
 
-# The only top-level host directories a sandbox sees (read-only): programs and
-# their libraries and configuration. Everything else - user data, secrets, sockets
-# (/run holds docker.sock and dbus), state, /sys, and any directory nobody listed -
-# is absent; add what a task needs with `expose`.
-VISIBLE_TOP_LEVEL = ("bin", "etc", "lib", "lib32", "lib64", "libx32", "opt", "sbin", "usr")
-# Inside the visible tree, secrets that host file modes alone may not protect (they
-# do for an unprivileged sandbox uid, not in the root-without-capabilities fallback).
-DEFAULT_HIDE = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/ssh",
-                "/etc/sudoers", "/etc/sudoers.d", "/etc/security/opasswd")
-# Never masked even if the caller's cwd is one of them: the sandbox needs them to run.
-_ESSENTIAL = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NOBODY = (65534, 65534)
 _PRLIMIT_OPTION = {"CPU": "--cpu", "NPROC": "--nproc", "FSIZE": "--fsize",
@@ -99,9 +83,6 @@ _PRLIMIT_OPTION = {"CPU": "--cpu", "NPROC": "--nproc", "FSIZE": "--fsize",
 # uid on the host (all sandboxes together), since the kernel checks a new user
 # namespace's processes against its creator's limit at the parent level too.
 _OUTER = ("CPU", "FSIZE", "NOFILE", "CORE", "AS")
-# What a sandbox may keep in /proc/1 (covered, so that bwrap's pid 1 cannot be
-# opened through /proc/1/mem): nothing, read-only.
-_PID1_COVER_BYTES = 4096
 _SELF_TEST_TIMEOUT_S = 20.0
 _INSTALL_HINT = ("install bubblewrap: `bash scripts/system-deps.sh bubblewrap` "
                  "(or apt-get install bubblewrap)")
@@ -177,11 +158,8 @@ class BwrapSandbox(HostSandbox):
 
     def _launch_resident(self, sock_fd: int) -> _process.Launch:
         assert self._setup.resident_python is not None
-        return self._launch([self._setup.resident_python, "-I", "-S", "-c",
-                             _resident.agent_source(), str(sock_fd),
-                             _resident.zygote_source(), _resident.scratch_source()],
-                            self._base_env(),
-                            extra_fds=(sock_fd,), resident=True)
+        return self._launch(_resident.agent_command(self._setup.resident_python, sock_fd),
+                            self._base_env(), extra_fds=(sock_fd,), resident=True)
 
     def _launch(self, argv: list[str], env: dict[str, str], *, extra_fds: tuple[int, ...] = (),
                 resident: bool = False) -> _process.Launch:
@@ -246,7 +224,8 @@ class BwrapBackend(SandboxBackend):
         root, else <tmp>/treadle-sandboxes-<uid>); refused unless private to this
         user (see _workdir.py).
     expose: extra host paths (absolute) to show read-only at the same place, e.g.
-        "/nix/store" or a read-only dataset directory.
+        "/nix/store", a read-only dataset directory or a virtualenv under /tmp; not
+        /tmp as a whole, nor /proc, /dev or the mount point or under them.
     hide: extra host paths to cover (files or directories) besides the defaults.
     sandbox_user: (uid, gid) sandboxes run as when treadle is root; None keeps root
         (capabilities dropped). Ignored when treadle is not root.
@@ -275,21 +254,17 @@ class BwrapBackend(SandboxBackend):
         if executor not in ("resident", "per-call"):
             raise ValueError(f"executor must be 'resident' or 'per-call', got {executor!r}")
         self.executor = executor
-        if not mount_point.startswith("/") or mount_point.count("/") != 1 or mount_point == "/":
-            raise ValueError(f"mount_point must be one top-level path like '/work', got "
-                             f"{mount_point!r}")
-        self.mount_point = mount_point
+        self.view = file_view(mount_point, expose, hide)
         self.work_root = work_root or _workdir.default_work_root()
-        for path in expose:
-            if not os.path.isabs(path) or os.path.normpath(path) == "/":
-                raise ValueError(f"expose paths must be absolute and not '/', got {path!r}")
-        self.expose = tuple(os.path.normpath(p) for p in expose)
-        self.hide = tuple(hide)
         self.sandbox_user = sandbox_user
         self._use_cgroups = use_cgroups
         self._bounded_workdirs = bounded_workdirs
         self._setup: _Setup | None = None
         self._setup_lock = asyncio.Lock()
+
+    @property
+    def mount_point(self) -> str:
+        return self.view.mount_point
 
     @property
     def isolation(self) -> str:
@@ -362,7 +337,7 @@ class BwrapBackend(SandboxBackend):
                 disable_userns="--disable-userns" in help_text,
                 tmpfs_size="--size" in help_text,
                 json_status="--json-status-fd" in help_text,
-                masks=self._masks(run_as),
+                masks=self.view.masks(run_as),
                 seccomp=seccomp,
                 resident_python=self._resident_python(help_text),
             )
@@ -411,34 +386,6 @@ class BwrapBackend(SandboxBackend):
         return (result.stderr.strip().splitlines() or [f"exit {result.exit_code}, "
                                                        f"killed {result.killed}"])[-1]
 
-    def _masks(self, run_as: tuple[int, int] | None) -> tuple[str, ...]:
-        """Visible host paths to cover: the caller's cwd, treadle's checkout, the hides."""
-        candidates = [os.getcwd(), *filter(None, [_workdir.source_checkout()]), *DEFAULT_HIDE,
-                      *self.hide]
-        out: list[str] = []
-        for raw in candidates:
-            path = os.path.realpath(raw)
-            if not os.path.lexists(path) or not self._visible(path):
-                continue
-            if path == "/" or any(e == path or e.startswith(path.rstrip("/") + "/")
-                                  for e in _ESSENTIAL):
-                log.warning("not hiding %s from sandboxes: the system needs it", path)
-                continue
-            if run_as is not None and not _workdir.traversable(path, *run_as):
-                continue  # the sandbox uid cannot reach it anyway
-            if path not in out:
-                out.append(path)
-        return tuple(out)
-
-    def _visible(self, path: str) -> bool:
-        """Whether a (resolved) host path shows inside without a mask."""
-        top = "/" + path.strip("/").split("/", 1)[0]
-        if top == self.mount_point:
-            return False
-        if top.lstrip("/") in VISIBLE_TOP_LEVEL:
-            return True
-        return any(path == e or path.startswith(e + "/") for e in self.expose)
-
     def bwrap_options(self, setup: _Setup, host_dir: str, env: dict[str, str], limits: Limits,
                       *, seccomp_fd: int | None = None, status_fd: int | None = None,
                       as_pid_1: bool = False) -> list[str]:
@@ -456,43 +403,9 @@ class BwrapBackend(SandboxBackend):
         opts.append("--clearenv")
         for key, value in env.items():
             opts += ["--setenv", key, value]
-        for name in VISIBLE_TOP_LEVEL:
-            path = "/" + name
-            if path == self.mount_point:
-                continue
-            if os.path.islink(path):  # merged /usr: /bin -> usr/bin
-                opts += ["--symlink", os.readlink(path), path]
-            elif os.path.isdir(path):
-                opts += ["--ro-bind", path, path]
-        for path in self.expose:
-            opts += ["--ro-bind", path, path]
-        # /proc/1 is bwrap's pid 1 (no RLIMIT_NPROC; the death signal that ends the
-        # namespace): its /proc/1/mem must not be writable by the command, which runs as
-        # the same uid. Keys: /proc/keys lists every key the sandbox uid may view.
-        opts += ["--proc", "/proc", "--perms", "0555",
-                 *self._tmpfs_size(setup, _PID1_COVER_BYTES), "--tmpfs", "/proc/1",
-                 "--remount-ro", "/proc/1", "--ro-bind", "/dev/null", "/proc/keys",
-                 "--ro-bind", "/dev/null", "/proc/key-users"]
-        # bwrap's /dev is a tmpfs of half the RAM, writable by the sandbox uid, with
-        # /dev/shm a plain directory in it: give /dev/shm a tmpfs sized like /tmp and
-        # make the rest read-only (its device nodes are mounts of their own, still usable).
-        size = self._tmpfs_size(setup, limits.memory_mb * MIB)
-        opts += ["--dev", "/dev", "--perms", "1777", *size, "--tmpfs", "/dev/shm",
-                 # resident: the agent lists (and empties) POSIX message queues there
-                 *(["--mqueue", "/dev/mqueue"] if as_pid_1 else []),
-                 "--remount-ro", "/dev", "--perms", "1777", *size, "--tmpfs", "/tmp"]
-        for path in setup.masks:
-            if os.path.isdir(path):
-                opts += ["--tmpfs", path, "--remount-ro", path]
-            else:
-                opts += ["--ro-bind", "/dev/null", path]
-        opts += ["--bind", host_dir, self.mount_point, "--remount-ro", "/",
-                 "--chdir", self.mount_point]
-        return opts
-
-    @staticmethod
-    def _tmpfs_size(setup: _Setup, size: int) -> list[str]:
-        return ["--size", str(size)] if setup.tmpfs_size else []
+        return [*opts, *self.view.options(host_dir=host_dir, masks=setup.masks,
+                                          scratch_bytes=limits.memory_mb * MIB,
+                                          sized=setup.tmpfs_size, mqueue=as_pid_1)]
 
 
 def _bwrap_help(bwrap: str) -> str:

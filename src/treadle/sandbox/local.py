@@ -10,8 +10,8 @@ What it does give, like bwrap: the rlimits of `Limits` (RLIMIT_NPROC rebased, se
 `_local_rlimits`), the cgroup memory/pids limits where the host lets us write
 them (v1 or v2, see _cgroup.py), the wall-clock deadline, the output cap, a cleared environment (the
 host PATH, HOME, LANG and the caller's `env` only), and the guarantee that no
-process outlives its exec: a subreaper supervisor (`_reaper.py`) kills the whole
-tree, setsid'd and double-forked processes included. Commands run in the work
+process outlives its exec: a subreaper supervisor (`inside.reaper`) kills the
+whole tree, setsid'd and double-forked processes included. Commands run in the work
 dir, which is also their HOME.
 """
 
@@ -24,10 +24,11 @@ import os
 import signal
 import sys
 
-from treadle.sandbox import _process, _reaper, _workdir
+from treadle.sandbox import _process, _workdir
 from treadle.sandbox._cgroup import Cgroups, detect_cgroups
 from treadle.sandbox._host import BASE_LANG, HostSandbox
 from treadle.sandbox.base import Limits, Sandbox, SandboxBackend
+from treadle.sandbox.inside import reaper
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +57,9 @@ class LocalSandbox(HostSandbox):
                 "LANG": BASE_LANG}
 
     def _launch(self, argv: list[str], env: dict[str, str]) -> _process.Launch:
-        spec = _reaper.format_spec(_local_rlimits(self.limits))
+        spec = reaper.format_spec(_local_rlimits(self.limits))
         return _process.Launch(
-            argv=[sys.executable, "-I", "-S", os.path.abspath(_reaper.__file__), spec, "--", *argv],
+            argv=[sys.executable, "-I", "-S", os.path.abspath(reaper.__file__), spec, "--", *argv],
             env=env,
             cwd=self.host_dir,
             kill_tree=_stop_reaper,

@@ -41,7 +41,14 @@ from treadle.envs.base import open_episode
 from treadle.errors import TreadleError
 from treadle.gateway.errors import SessionBusy
 from treadle.gateway.harness import Harness, HarnessEnv, Verdict, judge, run_harness
-from treadle.gateway.session import CallRequest, CallResult, Session, SessionLimits, SessionSpec
+from treadle.gateway.session import (
+    CallRequest,
+    CallResult,
+    Session,
+    SessionLimits,
+    SessionSpec,
+    no_call_served,
+)
 from treadle.gateway.sessions import Sessions
 from treadle.runtime.driver import Runtime
 from treadle.service.errors import RequestRefused
@@ -64,6 +71,8 @@ from treadle.types import FailureStage, GroupKey, RewardSource, Trajectory, Traj
 
 log = logging.getLogger(__name__)
 MAX_CHILDREN = 1024  # sub-agent sessions of one session (their repetitions' stride)
+# A session's max_total_tokens where it asks none and its engines do not say theirs.
+DEFAULT_MAX_TOTAL_TOKENS = SessionLimits().max_total_tokens
 
 
 class Gateway:
@@ -72,7 +81,8 @@ class Gateway:
     def __init__(self, runtime: Runtime, store: AsyncStore, outbox: Outbox,
                  sandboxes: SuitePools, tokenizer: Tokenizer | None, *,
                  default_format: str = DEFAULT_FORMAT, clock: Clock = MONOTONIC,
-                 max_sessions: int = 4096, harnesses: Mapping[str, Harness] | None = None,
+                 max_sessions: int = 4096, grace_s: float = 300.0,
+                 harnesses: Mapping[str, Harness] | None = None,
                  url: str | None = None, keys: SessionKeys,
                  frozen: Runtime | None = None) -> None:
         self.store = store
@@ -90,7 +100,10 @@ class Gateway:
         self.keys = keys
         self._harnessed: set[str] = set()  # trajectories a harness run returns itself
         self.sessions = None if tokenizer is None else Sessions(
-            runtime, tokenizer, on_end=self._ended, clock=clock, max_sessions=max_sessions)
+            runtime, tokenizer, on_end=self._ended, clock=clock, max_sessions=max_sessions,
+            grace_s=grace_s)
+        self._runtime = runtime
+        self._windows: dict[str, int | None] = {}  # engine id -> its context window
         self._jobs: dict[str, str] = {}  # trajectory id -> its job, for open sessions
         self._taken: dict[str, set[str]] = {}  # sessions job -> trajectory ids taken here
 
@@ -109,6 +122,7 @@ class Gateway:
         except ValueError as e:
             raise RequestRefused(f"chat_format: {e}") from None
         pool, runtime = self._pool(request)
+        max_total = await self._max_total(runtime, request.limits.max_total_tokens)
         session_id = uuid.uuid4().hex[:16]
         parent = None
         if request.parent_session_id is not None:
@@ -133,8 +147,8 @@ class Gateway:
             session_id=session_id, trajectory_id=planned.trajectory_id, job_id=job_id,
             key=GroupKey(planned.group_id, planned.repetition), task_id=planned.task_id,
             sampling=Sampling(sampling.temperature, sampling.top_p, sampling.seed),
-            limits=SessionLimits(limits.max_turns, limits.max_total_tokens,
-                                 limits.max_tokens_per_turn, limits.idle_timeout_s),
+            limits=SessionLimits(limits.max_turns, max_total, limits.max_tokens_per_turn,
+                                 limits.idle_timeout_s),
             metadata=request.metadata,
             parent_id=None if parent is None else parent.spec.session_id,
             trainable=request.trainable, chat_format=fmt, engine_pool=pool)
@@ -150,10 +164,35 @@ class Gateway:
             raise
         self._jobs[planned.trajectory_id] = job_id
         return SessionCreated(session_id=session_id, job_id=job_id,
-                              trajectory_id=planned.trajectory_id,
+                              trajectory_id=planned.trajectory_id, max_total_tokens=max_total,
                               tokenizer_fingerprint=self.tokenizer_fingerprint,
                               base_url=f"{base_url.rstrip('/')}/v1/sessions/{session_id}"
                                        "/openai/v1")
+
+    async def context_window(self, runtime: Runtime | None = None) -> int | None:
+        """The longest context every engine of the pool serves (the policy's by
+        default; `Engine.context_window`, asked once per engine), or None where none
+        says."""
+        windows = []
+        for slot in (runtime or self._runtime).engines():
+            if slot.engine_id not in self._windows:
+                self._windows[slot.engine_id] = await slot.engine.context_window()
+            window = self._windows[slot.engine_id]
+            if window is not None:
+                windows.append(window)
+        return min(windows, default=None)
+
+    async def _max_total(self, runtime: Runtime | None, asked: int | None) -> int:
+        """A new session's max_total_tokens: what it asked for, which must fit the
+        engines' context (RequestRefused naming it), else that context (else
+        `DEFAULT_MAX_TOTAL_TOKENS` where the engines do not say)."""
+        window = await self.context_window(runtime)
+        if asked is None:
+            return DEFAULT_MAX_TOTAL_TOKENS if window is None else window
+        if window is not None and asked > window:
+            raise RequestRefused(f"limits.max_total_tokens: {asked} is more than the engines' "
+                                 f"context ({window} tokens); leave it out to get that")
+        return asked
 
     def _pool(self, request: SessionRequest) -> tuple[str, Runtime | None]:
         """The engine pool a new session's calls go to, and its runtime (None: the
@@ -269,6 +308,7 @@ class Gateway:
             taken.discard(traj.trajectory_id)
         if traj.trajectory_id in self._harnessed:
             return  # its harness run hands it to the job runner, which stores it
+        no_call_served(traj)
         try:
             await self.outbox.deliver(job_id, traj)
         except RecordError as e:  # a record the store refuses must not leave it running
@@ -287,11 +327,15 @@ class Gateway:
         sessions, p = self._open(), work.planned
         harness = self.harnesses[work.harness]
         lim = work.limits
+        window = await self.context_window()
         spec = SessionSpec(
             session_id=uuid.uuid4().hex[:16], trajectory_id=p.trajectory_id,
             job_id=work.job_id, key=GroupKey(p.group_id, p.repetition), task_id=p.task_id,
             sampling=work.sampling, chat_format=work.chat_format,
-            limits=SessionLimits(lim.max_turns, lim.max_total_tokens, lim.max_tokens_per_turn),
+            # The job's limits, within what its engines serve.
+            limits=SessionLimits(lim.max_turns, min(lim.max_total_tokens,
+                                                    window or lim.max_total_tokens),
+                                 lim.max_tokens_per_turn),
             swept=False)
         session = sessions.create(spec)  # (ServiceBusy: the job runner records the error)
         self._harnessed.add(p.trajectory_id)
@@ -323,6 +367,7 @@ class Gateway:
                 sessions.forget(spec.session_id)
                 self._jobs.pop(p.trajectory_id, None)
         session.trajectory.attempt = attempt
+        no_call_served(session.trajectory)
         return session.trajectory
 
     async def _run(self, harness: Harness, work: HarnessWork, session: Session,

@@ -4,7 +4,8 @@ Every error body is ``{"detail": ...}`` (`schemas.ErrorReply`): a message, or fo
 422 one ``{"loc", "msg", "type"}`` entry per bad field. What an error echoes of the
 request is bounded (`MAX_FIELD_ERRORS` entries, `MAX_MESSAGE_CHARS` a message, no
 ``input``): a huge bad field must not come back in the answer, nor stall the loop
-serialising it.
+serialising it. No message shows an engine's address (`engines.errors.public_text`:
+an engine's error names it for the logs).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute, Match, Route
 from starlette.types import Scope
 
+from treadle.engines.errors import public_text
 from treadle.errors import ServiceBusy
 from treadle.gateway import wire
 from treadle.gateway.errors import GatewayError
@@ -62,6 +64,9 @@ def documented(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 
 def clip(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """`text` as an error body may carry it: no engine address, at most `limit`
+    characters."""
+    text = public_text(text)
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 

@@ -262,7 +262,11 @@ class JobRequest(_Strict):
 
 class SessionLimitParams(_Strict):
     max_turns: int = Field(default=64, ge=1, le=10_000)
-    max_total_tokens: int = Field(default=4096, ge=2, le=1 << 20)
+    max_total_tokens: int | None = Field(
+        default=None, ge=2, le=1 << 20,
+        description="a segment's context at most (prompt, replies, new messages); at most "
+                    "the engines' context, which it is by default (4096 where they do not "
+                    "say)")
     max_tokens_per_turn: int = Field(default=1024, ge=1, le=1 << 20)
     idle_timeout_s: float = Field(default=600.0, gt=0.0, le=7 * 86400.0,
                                   description="no call this long (seconds): the session "
@@ -316,6 +320,7 @@ class SessionCreated(BaseModel):
     base_url: str  # the harness's OpenAI base URL
     job_id: str  # whose stream delivers its trajectory
     trajectory_id: str
+    max_total_tokens: int  # its context's limit: as asked, else the engines' context
     tokenizer_fingerprint: str | None = None  # the served model's tokenizer's
 
 

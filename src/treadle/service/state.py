@@ -92,11 +92,13 @@ class ServiceConfig:
     data_roots: tuple[str, ...] = ()
     max_data_file_bytes: int = 256 << 20  # largest file such an option may name
     # The harness gateway (docs/gateway.md): the chat format the served model's
-    # template is (agent.chat), the sessions open at once, the model name
+    # template is (agent.chat), the sessions open at once, how long a session the
+    # gateway ended waits for its owner to score it, the model name
     # `GET .../openai/v1/models` lists, and the service's URL as harnesses reach it
     # (None: the URL each session's creation came to).
     chat_format: str = "hermes"
     max_sessions: int = 4096
+    session_grace_s: float = 300.0
     served_model: str = "policy"
     public_url: str | None = None
     # Harness commands jobs may name (`JobRequest.harness`), by name.
@@ -252,8 +254,8 @@ def build_service(config: ServiceConfig) -> Service:
     session_keys = SessionKeys()
     gateway = Gateway(runtime, store, outbox, sandboxes, tokenizer,
                       default_format=config.chat_format, max_sessions=config.max_sessions,
-                      harnesses=config.harnesses, url=config.public_url, keys=session_keys,
-                      frozen=frozen)
+                      grace_s=config.session_grace_s, harnesses=config.harnesses,
+                      url=config.public_url, keys=session_keys, frozen=frozen)
     rollouts = Rollouts(runtime, store, planner, outbox, sandboxes, tokenizer=tokenizer,
                         harnesses=gateway, max_live=config.max_live,
                         max_queued=config.max_queued)

@@ -59,6 +59,11 @@ Record, version 3 (JSON types; ``?`` = may be null)::
             latency_s        number   seconds from start to result
             output_tokens    int      tokens of the observation added to the context
             error            string?  tool-side error shown to the model
+        constraint       object   only where the reply was decoded under one
+                                  (structured output; absent: sampled freely):
+            kind             string   json_schema | json_object (`ConstraintKind`)
+            name             string?  json_schema only: the caller's name for it
+            schema           object   json_schema only: the JSON schema
     segments         array    token-exact training sequences (one unless the
                               context was edited), each:
         prompt_ids       [int]    the context before the segment's first turn
@@ -77,6 +82,10 @@ Record, version 3 (JSON types; ``?`` = may be null)::
         queue_s          number   waiting for an engine
         started_at       number?  clock time of the first event
         finished_at      number?  clock time of the terminal status
+
+A turn's ``constraint`` is written only where there is one, so a record of freely
+sampled turns is what it was before the field existed (and an older reader still
+reads it).
 
 Integers are non-negative everywhere (metadata aside: it is the caller's). `dumps_record`
 is the serialisation the store and the exports use: compact separators, UTF-8 kept as
@@ -100,8 +109,12 @@ from treadle.store.fields import (
     text_list,
 )
 from treadle.types import (
+    ConstraintKind,
     FailureStage,
     GroupKey,
+    JsonObjectConstraint,
+    JsonSchemaConstraint,
+    OutputConstraint,
     RewardSource,
     Timings,
     TokenSegment,
@@ -123,6 +136,8 @@ _TOP_KEYS = _TOP_KEYS_V2 | {"reward_source"}
 _TURN_KEYS = frozenset({"index", "output_tokens", "engine_id", "queued_s", "generating_s",
                         "policy_version", "tool_call"})
 _TOOL_KEYS = frozenset({"name", "arguments", "latency_s", "output_tokens", "error"})
+_CONSTRAINT_KEYS = {ConstraintKind.JSON_SCHEMA: frozenset({"kind", "name", "schema"}),
+                    ConstraintKind.JSON_OBJECT: frozenset({"kind"})}
 # The token lists only, in the dataclass's order: the export makes a list column of
 # each, so the scalar segment fields (SEGMENT_META) must not be among them.
 SEGMENT_FIELDS = ("prompt_ids", "response_ids", "loss_mask", "logprobs", "policy_versions")
@@ -317,7 +332,7 @@ def _check_links(t: Trajectory) -> None:
 
 def _turn_to_record(turn: Turn) -> dict[str, Any]:
     call = turn.tool_call
-    return {
+    out = {
         "index": turn.index,
         "output_tokens": turn.output_tokens,
         "engine_id": turn.engine_id,
@@ -332,10 +347,38 @@ def _turn_to_record(turn: Turn) -> dict[str, Any]:
             "error": call.error,
         },
     }
+    if turn.constraint is not None:
+        out["constraint"] = _constraint_to_record(turn.constraint)
+    return out
+
+
+def _constraint_to_record(constraint: OutputConstraint) -> dict[str, Any]:
+    match constraint:
+        case JsonSchemaConstraint(schema=schema, name=name):
+            return {"kind": constraint.kind.value, "name": name,
+                    "schema": json_value(dict(schema), "constraint.schema")}
+        case JsonObjectConstraint():
+            return {"kind": constraint.kind.value}
+
+
+def _constraint_from_record(value: Any, path: str) -> OutputConstraint:
+    kind_value = value.get("kind") if isinstance(value, dict) else None
+    kind = next((k for k in ConstraintKind if k.value == kind_value), None)
+    if kind is None:
+        raise RecordError(f"{path}.kind: must be one of "
+                          f"{', '.join(k.value for k in ConstraintKind)}, got {kind_value!r:.80}")
+    r = Fields(value, path, _CONSTRAINT_KEYS[kind])
+    if kind is ConstraintKind.JSON_OBJECT:
+        return JsonObjectConstraint()
+    schema = r.value("schema")
+    if not isinstance(schema, dict):
+        raise RecordError(f"{path}.schema: must be a JSON object")
+    return JsonSchemaConstraint(json_value(schema, f"{path}.schema"), r.opt_text("name"))
 
 
 def _turn_from_record(value: Any, path: str) -> Turn:
-    r = Fields(value, path, _TURN_KEYS)
+    constrained = isinstance(value, dict) and "constraint" in value
+    r = Fields(value, path, _TURN_KEYS | {"constraint"} if constrained else _TURN_KEYS)
     call_value = r.value("tool_call")
     call = None
     if call_value is not None:
@@ -349,7 +392,9 @@ def _turn_from_record(value: Any, path: str) -> Turn:
     return Turn(index=r.integer("index"), output_tokens=r.integer("output_tokens"),
                 engine_id=r.opt_text("engine_id"), tool_call=call,
                 queued_s=r.number("queued_s"), generating_s=r.number("generating_s"),
-                policy_version=r.integer("policy_version"))
+                policy_version=r.integer("policy_version"),
+                constraint=_constraint_from_record(r.value("constraint"), f"{path}.constraint")
+                if constrained else None)
 
 
 def _segment_from_record(value: Any, path: str, v2: bool) -> TokenSegment:

@@ -18,6 +18,8 @@ default. Every request samples from its own generator seeded by its `seed`, or
 else by (engine seed, request id): the same request gives the same tokens whatever
 else is batched with it, up to float rounding of padded batches (~1e-6 in the
 logits, which changes a sample only when a draw falls that close to a boundary).
+It has no grammar: a request with a `constraint` (structured output) is refused
+(EngineRequestError), as its `capabilities` declare none.
 
 Abort: a waiting request ends at once with no tokens; a running one at the next
 step with the tokens so far. `load()` reports the running batch and the queue;
@@ -119,8 +121,13 @@ class TorchEngine(Engine):
             problem = f"top_p must be in (0, 1], got {r.top_p}"
         elif r.request_id in self._in_flight:
             problem = f"request id {r.request_id!r} is already in flight"
+        elif r.constraint is not None:
+            problem = self.capabilities.refusal(r.constraint)
         if problem is not None:
             raise EngineRequestError(problem)
+
+    async def context_window(self) -> int | None:
+        return self.max_model_len
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         self._check(request)

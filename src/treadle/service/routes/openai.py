@@ -17,7 +17,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from treadle.errors import InputError, TreadleError
-from treadle.gateway import wire
+from treadle.gateway import chat_request, wire
 from treadle.gateway.errors import GatewayError, InvalidRequest
 from treadle.service import strict_json
 from treadle.service.deps import DoorDep, ServiceDep
@@ -43,35 +43,10 @@ _ERROR_TEXT = {
     409: "another call of the session is running (OpenAI's shape)",
     503: "the engines failed the call, or the service is busy",
 }
-# The body as the OpenAI API defines it, as far as the gateway serves it (unknown keys
-# are refused); `gateway.wire.parse_chat` checks the rest and answers what it refuses
-# with a 400 naming the parameter.
-_MESSAGE = {"type": "object", "required": ["role", "content"], "additionalProperties": False,
-            "properties": {
-                "role": {"type": "string",
-                         "enum": ["system", "developer", "user", "assistant", "tool"]},
-                "content": {"type": "string"}, "name": {"type": "string"},
-                "tool_call_id": {"type": "string"}}}
-_TOOL = {"type": "object", "required": ["type", "function"], "properties": {
-    "type": {"type": "string", "enum": ["function"]},
-    "function": {"type": "object", "required": ["name"], "properties": {
-        "name": {"type": "string", "minLength": 1, "maxLength": 64},
-        "description": {"type": "string"}, "parameters": {"type": "object"}}}}}
-_CHAT_BODY = {"required": True, "content": {"application/json": {"schema": {
-    "type": "object", "required": ["model", "messages"], "additionalProperties": False,
-    "properties": {
-        "model": {"type": "string", "minLength": 1},
-        "messages": {"type": "array", "minItems": 1, "items": _MESSAGE},
-        "tools": {"type": "array", "maxItems": 8, "items": _TOOL},
-        "tool_choice": {"type": "string", "enum": ["auto", "none"]},
-        "temperature": {"type": "number", "minimum": 0, "maximum": 2},
-        "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
-        "max_tokens": {"type": "integer", "minimum": 1, "maximum": 1 << 20},
-        "max_completion_tokens": {"type": "integer", "minimum": 1, "maximum": 1 << 20},
-        "stop": {"type": "array", "maxItems": 4, "items": {"type": "string", "minLength": 1}},
-        "seed": {"type": "integer", "minimum": 0, "maximum": (1 << 63) - 1},
-        "stream": {"type": "boolean"}, "logprobs": {"type": "boolean"},
-        "parallel_tool_calls": {"type": "boolean"}}}}}}
+# The body's schema is generated from the model `gateway.wire.parse_chat` validates
+# every body with (`gateway.chat_request`): what it declares is what is served.
+_CHAT_BODY = {"required": True, "content": {"application/json": {
+    "schema": chat_request.openapi_schema()}}}
 _CHAT_REPLY: dict[int | str, dict[str, Any]] = {200: {
     "description": "a chat.completion, or its chunks as server-sent events",
     "content": {"application/json": {"schema": {"type": "object"}},

@@ -1,6 +1,6 @@
 """The local backend's supervisor: rlimits, then the command, then nothing left behind.
 
-Run as a script (`python -I -S _reaper.py SPEC -- ARGV...`; standard library only,
+Run as a script (`python -I -S reaper.py SPEC -- ARGV...`; standard library only,
 so it runs without site-packages). It makes itself a *child subreaper*
 (PR_SET_CHILD_SUBREAPER), so every process the command starts stays its
 descendant even after `setsid` and double forks: orphans are re-parented to it
@@ -128,7 +128,7 @@ def _exit_like(status: int | None) -> None:
 
 def main(argv: list[str]) -> None:
     if len(argv) < 4 or argv[2] != "--":
-        sys.stderr.write("usage: _reaper.py SPEC -- ARGV...\n")
+        sys.stderr.write("usage: reaper.py SPEC -- ARGV...\n")
         os._exit(2)
     rlimits, command = parse_spec(argv[1]), argv[3:]
     # Signals are blocked and taken synchronously with sigwaitinfo: no handler can

@@ -1,10 +1,10 @@
 """The in-sandbox side of the resident executor: pid 1 of a bwrap sandbox, serving calls.
 
-Run as `python3 -I -S -c <this file> FD ZYGOTE SCRATCH` (the sources of
-`_resident_zygote` and `_resident_scratch`) as the command of a `bwrap --as-pid-1`
-launch (standard library only; the host passes the source, since treadle's checkout
-is hidden inside). FD is a SOCK_SEQPACKET socket to the host. Per request it runs
-one call and answers with its wait status, then makes the sandbox as it was:
+Run by `boot` with `procs` and `scratch` (the host passes their sources, since
+treadle's checkout is hidden inside; standard library only), with the arguments FD
+ZYGOTE, as the command of a `bwrap --as-pid-1` launch. FD is a SOCK_SEQPACKET socket
+to the host, ZYGOTE the source of `zygote`. Per request it runs one call and answers
+with its wait status, then makes the sandbox as it was:
 
 - `exec`: fork, `setsid`, the caller's stdin (a memfd) and two pipes to the host as
   fds 0-2, the dispositions a fresh process has (SIGPIPE, SIGXFSZ, SIGINT default),
@@ -17,13 +17,13 @@ one call and answers with its wait status, then makes the sandbox as it was:
   process: nothing the code sets survives it, as with `python3 -`.
 - `session` (`Sandbox.run_cell`): the zygote is a Python session's *kernel*, and
   a cell that ends keeps its process as the next kernel (`kept:` instead of exiting;
-  see _resident_zygote); the old kernel is then killed like any other process. A
+  see `zygote`); the old kernel is then killed like any other process. A
   fresh `python` call while a session lives is a plain exec.
 - After every call: SIGKILL every process of the namespace but this one and the
   zygote until none is left, reap them, drop the zygote if the call stopped it or
   its standby, killed the standby, left it a child or changed its rlimits, nice or
   scheduling; send the call's status; then empty /tmp and /dev/shm (fresh per exec
-  before; bounded, see _resident_scratch), unlink POSIX message queues, and
+  before; bounded, see `scratch`), unlink POSIX message queues, and
   send `clean` false (the host then replaces the executor) if that failed, System
   V IPC objects are left (they would hold memory across calls) or this process's
   own rlimits, nice or scheduling changed.
@@ -48,21 +48,18 @@ import ctypes
 import errno
 import json
 import os
-import resource
 import select
 import signal
 import socket
 import sys
 import time
-import types
+
+from treadle.sandbox.inside import procs, scratch
 
 _PR_SET_DUMPABLE = 4
 _KILL_ROUNDS = 5000
 _ZYGOTE_TIMEOUT_MS = 10_000
 _ZYGOTE_POLL_MS = 200  # during a python call: how often to look for a stopped zygote
-_ZYGOTE = ""  # the zygote's program (`_resident_zygote`'s source, from main's argv)
-_SCRATCH_MODULE: list[types.ModuleType] = []  # `_resident_scratch`, loaded by main
-
 
 
 def _prctl(option: int, value: int) -> None:
@@ -74,25 +71,21 @@ def _cpu_s() -> float:
     return times.user + times.system
 
 
-# What a process started by a shell has: Python ignores SIGPIPE and SIGXFSZ.
-_DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT)
-
-
 class Zygote:
     """An idle interpreter with a forked standby for the next `python3 -u -` call."""
 
-    def __init__(self, env: dict[str, str], argv0: str, session: bool) -> None:
+    def __init__(self, program: str, env: dict[str, str], argv0: str, session: bool) -> None:
         self.env, self.argv0, self.session = env, argv0, session
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.chan = ours
         try:
             theirs.set_inheritable(True)
-            # -s and no PYTHONPATH: see _resident_zygote; the call gets both back
+            # -s and no PYTHONPATH: see `zygote`; the call gets both back
             # after the fork.
             own_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
-            spawned = _spawn([argv0, "-s", "-u", "-c", _ZYGOTE, str(theirs.fileno()),
-                              json.dumps(env), *(["session"] if session else [])],
-                             own_env, [_devnull()] * 3)
+            spawned = procs.spawn([argv0, "-s", "-u", "-c", program, str(theirs.fileno()),
+                                   json.dumps(env), *(["session"] if session else [])],
+                                  own_env, [procs.devnull()] * 3)
         finally:
             theirs.close()
         if isinstance(spawned, str):
@@ -107,7 +100,7 @@ class Zygote:
             self.stop()
             raise OSError(errno.ECHILD, "the python zygote did not start")
         self.standby = int(reply[6:])
-        self.settings = _settings(self.pid)  # what the standby and later ones must keep
+        self.settings = procs.settings(self.pid)  # what the standby and later ones must keep
 
     def _readable(self, timeout_ms: int) -> bool:
         poller = select.poll()
@@ -134,24 +127,16 @@ class Zygote:
                     os.kill(pid, signal.SIGKILL)
 
 
-_NULL: list[int] = []
-
-
-def _devnull() -> int:
-    if not _NULL:
-        _NULL.append(os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC))
-    return _NULL[0]
-
-
 class Resident:
     """The request loop; see the module docstring."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, zygote_program: str) -> None:
+        self.zygote_program = zygote_program  # `zygote`'s source
         self.host = socket.socket(fileno=fd)
         self.host.set_inheritable(False)
         self.zygote: Zygote | None = None
         self.new_session = False  # this call's session kernel was started for it
-        self.settings = _settings(0)  # rlimits, nice, scheduling: no call may change them
+        self.settings = procs.settings(0)  # rlimits, nice, scheduling: no call may change them
 
     def serve(self) -> None:
         self.host.send(b"ready")
@@ -165,7 +150,7 @@ class Resident:
                 continue  # a stale `kill` for a call that had already finished
             request_fd, *stdio = fds
             try:
-                request = json.loads(_read_all(request_fd))
+                request = json.loads(procs.read_all(request_fd))
             finally:
                 os.close(request_fd)
             try:
@@ -207,7 +192,7 @@ class Resident:
             if result is not None:
                 return result
             os.lseek(stdio[0], 0, os.SEEK_SET)  # the stdin memfd, from its start again
-        spawned = _spawn(argv, env, stdio)
+        spawned = procs.spawn(argv, env, stdio)
         if isinstance(spawned, str):
             os.write(stdio[2], spawned.encode())
             return (127 if "No such file" in spawned else 126), False
@@ -250,7 +235,7 @@ class Resident:
         while True:
             events = poller.poll(_ZYGOTE_POLL_MS)
             stopped = [p for p in (zygote.pid, zygote.standby)
-                       if p is not None and _state(p) in ("T", "t")]
+                       if p is not None and procs.state(p) in ("T", "t")]
             if not events and stopped:
                 # Stopped by the call (a stop signal from its own code), or the standby
                 # by one before it: neither could go on. Continue them; the zygote is
@@ -319,7 +304,7 @@ class Resident:
             self.drop_zygote()
         if self.zygote is None:
             try:
-                self.zygote = Zygote(env, argv0, session)
+                self.zygote = Zygote(self.zygote_program, env, argv0, session)
                 self.new_session = session
             except OSError:
                 return None  # no such interpreter, say: the plain exec reports it
@@ -357,9 +342,9 @@ class Resident:
                 return False
             self.reap()
             zygote = self.zygote
-            if zygote is None or (_children(zygote.pid) == {zygote.standby}
-                                  and _settings(zygote.pid) == zygote.settings
-                                  and _settings(zygote.standby) == zygote.settings):
+            if zygote is None or (procs.children(zygote.pid) == {zygote.standby}
+                                  and procs.settings(zygote.pid) == zygote.settings
+                                  and procs.settings(zygote.standby) == zygote.settings):
                 return True
             # More children than its standby (a call's clone(CLONE_PARENT)), or rlimits,
             # nice or scheduling changed: a fresh zygote next time; kill what is left.
@@ -379,12 +364,13 @@ class Resident:
         pending = select.poll()
         pending.register(zygote.chan, select.POLLIN)
         if (zygote.suspect or zygote.standby is None or pending.poll(0)
-                or _state(zygote.pid) not in _IDLE or _state(zygote.standby) not in _IDLE):
+                or procs.state(zygote.pid) not in procs.IDLE
+                or procs.state(zygote.standby) not in procs.IDLE):
             self.drop_zygote()  # SIGKILL works on stopped processes too
 
     def tidy(self) -> bool:
         """Empty the scratch dirs, check IPC objects and our settings; True if clean."""
-        return _SCRATCH_MODULE[0].tidy() and _settings(0) == self.settings
+        return scratch.tidy() and procs.settings(0) == self.settings
 
     def reap(self) -> None:
         while True:
@@ -396,32 +382,6 @@ class Resident:
                 return
             if self.zygote is not None and pid == self.zygote.pid:
                 self.drop_zygote()  # it died (killed from outside, or spent its CPU)
-
-
-_IDLE = ("S", "R", "D")  # what /proc/PID/stat may say of an idle zygote or standby
-
-
-# SIGSTOP, SIGTSTP, SIGTTIN, SIGTTOU: a stop sent and not yet taken still stops it.
-_STOPS = sum(1 << (int(s) - 1) for s in (signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN,
-                                         signal.SIGTTOU))
-
-
-def _state(pid: int | None) -> str | None:
-    """The state letter of /proc/PID/stat ("T" also for a stop signal pending, which
-    a loaded machine may not have delivered yet), None if there is no such process."""
-    if pid is None:
-        return None
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        with open(f"/proc/{pid}/status", "rb") as f:
-            status = f.read()
-    except OSError:
-        return None
-    for line in status.splitlines():
-        if line.startswith((b"SigPnd:", b"ShdPnd:")) and int(line.split()[1], 16) & _STOPS:
-            return "T"
-    return stat[stat.rindex(b")") + 2:][:1].decode()
 
 
 def _kept_status(chan: socket.socket) -> int | None:
@@ -443,75 +403,9 @@ def _status_next(msg: bytes) -> tuple[int, int]:
     return int(status), int(standby)
 
 
-def _children(pid: int) -> set[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children", "rb") as f:
-            return {int(n) for n in f.read().split()}
-    except (OSError, ValueError):
-        return set()
-
-
-_RLIMITS = tuple(getattr(resource, n) for n in dir(resource) if n.startswith("RLIMIT_"))
-
-
-def _settings(pid: int | None) -> tuple[object, ...] | None:
-    """What a process hands its children that a same-uid process could change from
-    outside: rlimits, nice, scheduling policy, priority, CPU affinity; 0 is us."""
-    if pid is None:
-        return None
-    try:
-        return (tuple(resource.prlimit(pid, r) for r in _RLIMITS),
-                os.getpriority(os.PRIO_PROCESS, pid), os.sched_getscheduler(pid),
-                os.sched_getparam(pid).sched_priority, frozenset(os.sched_getaffinity(pid)))
-    except OSError:
-        return None
-
-
-def _spawn(argv: list[str], env: dict[str, str], stdio: list[int]) -> int | str:
-    """posix_spawn (vfork: no page-table copy) with `env`'s PATH; the pid or an error line.
-
-    Like execvp: every PATH entry is tried, EACCES remembered. A fresh session and
-    default dispositions for what Python ignores; every fd of ours is close-on-exec.
-    """
-    name = argv[0]
-    paths = [name] if "/" in name else [os.path.join(d or ".", name)
-                                        for d in os.get_exec_path(env)]
-    error: OSError | None = None
-    for path in paths:
-        try:
-            return os.posix_spawn(
-                path, argv, env, setsid=True, setsigdef=_DEFAULT_SIGNALS,
-                file_actions=[(os.POSIX_SPAWN_DUP2, fd, target)
-                              for target, fd in enumerate(stdio)])
-        except OSError as e:
-            if error is None or e.errno not in (errno.ENOENT, errno.ENOTDIR):
-                error = e  # the last telling error, as execvp reports it
-    reason = error.strerror if error is not None else "No such file or directory"
-    return f"treadle-sandbox: cannot run {name!r}: {reason}\n"
-
-
-def _read_all(fd: int) -> bytes:
-    chunks = []
-    while chunk := os.read(fd, 1 << 20):
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _load(name: str, source: str) -> types.ModuleType:
-    # Inside the sandbox treadle cannot be imported: the host passes the source.
-    module = types.ModuleType(name)
-    exec(compile(source, f"{name}.py", "exec"), module.__dict__)
-    return module
-
-
 def main() -> None:
-    global _ZYGOTE
-    _ZYGOTE = sys.argv[2]  # the zygote's source (`_resident_zygote`), as the host read it
-    _SCRATCH_MODULE.append(_load("_resident_scratch", sys.argv[3]))
+    """`boot`'s entry: FD ZYGOTE in sys.argv."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # init: no handler, so no signal from inside
     _prctl(_PR_SET_DUMPABLE, 0)
-    Resident(int(sys.argv[1])).serve()
+    Resident(int(sys.argv[1]), sys.argv[2]).serve()
 
-
-if __name__ == "__main__":
-    main()

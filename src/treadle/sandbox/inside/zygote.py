@@ -1,4 +1,4 @@
-"""The zygote of the resident executor (`_resident_agent`): an interpreter started
+"""The zygote of the resident executor (`agent`): an interpreter started
 once per sandbox, kept idle, that forks each `python3 -u -` call.
 
 Started by the agent as `python3 -s -u -c <this file> FD ENV_JSON` with the call's
