@@ -10,11 +10,14 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from treadle.errors import UsageError
 from treadle.reports import log as _log
 from treadle.workloads.load import load_workload
+
+if TYPE_CHECKING:
+    from treadle.core.predictor import Outcome
 
 DEFAULT_POLICIES = "slime,verl,verl-star,heddle,treadle,oracle"
 
@@ -32,6 +35,10 @@ def _sim_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trajectories", type=int, default=1024,
                    help="batch size of a generated workload (a multiple of 16)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--history", metavar="FILE.jsonl",
+                   help="a trace of the previous rollout step, whose outcomes warm-start "
+                        "the predictors (default: a generated workload's previous step, "
+                        "none for a trace)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--timeline", metavar="FILE.html",
                    help="write a per-engine Gantt chart of the last policy's run")
@@ -152,8 +159,7 @@ def _sim(args: argparse.Namespace) -> int:
         return _sim_steps(args)
     from treadle.core.cost_model import CostModel
     from treadle.core.policies import parse_policy
-    from treadle.sim.runner import compare, history_for
-    from treadle.workloads.load import GENERATED
+    from treadle.sim.runner import compare
 
     try:
         cost = CostModel.named(args.model, args.gpu)
@@ -166,9 +172,7 @@ def _sim(args: argparse.Namespace) -> int:
         raise UsageError(f"--gpus must be >= 1, got {args.gpus}")
     workload = load_workload(args.workload, args.trajectories, args.seed,
                              cost.model.max_context)
-    history = (history_for(args.workload, len(workload.trajectories), args.seed,
-                           max_context=cost.model.max_context)
-               if args.workload in GENERATED else [])
+    history = _history(args, len(workload.trajectories), cost.model.max_context)
     try:
         rows, timeline = compare(workload, [s.label for s in specs], cost, args.gpus,
                                  history=history, seed=args.seed, progress=_log,
@@ -195,13 +199,27 @@ def _sim(args: argparse.Namespace) -> int:
     return 0
 
 
+def _history(args: argparse.Namespace, trajectories: int,
+             max_context: int) -> list[Outcome]:
+    """The predictors' warm start: the outcomes of `--history` (a trace of the previous
+    step), else of a generated workload's previous step; none for a trace."""
+    from treadle.sim.runner import history_for, outcomes
+    from treadle.workloads.load import GENERATED
+
+    if args.history:
+        return outcomes(load_workload(args.history, trajectories, args.seed, max_context))
+    if args.workload in GENERATED:
+        return list(history_for(args.workload, trajectories, args.seed,
+                                max_context=max_context))
+    return []
+
+
 def _sim_steps(args: argparse.Namespace) -> int:
     """`treadle sim --steps K --mode M`: every policy through K RL steps."""
     from dataclasses import asdict
 
     from treadle.core.cost_model import CostModel
     from treadle.core.policies import parse_policy
-    from treadle.sim.runner import history_for
     from treadle.sim.steps import Mode
     from treadle.sim.steps_runner import EPOCH_BATCHES, StepsPlan, epoch_source, simulate_steps
     from treadle.sim.stream import PromptStream
@@ -241,8 +259,7 @@ def _sim_steps(args: argparse.Namespace) -> int:
         bound = plan.bound(config)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    history = (history_for(args.workload, args.trajectories, args.seed,
-                           max_context=cost.model.max_context) if generated else [])
+    history = _history(args, args.trajectories, cost.model.max_context)
     rows = []
     for spec in specs:
         _log(f"simulating {spec.label}: {args.steps} {mode.value} steps of {args.trajectories} "
