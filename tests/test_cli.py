@@ -4,6 +4,7 @@ timeline, and bad input ending in exit code 2 with one line on stderr."""
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,32 @@ def test_sim_replays_a_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert out["workload"] == "mine" and out["trajectories"] == 5
 
 
+def _flat_short(tmp_path: Path, name: str, seed: int) -> Path:
+    """512 one-turn trajectories of 250-450 tokens in groups of 16."""
+    rng = random.Random(seed)
+    return _trace(tmp_path, [_line(id=f"s{seed}-g{g}-r{r}", group=f"s{seed}-g{g}",
+                                   turns=[{"output_tokens": rng.randint(250, 450),
+                                           "tool_latency_s": 0.0, "tool_output_tokens": 0}])
+                             for g in range(32) for r in range(16)], name)
+
+
+def test_sim_history_of_a_trace_informs_treadles_pool(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Cold, treadle takes the largest TP degree; told the previous step (short, flat
+    trajectories), it scores the pools by simulation and takes the fastest one."""
+    step, previous = _flat_short(tmp_path, "step.jsonl", 0), _flat_short(tmp_path, "prev.jsonl", 1)
+    runs = {}
+    for label, extra in (("cold", []), ("warm", ["--history", str(previous)])):
+        rc = main(["sim", "--workload", str(step), "--gpus", "16", "--json",
+                   "--policies", "verl@tp4,verl@tp8,treadle", *extra])
+        assert rc == 0
+        runs[label] = {r["policy"]: r for r in json.loads(capsys.readouterr().out)["results"]}
+    assert runs["cold"]["treadle"]["layout"] == "tp8x2"
+    assert runs["warm"]["treadle"]["layout"] == "tp4x4"
+    assert runs["warm"]["verl@tp4"]["makespan_s"] < runs["warm"]["verl@tp8"]["makespan_s"]
+    assert runs["warm"]["treadle"]["makespan_s"] <= runs["warm"]["verl@tp4"]["makespan_s"] * 1.01
+
+
 def test_sim_timeline_writes_an_svg_page(tmp_path: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     target = tmp_path / "timeline.html"
@@ -131,6 +158,12 @@ def test_missing_trace_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert main(["sim", "--workload", str(missing), "--gpus", "8"]) == 2
     line = _one_error_line(capsys)
     assert "nope.jsonl" in line and "coding" in line
+
+
+def test_missing_history_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "before.jsonl"
+    assert main(["sim", "--workload", "math", "--history", str(missing), *SMALL]) == 2
+    assert "before.jsonl" in _one_error_line(capsys)
 
 
 def test_trace_with_a_malformed_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

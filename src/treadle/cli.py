@@ -10,11 +10,14 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from treadle.errors import UsageError
 from treadle.reports import log as _log
 from treadle.workloads.load import load_workload
+
+if TYPE_CHECKING:
+    from treadle.core.predictor import Outcome
 
 DEFAULT_POLICIES = "slime,verl,verl-star,heddle,treadle,oracle"
 
@@ -32,9 +35,30 @@ def _sim_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trajectories", type=int, default=1024,
                    help="batch size of a generated workload (a multiple of 16)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--history", metavar="FILE.jsonl",
+                   help="a trace of the previous rollout step, whose outcomes warm-start "
+                        "the predictors (default: a generated workload's previous step, "
+                        "none for a trace)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--timeline", metavar="FILE.html",
                    help="write a per-engine Gantt chart of the last policy's run")
+    m = p.add_argument_group("several RL steps (docs/sim-steps.md)")
+    m.add_argument("--steps", type=int, default=1,
+                   help="RL steps: rollouts and training steps (default 1: one rollout step)")
+    m.add_argument("--mode", choices=("sync", "overprovision", "async", "partial"),
+                   help="how rollouts and training alternate (default sync; implies --steps)")
+    m.add_argument("--max-staleness", type=int, default=1,
+                   help="most policy versions a delivered trajectory may lag (default 1)")
+    m.add_argument("--train-fraction", type=float, default=0.3,
+                   help="training's share of a synchronous step at the lower bound "
+                        "(default 0.3)")
+    m.add_argument("--overprovision", type=float, default=0.25,
+                   help="extra share of a batch kept launched, not sync (default 0.25)")
+    m.add_argument("--train-gpus", type=int,
+                   help="the trainer's own GPUs in async mode (default 3/8 of --gpus)")
+    m.add_argument("--prompts", type=int,
+                   help="prompts (groups) an epoch of a generated workload (default "
+                        "5 batches' worth)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,12 +69,24 @@ def build_parser() -> argparse.ArgumentParser:
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     b = bench_sub.add_parser("sim", help="the scheduling benchmark (all workloads)")
     b.add_argument("--json", action="store_true", help="print the JSON report")
-    b.add_argument("--out", default="out/sim.json",
-                   help="where to write the report (default out/sim.json; the committed one "
-                        "is benchmarks/sim.json)")
-    b.add_argument("--sizes", default="1024,4096", help="batch sizes")
-    b.add_argument("--workloads", default="coding,search,math,swe")
+    b.add_argument("--out",
+                   help="where to write the report (default out/sim.json, with --steps "
+                        "out/sim-steps.json; the committed ones are in benchmarks/)")
+    b.add_argument("--sizes", default="1024,4096",
+                   help="batch sizes (with --steps: the first is the batch of a step)")
+    b.add_argument("--workloads",
+                   help="default coding,search,math,swe (with --steps: and the shapes)")
     b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--steps", type=int, default=1,
+                   help="RL steps a run: > 1 runs the multi-step benchmark "
+                        "(benchmarks/sim-steps.json) in every mode")
+    b.add_argument("--modes", default="sync,overprovision,async,partial",
+                   help="with --steps: the modes")
+    b.add_argument("--policies", help="with --steps: the policies (default every baseline "
+                                      "at every TP, heddle, treadle)")
+    b.add_argument("--train-fraction", type=float, default=0.3)
+    b.add_argument("--max-staleness", type=int, default=1)
+    b.add_argument("--jobs", type=int, default=1, help="with --steps: runs at a time")
     from treadle.bench.chaos import add_chaos_bench_parser
     from treadle.bench.gateway import add_gateway_bench_parser
     from treadle.bench.live import add_live_bench_parser
@@ -92,9 +128,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                     "gateway")):
             result: int = args.func(args)
             return result
+        if args.command == "bench" and args.steps > 1:
+            from treadle.bench.sim_steps import POLICIES, run_steps_bench
+            from treadle.workloads.load import GENERATED
+
+            args.workloads = args.workloads or ",".join(GENERATED)
+            args.policies = args.policies or ",".join(POLICIES)
+            args.out = args.out or "out/sim-steps.json"
+            report = run_steps_bench(args, log=_log)
+            if args.json:
+                print(json.dumps(report, indent=2))
+            return 0
         if args.command == "bench":
             from treadle.bench.sim import run_bench
 
+            args.workloads = args.workloads or "coding,search,math,swe"
+            args.out = args.out or "out/sim.json"
             report = run_bench(args, log=_log)
             if args.json:
                 print(json.dumps(report, indent=2))
@@ -106,10 +155,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _sim(args: argparse.Namespace) -> int:
+    if args.steps != 1 or args.mode is not None:
+        return _sim_steps(args)
     from treadle.core.cost_model import CostModel
     from treadle.core.policies import parse_policy
-    from treadle.sim.runner import compare, history_for
-    from treadle.workloads.load import GENERATED
+    from treadle.sim.runner import compare
 
     try:
         cost = CostModel.named(args.model, args.gpu)
@@ -122,9 +172,7 @@ def _sim(args: argparse.Namespace) -> int:
         raise UsageError(f"--gpus must be >= 1, got {args.gpus}")
     workload = load_workload(args.workload, args.trajectories, args.seed,
                              cost.model.max_context)
-    history = (history_for(args.workload, len(workload.trajectories), args.seed,
-                           max_context=cost.model.max_context)
-               if args.workload in GENERATED else [])
+    history = _history(args, len(workload.trajectories), cost.model.max_context)
     try:
         rows, timeline = compare(workload, [s.label for s in specs], cost, args.gpus,
                                  history=history, seed=args.seed, progress=_log,
@@ -151,6 +199,110 @@ def _sim(args: argparse.Namespace) -> int:
     return 0
 
 
+def _history(args: argparse.Namespace, trajectories: int,
+             max_context: int) -> list[Outcome]:
+    """The predictors' warm start: the outcomes of `--history` (a trace of the previous
+    step), else of a generated workload's previous step; none for a trace."""
+    from treadle.sim.runner import history_for, outcomes
+    from treadle.workloads.load import GENERATED
+
+    if args.history:
+        return outcomes(load_workload(args.history, trajectories, args.seed, max_context))
+    if args.workload in GENERATED:
+        return list(history_for(args.workload, trajectories, args.seed,
+                                max_context=max_context))
+    return []
+
+
+def _sim_steps(args: argparse.Namespace) -> int:
+    """`treadle sim --steps K --mode M`: every policy through K RL steps."""
+    from dataclasses import asdict
+
+    from treadle.core.cost_model import CostModel
+    from treadle.core.policies import parse_policy
+    from treadle.sim.steps import Mode
+    from treadle.sim.steps_runner import EPOCH_BATCHES, StepsPlan, epoch_source, simulate_steps
+    from treadle.sim.stream import PromptStream
+    from treadle.workloads.load import GENERATED
+
+    try:
+        cost = CostModel.named(args.model, args.gpu)
+        specs = [parse_policy(p) for p in args.policies.split(",") if p.strip()]
+    except (KeyError, ValueError) as exc:
+        raise UsageError(str(exc).strip("'\"")) from exc
+    specs = [s for s in specs if s.name != "oracle"]  # a one-step reference
+    if not specs:
+        raise UsageError("--policies names no policy with a multi-step run (the oracle has none)")
+    if args.steps < 1 or args.gpus < 1 or args.trajectories < 16 or args.trajectories % 16:
+        raise UsageError("--steps and --gpus must be >= 1, --trajectories a multiple of 16")
+    if args.timeline:
+        raise UsageError("--timeline is for one rollout step (no --steps or --mode)")
+    mode = Mode(args.mode or "sync")
+    if args.train_gpus is not None and mode is not Mode.ASYNC:
+        raise UsageError("--train-gpus is for --mode async (the other modes train on all GPUs)")
+    batch_groups = args.trajectories // 16
+    generated = args.workload in GENERATED
+    if generated:
+        prompts = args.prompts or EPOCH_BATCHES * batch_groups
+        source = epoch_source(args.workload, prompts, 16, args.seed, cost.model.max_context)
+    else:
+        trace = load_workload(args.workload, args.trajectories, args.seed,
+                              cost.model.max_context)
+        prompts = len({t.group_id for t in trace.trajectories})
+        source = epoch_source(trace, prompts, 16, args.seed, cost.model.max_context)
+    try:
+        stream = PromptStream(args.workload if generated else trace.name, source, prompts, 16)
+        plan = StepsPlan(stream, cost, args.gpus, steps=args.steps, batch_groups=batch_groups,
+                         train_fraction=args.train_fraction, max_staleness=args.max_staleness,
+                         overprovision=args.overprovision, train_gpus=args.train_gpus)
+        config = plan.config(mode)
+        bound = plan.bound(config)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    history = _history(args, args.trajectories, cost.model.max_context)
+    rows = []
+    for spec in specs:
+        _log(f"simulating {spec.label}: {args.steps} {mode.value} steps of {args.trajectories} "
+             f"{args.workload} trajectories on {args.gpus} GPUs")
+        try:
+            rows.append(simulate_steps(spec, stream, cost, args.gpus, config, bound,
+                                       history=history, seed=args.seed))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from exc
+    if args.json:
+        print(json.dumps({"workload": args.workload, "gpus": args.gpus, "model": args.model,
+                          "gpu": args.gpu, "trajectories_per_step": args.trajectories,
+                          "steps": args.steps, "mode": mode.value,
+                          "max_staleness": args.max_staleness,
+                          "train_fraction": args.train_fraction, "train_s": plan.train_s,
+                          "train_gpus": config.train_gpus, "prompts_per_epoch": prompts,
+                          "lower_bound": {"makespan_s": bound.makespan_s, **asdict(bound)},
+                          "results": [asdict(r) for r in rows]}, indent=2))
+    else:
+        print(format_steps_table(rows))
+    return 0
+
+
+def format_steps_table(rows: Sequence[Any]) -> str:
+    header = ("policy", "trained tok/GPU-s", "makespan_s", "x_bound", "util", "stale p50/max",
+              "discarded", "restarts", "layout")
+    lines = [header]
+    for r in rows:
+        lines.append((r.policy, f"{r.trained_tokens_per_gpu_s:,.1f}", f"{r.makespan_s:.1f}",
+                      f"{r.ratio_to_lower_bound:.2f}", f"{r.utilisation:.0%}",
+                      f"{r.staleness_p50:g}/{r.staleness_max}", f"{r.tokens_discarded:,}",
+                      str(r.groups_restarted),
+                      r.layout + (f" +{r.train_gpus} train" if r.train_gpus else "")))
+    return _columns(lines)
+
+
+def _columns(lines: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(row[i]) for row in lines) for i in range(len(lines[0]))]
+    return "\n".join("  ".join(c.rjust(w) if i else c.ljust(w)
+                               for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+                     for row in lines)
+
+
 def format_table(rows: Sequence[Any]) -> str:
     header = ("policy", "makespan_s", "tokens/s", "bound_s", "x_bound", "util",
               "longest_q_s", "preempt", "evict", "migrate", "layout")
@@ -160,7 +312,4 @@ def format_table(rows: Sequence[Any]) -> str:
                       f"{r.lower_bound_s:.1f}", f"{r.ratio_to_lower_bound:.2f}",
                       f"{r.utilisation:.0%}", f"{r.longest_queue_s:.1f}", str(r.preemptions),
                       str(r.kv_evictions), str(r.migrations), r.layout))
-    widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
-    return "\n".join("  ".join(c.rjust(w) if i else c.ljust(w)
-                               for i, (c, w) in enumerate(zip(row, widths, strict=True)))
-                     for row in lines)
+    return _columns(lines)

@@ -18,6 +18,7 @@ from treadle.core.policies.layout import (
     reduce_lengths,
 )
 from treadle.core.policies.treadle_policy import (
+    MIXED_MARGIN,
     Treadle,
     candidate_layouts,
     lpt_layout,
@@ -206,3 +207,68 @@ def test_a_move_hidden_by_a_long_tool_call_is_priced_by_what_shows() -> None:
 def test_a_move_that_saves_nothing_is_never_made() -> None:
     sched, t = _treadle_with_a_move(50_000.0, tool_s=1e4, turns=2.0, busy=0)
     assert not sched.should_migrate(t, "e0", "e1", 0.0)  # both engines idle: no saving
+
+
+# -- a scored layout choice ----------------------------------------------------------------
+
+
+class FakeScorer:
+    """Test double for a `LayoutScorer`: a fixed score per pool (a default for the
+    rest), and the pools it was asked about."""
+
+    def __init__(self, scores: dict[tuple[int, ...], float], default: float = 100.0) -> None:
+        self.scores, self.default = scores, default
+        self.asked: list[tuple[int, ...]] = []
+
+    def __call__(self, layout: tuple[int, ...]) -> float:
+        self.asked.append(layout)
+        return self.scores.get(layout, self.default)
+
+
+def _treadle(scorer: FakeScorer | None, lengths: list[float]) -> Treadle:
+    from treadle.core.predictor import Predictor
+
+    return Treadle(COST, Predictor(), prior_lengths=lengths, typical_context=4096.0,
+                   layout_scorer=scorer)
+
+
+HOMOGENEOUS_64 = [(1,) * 64, (2,) * 32, (4,) * 16, (8,) * 8]
+
+
+def test_the_scorer_is_asked_about_every_homogeneous_pool_and_two_mixed_ones() -> None:
+    scorer = FakeScorer({})
+    _treadle(scorer, _lengths(1024, 0)).initial_pool(64)
+    assert scorer.asked[:4] == HOMOGENEOUS_64
+    mixed = scorer.asked[4:]
+    assert len(mixed) == 2 and all(len(set(m)) > 1 and sum(m) <= 64 for m in mixed)
+
+
+@pytest.mark.parametrize("best", HOMOGENEOUS_64)
+def test_the_pool_the_scorer_rates_best_is_taken(best: tuple[int, ...]) -> None:
+    """By construction treadle's pool is never one its scorer rates below a
+    homogeneous pool: whichever pool scores lowest is the one it starts."""
+    scorer = FakeScorer({(8,) * 8: 60.0, (4,) * 16: 60.0, best: 50.0})
+    policy = _treadle(scorer, _lengths(1024, 1))
+    chosen = tuple(policy.initial_pool(64))
+    assert chosen == best
+    assert policy.layout_scores[chosen] == min(policy.layout_scores.values())
+
+
+def test_a_mixed_pool_wins_only_by_its_score_and_ties_go_to_fewer_engines() -> None:
+    lengths = _lengths(1024, 2)
+    mixed = FakeScorer({})
+    _treadle(mixed, lengths).initial_pool(64)
+    candidate = mixed.asked[4]
+    assert tuple(_treadle(FakeScorer({candidate: 10.0}), lengths).initial_pool(64)) == candidate
+    # 3% ahead, less than the margin: the best homogeneous pool.
+    assert MIXED_MARGIN > 0.03
+    near = FakeScorer({candidate: 97.0})
+    assert tuple(_treadle(near, lengths).initial_pool(64)) == (8,) * 8
+    # A tie between pools: the one with fewer engines.
+    assert tuple(_treadle(FakeScorer({}, default=7.0), lengths).initial_pool(64)) == (8,) * 8
+
+
+def test_without_a_scorer_the_list_placement_model_decides() -> None:
+    lengths = _lengths(1024, 3)
+    assert tuple(_treadle(None, lengths).initial_pool(64)) == lpt_layout(
+        64, lengths, COST, 4096.0, 1024)

@@ -17,6 +17,7 @@ from treadle.core.events import (
     EngineAdded,
     EngineFailed,
     EngineRemoved,
+    PolicyUpdated,
     ToolCallFinished,
     ToolCallStarted,
     TrajectoryArrived,
@@ -578,3 +579,34 @@ def test_parse_policy_accepts_names_and_baseline_tp_suffixes(spec: str,
                                                             parsed: PolicySpec) -> None:
     assert parse_policy(spec) == parsed
     assert parse_policy(parsed.label) == parsed
+
+
+# -- policy versions -------------------------------------------------------------------------
+
+
+def test_policy_updated_ages_a_trajectory_from_its_first_admission() -> None:
+    s = FakeFifoScheduler(cap=1)
+    add_engine(s, "e0")
+    arrive(s, "a")
+    arrive(s, "b")
+    assert admits(s.decide(0.0)) == [("a", "e0")]  # b waits, nothing sampled yet
+    s.on_event(PolicyUpdated(1), 1.0)
+    assert (s.policy_version, s.updated_at) == (1, [1.0])
+    a, b = s.trajs["a"], s.trajs["b"]
+    assert (a.first_version, s.age(a)) == (0, 1)
+    assert (b.first_version, s.age(b)) == (None, 0)
+    finish_turn(s, "a", 2.0, final=True)
+    assert admits(s.decide(2.0)) == [("b", "e0")]
+    s.on_event(PolicyUpdated(3), 3.0)  # versions may skip
+    s.on_event(TurnPreempted("b", "e0", 10), 3.0)
+    assert admits(s.decide(3.0)) == [("b", "e0")]  # admitted again: its oldest token stays
+    assert (b.first_version, s.age(b)) == (1, 2)
+
+
+@pytest.mark.parametrize("version", [2, 1, 0])
+def test_policy_versions_only_grow(version: int) -> None:
+    s = FakeFifoScheduler()
+    if version:
+        s.on_event(PolicyUpdated(2), 0.0)
+    with pytest.raises(ValueError, match="only grow"):
+        s.on_event(PolicyUpdated(version), 1.0)

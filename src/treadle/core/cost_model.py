@@ -311,6 +311,14 @@ class CostModel:
         load = self.model.weight_bytes / (tp * self.params.weight_load_bw)
         return self.params.restart_base_s + load
 
+    def weight_sync_time(self, tp: int) -> float:
+        """An engine taking new weights from the trainer: its shard of the weights
+        over the inter-node link (`kv_link_bw`; a broadcast from trainer GPUs of
+        their own, the slower of the two ways a rollout engine gets weights — an
+        in-node copy from a colocated trainer is faster). An estimate: Qwen3-14B
+        takes 1.2 s at TP 1, 0.15 s at TP 8."""
+        return self.model.weight_bytes / (tp * self.params.kv_link_bw)
+
     def decode_time(self, tp: int, batch: int, context_tokens: float, tokens: float) -> float:
         """Closed-form time for `tokens` decode steps of a batch whose KV starts at
         `context_tokens` in total and grows by `batch` tokens a step."""

@@ -106,6 +106,19 @@ class EngineFailed:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class PolicyUpdated:
+    """The engines serve the weights of policy `version` from now on: every token
+    sampled after this event carries it. Versions only grow. A trajectory that has
+    not finished continues under the new weights, its earlier tokens keeping their
+    versions; a driver that restarts or drops some instead ends them first
+    (`TrajectoryEnded`). Where the update cost the engines their KV (a pause that
+    aborts the running turns, a colocated trainer that takes the memory), the driver
+    reports each running turn's loss as usual (`TurnPreempted`)."""
+
+    version: int
+
+
 Event = (
     TrajectoryArrived
     | TurnFinished
@@ -117,6 +130,7 @@ Event = (
     | EngineDraining
     | EngineRemoved
     | EngineFailed
+    | PolicyUpdated
 )
 
 # -- decisions -----------------------------------------------------------------------

@@ -152,43 +152,84 @@ def lower_bound(trajectories: Sequence[TrajectoryShape], cost: CostModel,
                 gpus: int) -> LowerBound:
     if gpus < 1:
         raise ValueError(f"gpus must be >= 1, got {gpus}")
-    degrees = [tp for tp in TP_DEGREES if tp >= cost.min_tp()]
-    lines = [cost.step_coeffs(tp, 1) for tp in degrees]
-    m, g, p = cost.model, cost.gpu, cost.params
-    per_token_gpu_s = 2.0 * m.params / (g.bf16_flops * p.decode_flops_efficiency)
-    kv_gpu_s = m.kv_bytes_per_token / (g.hbm_bw * p.hbm_efficiency)
-    prefill_gpu_s = 2.0 * m.params / (g.bf16_flops * p.prefill_flops_efficiency)
+    rates = _Rates(cost)
     top = max((_final_context(t) for t in trajectories), default=1.0)
     grid = [top * i / GRID_INTERVALS for i in range(GRID_INTERVALS + 1)]
 
     worst, worst_i, work, prefill_gpu = 0.0, -1, 0.0, 0.0
     shapes: list[_Shape] = []
     for i, traj in enumerate(trajectories):
+        terms = rates.trajectory(traj, grid)
+        shapes.append(terms.shape)
+        work += terms.work_gpu_s
+        prefill_gpu += terms.prefill_gpu_s
+        if terms.shape.critical_path_s > worst:
+            worst, worst_i = terms.shape.critical_path_s, i
+    colocation, heavy, price = _priced_bound(shapes, grid, prefill_gpu,
+                                             [cost.step_parts(tp) for tp in rates.degrees],
+                                             gpus)
+    return LowerBound(worst, work / gpus, worst_i, colocation, heavy, price)
+
+
+@dataclass(frozen=True, slots=True)
+class TrajectoryCost:
+    """What one trajectory costs at the least, under the cost model (terms 1 and 2
+    of the module docstring, for this trajectory alone)."""
+
+    critical_path_s: float  # alone on the fastest engine: its prefills, decode, tools
+    work_gpu_s: float  # GPU-seconds no schedule can spend less than on it
+
+
+def trajectory_cost(traj: TrajectoryShape, cost: CostModel) -> TrajectoryCost:
+    """Terms 1 and 2 for one trajectory; summing `work_gpu_s` over a batch and
+    dividing by the GPU count gives term 2."""
+    terms = _Rates(cost).trajectory(traj, None)
+    return TrajectoryCost(terms.shape.critical_path_s, terms.work_gpu_s)
+
+
+@dataclass(slots=True)
+class _Terms:
+    shape: _Shape  # what term 3 needs (critical path, fixed time, chords)
+    work_gpu_s: float  # term 2's GPU-seconds
+    prefill_gpu_s: float  # GPU-seconds of its prefills at the cheapest degree (term 3)
+
+
+class _Rates:
+    """The cost model's per-token figures that terms 1-3 use."""
+
+    def __init__(self, cost: CostModel) -> None:
+        self.cost = cost
+        self.degrees = [tp for tp in TP_DEGREES if tp >= cost.min_tp()]
+        self.lines = [cost.step_coeffs(tp, 1) for tp in self.degrees]
+        m, g, p = cost.model, cost.gpu, cost.params
+        self.per_token_gpu_s = 2.0 * m.params / (g.bf16_flops * p.decode_flops_efficiency)
+        self.kv_gpu_s = m.kv_bytes_per_token / (g.hbm_bw * p.hbm_efficiency)
+        self.prefill_gpu_s = 2.0 * m.params / (g.bf16_flops * p.prefill_flops_efficiency)
+
+    def trajectory(self, traj: TrajectoryShape, grid: Sequence[float] | None) -> _Terms:
+        """One trajectory's terms; chord weights only with a `grid`."""
+        cost, degrees = self.cost, self.degrees
         ctx = float(traj.prompt_tokens)
         new = float(traj.prompt_tokens)
-        path = fixed = 0.0
+        path = fixed = work = prefill_gpu = 0.0
         chords: dict[int, float] = {}
         for turn in traj.turns:
             prefill = min(cost.prefill_time(tp, new, ctx - new) for tp in degrees)
             path += prefill
             fixed += prefill + turn.tool_latency_s
             prefill_gpu += min(tp * cost.prefill_time(tp, new, ctx - new) for tp in degrees)
-            work += new * prefill_gpu_s
+            work += new * self.prefill_gpu_s
             out = float(turn.output_tokens)
-            path += _envelope_integral(lines, ctx, ctx + out)
+            path += _envelope_integral(self.lines, ctx, ctx + out)
             # Σ over the turn's tokens of their context: ctx, ctx+1, ... (continuous).
-            work += out * per_token_gpu_s + kv_gpu_s * (out * ctx + out * out / 2.0)
-            _add_chords(chords, grid, ctx, ctx + out)
+            work += out * self.per_token_gpu_s + self.kv_gpu_s * (out * ctx + out * out / 2.0)
+            if grid is not None:
+                _add_chords(chords, grid, ctx, ctx + out)
             ctx += out
             path += turn.tool_latency_s
             new = float(turn.tool_output_tokens)
             ctx += new
-        shapes.append(_Shape(path, fixed, chords))
-        if path > worst:
-            worst, worst_i = path, i
-    colocation, heavy, price = _priced_bound(shapes, grid, prefill_gpu,
-                                             [cost.step_parts(tp) for tp in degrees], gpus)
-    return LowerBound(worst, work / gpus, worst_i, colocation, heavy, price)
+        return _Terms(_Shape(path, fixed, chords), work, prefill_gpu)
 
 
 def _final_context(traj: TrajectoryShape) -> float:

@@ -116,6 +116,7 @@ class Outcome:
     output_tokens: int  # total sampled over all turns
     turns: int
     tool_time_s: float  # summed tool latency
+    observation_tokens: int = 0  # tool output appended to its context, all calls
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,7 @@ from treadle.core.events import (
     EngineRemoved,
     Event,
     Migrate,
+    PolicyUpdated,
     Preempt,
     ToolCallFinished,
     ToolCallStarted,
@@ -76,6 +77,9 @@ class TrajState:
     queued_at: float = 0.0  # when it entered the current queue
     queue_time_s: float = 0.0  # total time spent queued (preemptions included)
     kv_reserved: int = 0  # context counted against its engine's KV budget while running
+    # Policy version current when its first turn was admitted: the oldest version its
+    # tokens can carry (None until then).
+    first_version: int | None = None
 
 
 @dataclass(slots=True)
@@ -151,6 +155,8 @@ class TrajectoryScheduler(Scheduler):
         self.unrouted: dict[str, TrajState] = {}  # ready turns with no engine yet
         self.preemptions = 0  # scheduler-initiated pauses
         self.migrations = 0  # KV moves between engines
+        self.policy_version = 0  # weights the engines serve (`PolicyUpdated`)
+        self.updated_at: list[float] = []  # when each version after the first arrived
 
     def engine_queues(self) -> dict[str, int]:
         return {eid: e.queued for eid, e in self.engines.items()}
@@ -247,6 +253,12 @@ class TrajectoryScheduler(Scheduler):
             self.engines.pop(event.engine_id, None)
         elif isinstance(event, EngineFailed):
             self._engine_failed(event.engine_id, now)
+        elif isinstance(event, PolicyUpdated):
+            if event.version <= self.policy_version:
+                raise ValueError(f"policy version {event.version} after {self.policy_version}: "
+                                 "versions only grow")
+            self.policy_version = event.version
+            self.updated_at.append(now)
         self.observe(event, t, now)
 
     def decide(self, now: float) -> list[Decision]:
@@ -336,11 +348,19 @@ class TrajectoryScheduler(Scheduler):
             e.queue.pop()
             t.queue_time_s += now - t.queued_at
             t.phase = Phase.RUNNING
+            if t.first_version is None:
+                t.first_version = self.policy_version
             t.kv_reserved = need
             e.kv_reserved += need
             e.running.add(tid)
             heapq.heappush(e.by_importance, (-prio, -seq, tid))
             self._out.append(Admit(tid, e.engine_id, prio))
+
+    def _rerank_running(self, t: TrajState, prio: float) -> None:
+        """A running turn's new priority: its rank when a pause is chosen."""
+        assert t.phase is Phase.RUNNING and t.engine_id is not None
+        t.priority = prio
+        heapq.heappush(self.engines[t.engine_id].by_importance, (-prio, -t.seq, t.traj_id))
 
     def _preempt(self, t: TrajState, now: float) -> None:
         """Pause a running turn and put it back in its engine's queue (KV kept)."""
@@ -392,6 +412,11 @@ class TrajectoryScheduler(Scheduler):
                 t.engine_id = None  # its KV is gone; routed afresh when the tool returns
 
     # -- shared routing helpers ------------------------------------------------------
+
+    def age(self, t: TrajState) -> int:
+        """Policy versions since the trajectory's oldest token was sampled (0 before
+        its first turn is admitted): its staleness were it delivered now."""
+        return 0 if t.first_version is None else self.policy_version - t.first_version
 
     def least_important_running(self, e: EngineState) -> TrajState | None:
         """The running turn with the largest (priority, seq): the one to pause first."""

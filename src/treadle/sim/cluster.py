@@ -6,8 +6,10 @@ events in time order and carries out its decisions. It also holds the truth the
 scheduler must not see: a turn's output length is revealed (as `TurnFinished`)
 only once the engine has generated it, a tool's latency only when it returns.
 
-All trajectories of the batch arrive at t = 0 (one synchronous RL step); the
-makespan is the time the last one finishes.
+The constructor's trajectories arrive at t = 0 (one synchronous RL step; `run`
+reports the makespan). A multi-step driver (`sim.steps`) also `launch`es and
+`abort`s trajectories, `pause_engines` (new weights, a colocated trainer),
+`set_policy_version` and hears of every finished trajectory (`on_finish`).
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ from treadle.core.events import (
     EngineRemoved,
     Event,
     Migrate,
+    PolicyUpdated,
     Preempt,
     ToolCallFinished,
     ToolCallStarted,
     TrajectoryArrived,
+    TrajectoryEnded,
     TurnFinished,
     TurnPreempted,
 )
@@ -57,6 +61,9 @@ class SimTrajectory:
     kv_arrives: tuple[str, float, float] | None = None  # (engine, tokens, time) of a migration
     deferred: Handle | None = None  # an admission waiting for its migrated KV to land
     span_start: float = 0.0  # start of the span being recorded
+    sampled: int = 0  # output tokens of its finished turns
+    tool: Handle | None = None  # its tool call's return, while one runs
+    first_version: int | None = None  # policy version when it first joined an engine
 
 
 @dataclass(slots=True)
@@ -93,7 +100,8 @@ class Cluster:
 
     def __init__(self, cost: CostModel, gpus: int, scheduler: Scheduler,
                  trajectories: list[TrajectorySpec], initial_pool: list[int],
-                 *, max_batch: int = 1024, record_spans: bool = False) -> None:
+                 *, max_batch: int = 1024, record_spans: bool = False,
+                 on_finish: Callable[[str], None] | None = None) -> None:
         if sum(initial_pool) > gpus:
             raise ValueError(f"initial pool needs {sum(initial_pool)} GPUs, cluster has {gpus}")
         self.cost, self.gpus, self.sched = cost, gpus, scheduler
@@ -119,6 +127,8 @@ class Cluster:
         self.kv_evictions = 0
         self.reconfigurations = 0
         self._unfinished = len(self.trajs)
+        self.on_finish = on_finish
+        self.policy_version = 0  # weights the engines serve (`set_policy_version`)
         for tp in initial_pool:
             self._start_engine(tp, ready_at=0.0)
         for spec in trajectories:
@@ -128,6 +138,10 @@ class Cluster:
 
     def run(self, max_events: int = 50_000_000) -> SimResult:
         self.kernel.run(max_events=max_events)
+        return self.result()
+
+    def result(self) -> SimResult:
+        """What the run measured; RuntimeError if a trajectory never finished."""
         if self._unfinished:
             stuck = sorted(t for t, s in self.trajs.items() if s.finished_at is None)[:5]
             raise RuntimeError(f"{self._unfinished} trajectories never finished, e.g. {stuck}")
@@ -192,21 +206,25 @@ class Cluster:
         self._span(eng.engine_id, tid, "turn", st.span_start, now)
         turn = st.spec.turns[st.turn]
         st.context = context
+        st.sampled += turn.output_tokens
         final = st.turn == len(st.spec.turns) - 1
         self._trace("turn", tid, eng.engine_id)
         self._emit(TurnFinished(tid, eng.engine_id, turn.output_tokens, round(context), final))
         if final:
             st.finished_at = now
             self._unfinished -= 1
+            if self.on_finish is not None:
+                self.on_finish(tid)
             return
         self._emit(ToolCallStarted(tid))
         st.span_start = now
-        self.kernel.after(turn.tool_latency_s, self._tool_done(tid, eng.engine_id))
+        st.tool = self.kernel.after(turn.tool_latency_s, self._tool_done(tid, eng.engine_id))
 
     def _tool_done(self, tid: str, home: str) -> Callable[[], None]:
         def fire() -> None:
             st = self.trajs[tid]
             turn = st.spec.turns[st.turn]
+            st.tool = None
             self._span(home, tid, "tool", st.span_start, self.kernel.now)
             st.turn += 1
             st.turn_done = 0.0
@@ -221,6 +239,89 @@ class Cluster:
               dst: str = "") -> None:
         if self.record_spans and end > start:
             self.spans.append(Span(eid, tid, kind, start, end, dst))
+
+    # -- what a multi-step driver does ----------------------------------------------------
+
+    def digest(self) -> str:
+        """sha256 of the event trace so far."""
+        return self._hash.hexdigest()
+
+    def launch(self, spec: TrajectorySpec) -> None:
+        """A new trajectory arrives now; its id must be new to this cluster."""
+        if spec.traj_id in self.trajs:
+            raise ValueError(f"trajectory {spec.traj_id!r} was launched already")
+        self.trajs[spec.traj_id] = SimTrajectory(spec, context=spec.prompt_tokens,
+                                                 new_tokens=spec.prompt_tokens,
+                                                 ready_at=self.kernel.now)
+        self._unfinished += 1
+        self._arrive(spec)()
+
+    def sampled(self, tid: str) -> float:
+        """Output tokens the trajectory has sampled so far (a running turn's too)."""
+        st, eng = self.trajs[tid], self._engine_running(tid)
+        if eng is None:
+            return st.sampled + (0.0 if st.tool is not None else st.turn_done)
+        eng.advance(self.kernel.now)
+        return st.sampled + eng.progress(tid)
+
+    def abort(self, tid: str, reason: str) -> float:
+        """End an unfinished trajectory now, wherever it is (generating, waiting, in
+        a tool call), dropping its KV; the scheduler hears `TrajectoryEnded`. Returns
+        the output tokens it had sampled, which are thrown away."""
+        st = self.trajs[tid]
+        if st.finished_at is not None:
+            raise ValueError(f"trajectory {tid!r} has finished; nothing to abort")
+        tokens = self.sampled(tid)
+        eng = self._engine_running(tid)
+        if eng is not None:
+            self._leave(eng, tid, keep_cache=False)
+        for eid, waiting in self._waiting.items():
+            if any(w == tid for _, _, w in waiting):
+                waiting[:] = [w for w in waiting if w[2] != tid]
+                if eid in self.engines:
+                    self._fill(self.engines[eid])
+        for handle in (st.deferred, st.tool):
+            if handle is not None:
+                handle.cancel()
+        for e in self.engines.values():
+            e.take_cached(tid)
+        del self.trajs[tid]
+        self._unfinished -= 1
+        self._trace("abort", tid, reason)
+        self._emit(TrajectoryEnded(tid, reason))
+        if eng is not None:
+            self._fill(eng)
+        return tokens
+
+    def pause_engines(self, until: Callable[[SimEngine], float], *, drop_kv: bool) -> None:
+        """Pause every engine until `until(engine)`. With `drop_kv` the engines lose
+        their KV (new weights, or a trainer taking the memory): running turns are
+        evicted (`TurnPreempted`; they re-prefill when they run again), cached
+        prefixes and KV in transit are dropped."""
+        now = self.kernel.now
+        for eid in sorted(self.engines):
+            eng = self.engines[eid]
+            eng.advance(now)
+            if drop_kv:
+                for tid in sorted(eng.running):
+                    self._leave(eng, tid, keep_cache=False)
+                    self._trace("drop", tid, eid)
+                    self._emit(TurnPreempted(tid, eid, int(self.trajs[tid].turn_done)))
+                eng.clear_cache()
+            eng.pause(until(eng))
+            self._reschedule(eng)
+        if drop_kv:
+            for st in self.trajs.values():
+                st.kv_arrives = None
+
+    def set_policy_version(self, version: int) -> None:
+        """The engines serve `version` from now on (`PolicyUpdated`)."""
+        self.policy_version = version
+        self._trace("policy", "", str(version))
+        self._emit(PolicyUpdated(version))
+
+    def _engine_running(self, tid: str) -> SimEngine | None:
+        return next((e for e in self.engines.values() if tid in e.running), None)
 
     # -- decisions ------------------------------------------------------------------------
 
@@ -269,6 +370,8 @@ class Cluster:
             self._span(eng.engine_id, tid, "preempted", st.ready_at, now)
         eng.join(tid, now, st.context, st.new_tokens, turn.output_tokens - st.turn_done,
                  st.turn_done, prio)
+        if st.first_version is None:
+            st.first_version = self.policy_version
         st.new_tokens = 0.0
         st.span_start = now
         self._trace("join", tid, eng.engine_id)

@@ -11,9 +11,10 @@ Also modelled: prefill (it stalls the batch for its duration: no chunked-prefill
 overlap), a KV capacity (running sequences first, an LRU prefix cache of idle
 trajectories' contexts in what is left), engine-side eviction when the running
 batch outgrows the KV cache (the lowest-priority, latest sequence is dropped and
-must re-prefill, as vLLM's recompute preemption does), and busy time for
-utilisation. Steps are continuous (fractional); that error is far below the
-model's own.
+must re-prefill, as vLLM's recompute preemption does), busy time for
+utilisation, and pauses (`pause`: weights being loaded, or a colocated trainer
+holding the GPUs) during which nothing is decoded and no time is busy. Steps are
+continuous (fractional); that error is far below the model's own.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class SimEngine:
         self.steps = 0.0  # decode steps done by the batch
         self.t = 0.0  # clock time `steps` refers to
         self.stall_until = 0.0  # prefill in progress: no decode before this
+        self.paused_until = 0.0  # paused (weights loading, trainer on the GPUs): idle
         self.running: dict[str, Sequence] = {}
         self._done: list[tuple[float, int, str]] = []  # heap of (done_at_step, seq, id)
         self._kv_base = 0.0  # Σ(context at join − start_step): KV = base + n·steps
@@ -73,8 +75,8 @@ class SimEngine:
             return
         n = len(self.running)
         if n:
-            self.busy_s += now - self.t
-            start = max(self.t, self.stall_until)
+            self.busy_s += max(0.0, now - max(self.t, self.paused_until))
+            start = max(self.t, self.stall_until, self.paused_until)
             if now > start:
                 alpha, beta = self.cost.step_coeffs(self.tp, n)
                 first = alpha + beta * self.kv_used()
@@ -95,7 +97,7 @@ class SimEngine:
             if full_at < target:
                 target, kind = full_at, "kv_full"
         alpha, beta = self.cost.step_coeffs(self.tp, n)
-        start = max(self.t, self.stall_until)
+        start = max(self.t, self.stall_until, self.paused_until)
         ahead = max(0.0, target - self.steps)
         return start + series_time(alpha + beta * self.kv_used(), beta * n, ahead), kind
 
@@ -116,7 +118,7 @@ class SimEngine:
         cached = self.take_cached(traj_id)
         reuse = min(cached, context_tokens - new_tokens)
         prefill = self.cost.prefill_time(self.tp, context_tokens - reuse, reuse)
-        self.stall_until = max(self.stall_until, now) + prefill
+        self.stall_until = max(self.stall_until, self.paused_until, now) + prefill
         self._seq += 1
         s = Sequence(traj_id, self.steps + turn_tokens_left, self.steps, turn_tokens_done,
                      priority, self._seq)
@@ -138,6 +140,11 @@ class SimEngine:
         if keep_cache:
             self.put_cached(traj_id, context)
         return context, s.start_tokens + generated
+
+    def progress(self, traj_id: str) -> float:
+        """Tokens of the running sequence's turn generated so far (as of `advance`)."""
+        s = self.running[traj_id]
+        return s.start_tokens + self.steps - s.start_step
 
     def evict_victim(self) -> str:
         """The running sequence the engine drops when KV runs out."""
@@ -166,6 +173,16 @@ class SimEngine:
             if s is not None and s.seq == seq:
                 return
             heapq.heappop(self._done)
+
+    def pause(self, until: float) -> None:
+        """Decode nothing before `until` (call `advance(now)` first); the pause is
+        not busy time. Running sequences stay, their KV with them."""
+        self.paused_until = max(self.paused_until, until)
+
+    def clear_cache(self) -> None:
+        """Drop every cached prefix (KV computed under weights no longer served)."""
+        self.cache.clear()
+        self.cache_tokens = 0.0
 
     # -- prefix cache -------------------------------------------------------------------
 

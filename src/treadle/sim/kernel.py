@@ -33,6 +33,7 @@ class Kernel:
         self._heap: list[tuple[float, int, int, Handle, Callable[[], None]]] = []
         self._seq = 0
         self.fired = 0  # callbacks run so far
+        self.stopped = False  # set by stop(): run() returns before the next callback
 
     def at(self, time: float, fn: Callable[[], None], order: int = 0) -> Handle:
         """Run `fn` at `time` (not before now)."""
@@ -65,11 +66,16 @@ class Kernel:
             return True
         return False
 
+    def stop(self) -> None:
+        """End `run` after the callback now running; what is scheduled stays."""
+        self.stopped = True
+
     def run(self, until: float | None = None, max_events: int | None = None) -> None:
-        """Run until nothing is scheduled, the clock would pass `until`, or
-        `max_events` callbacks have fired (a guard against runaway programs)."""
+        """Run until nothing is scheduled, the clock would pass `until`, `stop` is
+        called, or `max_events` callbacks have fired (a guard against runaway
+        programs)."""
         fired = 0
-        while True:
+        while not self.stopped:
             nxt = self.peek()
             if nxt is None or (until is not None and nxt > until):
                 return

@@ -16,9 +16,11 @@ from dataclasses import asdict, dataclass
 from treadle.core.cost_model import TP_DEGREES, CostModel
 from treadle.core.lower_bound import LowerBound, lower_bound
 from treadle.core.policies import PolicySpec, build_policy, parse_policy
-from treadle.core.policies.layout import anneal_layout
+from treadle.core.policies.layout import Layout, anneal_layout
 from treadle.core.predictor import Outcome
+from treadle.core.scheduler import TrajectoryScheduler
 from treadle.sim.cluster import Cluster, SimResult
+from treadle.sim.layout_scoring import SimulatedScorer, expected_batch
 from treadle.workloads import Workload
 from treadle.workloads.load import generate_named
 
@@ -41,14 +43,38 @@ class PolicyReport:
     migrations: int  # KV moves in tool gaps
     reconfigurations: int  # engines started after t = 0
     layout: str  # starting pool, e.g. "8x2+1x48"
+    layout_choice_s: float  # wall seconds the policy took to choose that pool
     events: int  # simulator events processed
     sim_wall_s: float  # wall-clock seconds the simulation took
     trace_digest: str  # sha256 of the event trace
 
 
 def outcomes(workload: Workload) -> list[Outcome]:
-    return [Outcome(t.group_id, t.prompt_tokens, t.output_tokens, t.num_turns, t.tool_time_s)
+    return [Outcome(t.group_id, t.prompt_tokens, t.output_tokens, t.num_turns, t.tool_time_s,
+                    sum(turn.tool_output_tokens for turn in t.turns))
             for t in workload.trajectories]
+
+
+def treadle_scorer(cost: CostModel, gpus: int, history: Sequence[Outcome],
+                   batch_size: int) -> SimulatedScorer | None:
+    """treadle's layout scorer: the expected batch simulated on each candidate pool
+    (`sim.layout_scoring`); None without a history to expect a batch from."""
+    if not history:
+        return None
+
+    def policy_on(layout: Layout) -> TrajectoryScheduler:
+        return build_policy(PolicySpec("treadle", None), cost, batch_size=batch_size,
+                            history=history, layout=layout, max_batch=MAX_BATCH)
+
+    key = (cost.model.name, cost.gpu.name, cost.params, gpus, batch_size, tuple(history))
+    return SimulatedScorer(cost, gpus, expected_batch(history, batch_size), policy_on,
+                           max_batch=MAX_BATCH, memo=_SCORES.setdefault(key, {}))
+
+
+# Layout scores per (model, GPU, cost figures, GPUs, batch size, history): a process
+# that runs treadle on one workload several times (a benchmark) simulates each
+# candidate pool once. Bounded by the runs' distinct settings.
+_SCORES: dict[tuple[object, ...], dict[Layout, float]] = {}
 
 
 def history_for(workload: str, trajectories: int, seed: int, group_size: int = 16,
@@ -74,9 +100,12 @@ def simulate(workload: Workload, spec: PolicySpec | str, cost: CostModel, gpus: 
     started = clock()
     truth = {t.traj_id: o for t, o in zip(workload.trajectories, outcomes(workload),
                                           strict=True)} if spec.name == "oracle" else None
-    policy = build_policy(spec, cost, batch_size=len(workload.trajectories), history=history,
-                          truth=truth, layout=layout, seed=seed, max_batch=MAX_BATCH)
+    n = len(workload.trajectories)
+    scorer = treadle_scorer(cost, gpus, history, n) if spec.name == "treadle" else None
+    policy = build_policy(spec, cost, batch_size=n, history=history, truth=truth,
+                          layout=layout, seed=seed, max_batch=MAX_BATCH, layout_scorer=scorer)
     pool = policy.initial_pool(gpus)
+    chosen = clock()
     cluster = Cluster(cost, gpus, policy, list(workload.trajectories), pool,
                       max_batch=MAX_BATCH, record_spans=record_spans)
     result = cluster.run()
@@ -88,7 +117,8 @@ def simulate(workload: Workload, spec: PolicySpec | str, cost: CostModel, gpus: 
         utilisation=result.utilisation, longest_queue_s=result.longest_queue_s,
         preemptions=result.preemptions, kv_evictions=result.kv_evictions,
         migrations=result.migrations, reconfigurations=result.reconfigurations,
-        layout=layout_label(pool), events=result.events, sim_wall_s=wall,
+        layout=layout_label(pool), layout_choice_s=chosen - started, events=result.events,
+        sim_wall_s=wall,
         trace_digest=result.trace_digest,
     )
     return report, result

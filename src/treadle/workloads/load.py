@@ -17,16 +17,17 @@ GENERATED: tuple[str, ...] = (*WORKLOADS, *SHAPES)
 
 
 def generate_named(name: str, trajectories: int, *, seed: int = 0, group_size: int = 16,
-                   max_context: int = 40960) -> Workload:
+                   max_context: int = 40960, sample: int = 0) -> Workload:
     """The workload `name` (one of `GENERATED`) generates: `synthetic.generate` for a
-    suite, `shapes.generate_shape` for a shape; same arguments, same workload.
-    ValueError for an unknown name or a count the generator refuses."""
+    suite, `shapes.generate_shape` for a shape; same arguments, same workload
+    (`sample` > 0: the same prompts sampled again). ValueError for an unknown name
+    or a count the generator refuses."""
     if name in SHAPES:
         return generate_shape(name, trajectories, seed=seed, group_size=group_size,
-                              max_context=max_context)
+                              max_context=max_context, sample=sample)
     if name in WORKLOADS:
         return generate(name, trajectories, seed=seed, group_size=group_size,
-                        max_context=max_context)
+                        max_context=max_context, sample=sample)
     raise ValueError(f"unknown workload {name!r}; choose one of {', '.join(GENERATED)}")
 
 

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from treadle.workloads.spec import TrajectorySpec, TurnSpec, Workload
+from treadle.workloads.synthetic import resampled
 
 __all__ = ["SHAPES", "generate_shape"]
 
@@ -130,13 +131,16 @@ def _trajectory(suite: _Suite, rng: random.Random, traj_id: str, group_id: str,
 
 
 def generate_shape(name: str, trajectories: int = 1024, *, seed: int = 0,
-                   group_size: int = 16, max_context: int = 40960) -> Workload:
+                   group_size: int = 16, max_context: int = 40960,
+                   sample: int = 0) -> Workload:
     """A workload of `trajectories` episodes of shape `name` (one of `SHAPES`), in
     groups of `group_size`. Ids follow `synthetic.generate`:
     ``{name}-s{seed}-g{group:04d}-r{sibling:02d}``. Same arguments, same workload;
     each trajectory draws from its own stream, so a larger batch extends a smaller
-    one. No context exceeds `max_context`. ValueError for an unknown name, a count
-    that is not a positive multiple of `group_size`, or `max_context` < 2."""
+    one. No context exceeds `max_context`. `sample` > 0 samples the same prompts
+    again (`synthetic.generate`'s `sample`). ValueError for an unknown name, a count
+    that is not a positive multiple of `group_size`, `max_context` < 2 or a negative
+    `sample`."""
     suite = _SUITES.get(name)
     if suite is None:
         raise ValueError(f"unknown shape {name!r}; choose one of {', '.join(SHAPES)}")
@@ -145,13 +149,15 @@ def generate_shape(name: str, trajectories: int = 1024, *, seed: int = 0,
                          f"group_size ({group_size})")
     if max_context < 2:
         raise ValueError(f"max_context must be >= 2, got {max_context}")
+    if sample < 0:
+        raise ValueError(f"sample must be >= 0, got {sample}")
     rng = random.Random(seed)
     specs: list[TrajectorySpec] = []
     for g in range(trajectories // group_size):
         group_id = f"{name}-s{seed}-g{g:04d}"
         factor = math.exp(suite.group_sigma * rng.gauss(0.0, 1.0))
         for r in range(group_size):
-            own = random.Random(rng.getrandbits(64))
+            own = random.Random(resampled(rng.getrandbits(64), sample))
             specs.append(_trajectory(suite, own, f"{group_id}-r{r:02d}", group_id, factor,
                                      max_context))
     return Workload(name, tuple(specs))

@@ -79,6 +79,12 @@ def _clamp(x: float, lo: int, hi: int) -> int:
     return max(lo, min(hi, round(x)))
 
 
+def resampled(stream_seed: int, sample: int) -> int:
+    """The seed of a trajectory's own stream in draw `sample` of its prompt: sample 0
+    is the stream itself; others are other streams of the same prompt."""
+    return stream_seed + (sample << 64)
+
+
 def _mean_lognormal(rng: random.Random, mean: float, sigma: float) -> float:
     # A lognormal's mean is median·exp(σ²/2): set the median so the mean is exact.
     return _lognormal(rng, mean * math.exp(-sigma * sigma / 2.0), sigma)
@@ -194,7 +200,8 @@ def _trajectory(
 
 
 def _suite(
-    name: str, shape: _Shape, rng: random.Random, groups: int, group_size: int, max_context: int
+    name: str, shape: _Shape, rng: random.Random, groups: int, group_size: int, max_context: int,
+    sample: int,
 ) -> list[TrajectorySpec]:
     out: list[TrajectorySpec] = []
     for g in range(groups):
@@ -204,7 +211,7 @@ def _suite(
             # Each trajectory draws from its own stream, so how many draws a
             # truncated one skips never shifts the others: raising max_context
             # leaves every trajectory the same, only less cut.
-            own = random.Random(rng.getrandbits(64))
+            own = random.Random(resampled(rng.getrandbits(64), sample))
             traj_id = f"{group_id}-r{r:02d}"
             out.append(_trajectory(shape, own, traj_id, group_id, difficulty, max_context))
     return out
@@ -216,7 +223,7 @@ def _suite(
 
 
 def _coding(
-    rng: random.Random, groups: int, group_size: int, max_context: int
+    rng: random.Random, groups: int, group_size: int, max_context: int, sample: int
 ) -> list[TrajectorySpec]:
     """CodeForces with a code sandbox (Heddle's `coding`): few, long reasoning turns.
 
@@ -231,11 +238,11 @@ def _coding(
     Observations: sandbox verdicts and output excerpts, median 150 tokens.
     Prompts: problem statements, 200-2,000 tokens (median 700).
     """
-    return _suite("coding", _CODING, rng, groups, group_size, max_context)
+    return _suite("coding", _CODING, rng, groups, group_size, max_context, sample)
 
 
 def _search(
-    rng: random.Random, groups: int, group_size: int, max_context: int
+    rng: random.Random, groups: int, group_size: int, max_context: int, sample: int
 ) -> list[TrajectorySpec]:
     """HotpotQA with web search (Heddle's `search`): more, shorter turns, each
     followed by retrieved passages.
@@ -250,11 +257,11 @@ def _search(
     tokens (median 700). Prompts: instructions, tool schema and the question,
     200-1,500 tokens. No trajectory reaches the context cap.
     """
-    return _suite("search", _SEARCH, rng, groups, group_size, max_context)
+    return _suite("search", _SEARCH, rng, groups, group_size, max_context, sample)
 
 
 def _math(
-    rng: random.Random, groups: int, group_size: int, max_context: int
+    rng: random.Random, groups: int, group_size: int, max_context: int, sample: int
 ) -> list[TrajectorySpec]:
     """DAPO-Math with a calculator (Heddle's `math`): one to four very long turns.
 
@@ -268,11 +275,11 @@ def _math(
     Tool latency: lognormal, mean 0.046 s (Heddle, Qwen3-14B), σ 0.6.
     Observations: a number, ~10-50 tokens. Prompts: 120-1,200 tokens.
     """
-    return _suite("math", _MATH, rng, groups, group_size, max_context)
+    return _suite("math", _MATH, rng, groups, group_size, max_context, sample)
 
 
 def _swe(
-    rng: random.Random, groups: int, group_size: int, max_context: int
+    rng: random.Random, groups: int, group_size: int, max_context: int, sample: int
 ) -> list[TrajectorySpec]:
     """Repository issue fixing (SWE-bench style; not in Heddle): many short-to-medium
     turns, large observations, and a few slow test runs.
@@ -290,10 +297,10 @@ def _swe(
     0.1-5 s) and 15% test runs (lognormal, median 25 s, 10-90 s) with long logs.
     Prompts: issue text plus a repository summary, 2,000-6,000 tokens.
     """
-    return _suite("swe", _SWE, rng, groups, group_size, max_context)
+    return _suite("swe", _SWE, rng, groups, group_size, max_context, sample)
 
 
-_GENERATORS: dict[str, Callable[[random.Random, int, int, int], list[TrajectorySpec]]] = {
+_GENERATORS: dict[str, Callable[[random.Random, int, int, int, int], list[TrajectorySpec]]] = {
     "coding": _coding,
     "search": _search,
     "math": _math,
@@ -310,6 +317,7 @@ def generate(
     seed: int = 0,
     group_size: int = 16,
     max_context: int = 40960,
+    sample: int = 0,
 ) -> Workload:
     """A synthetic workload of `trajectories` episodes in groups of `group_size`.
 
@@ -320,6 +328,10 @@ def generate(
     ids because another seed means other prompts: a predictor that meets a group id
     again is entitled to believe it is the same prompt. A larger `trajectories` extends
     the smaller workload (same seed and group size: it is a prefix).
+
+    `sample` > 0 samples the same prompts again, as a later epoch of RL does: every
+    group keeps its prompt and difficulty (and so its ids), and each of its
+    trajectories is drawn anew from its own stream (lengths, turns, tools).
 
     No trajectory's context exceeds `max_context`. The turn that would pass it is
     cut to fit and ends the trajectory; a turn whose tool observation would leave
@@ -342,8 +354,10 @@ def generate(
         )
     if max_context < 2:
         raise ValueError(f"max_context must be >= 2, got {max_context}")
+    if sample < 0:
+        raise ValueError(f"sample must be >= 0, got {sample}")
     rng = random.Random(seed)
-    specs = gen(rng, trajectories // group_size, group_size, max_context)
+    specs = gen(rng, trajectories // group_size, group_size, max_context, sample)
     stem, seeded = f"{name}-g", f"{name}-s{seed}-g"
     specs = [replace(t, traj_id=seeded + t.traj_id[len(stem):],
                      group_id=seeded + t.group_id[len(stem):]) for t in specs]

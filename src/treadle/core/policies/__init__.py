@@ -16,8 +16,8 @@ from treadle.core.cost_model import CostModel
 from treadle.core.policies.baselines import PAPER_TP, Slime, Verl, VerlStar
 from treadle.core.policies.heddle import Heddle
 from treadle.core.policies.oracle import TruthEstimator
-from treadle.core.policies.progressive import Progressive
-from treadle.core.policies.treadle_policy import Treadle
+from treadle.core.policies.progressive import Progressive, Staleness
+from treadle.core.policies.treadle_policy import LayoutScorer, Treadle
 from treadle.core.predictor import Outcome, Predictor
 from treadle.core.scheduler import TrajectoryScheduler
 
@@ -72,9 +72,14 @@ def typical_context(history: Sequence[Outcome]) -> float:
 def build_policy(spec: PolicySpec, cost: CostModel, *, batch_size: int,
                  history: Sequence[Outcome] = (), truth: Mapping[str, Outcome] | None = None,
                  layout: Sequence[int] | None = None, seed: int = 0,
-                 max_batch: int = 1024) -> TrajectoryScheduler:
+                 max_batch: int = 1024,
+                 layout_scorer: LayoutScorer | None = None,
+                 staleness: Staleness | None = None) -> TrajectoryScheduler:
     """A fresh scheduler. `history` holds earlier rollout steps' outcomes (the
-    predictors' warm start); `truth` is required by, and only given to, `oracle`."""
+    predictors' warm start); `truth` is required by, and only given to, `oracle`;
+    `layout` forces the pool of `treadle` and `oracle`; `layout_scorer` is how
+    `treadle` scores candidate pools (see `treadle_policy`); `staleness` is how
+    `treadle` weighs staleness across RL steps (`progressive.Staleness`)."""
     paper_tp = PAPER_TP.get(cost.model.name, cost.min_tp())
     if spec.name in BASELINES:
         return BASELINES[spec.name](spec.tp or paper_tp, paper_tp)
@@ -87,7 +92,8 @@ def build_policy(spec: PolicySpec, cost: CostModel, *, batch_size: int,
                       max_batch=max_batch)
     if spec.name == "treadle":
         return Treadle(cost, Predictor(history, max_tokens=max_tokens), prior_lengths=prior,
-                       typical_context=ctx, max_batch=max_batch)
+                       typical_context=ctx, max_batch=max_batch, layout=layout,
+                       layout_scorer=layout_scorer, staleness=staleness)
     if truth is None:
         raise ValueError("oracle needs the true outcomes of the batch")
     true_lengths = sorted((float(o.output_tokens) for o in truth.values()), reverse=True)

@@ -19,14 +19,23 @@
 - **Migration only in tool gaps**: when a trajectory starts a tool call, or is in
   one at re-planning time, and its target differs from the engine holding its KV,
   it moves there (`should_migrate` may veto a move; see subclasses).
+- **Staleness** (across RL steps, with a `Staleness` policy; off without one): a
+  trajectory whose oldest token is older runs first (`finish_first`: priority by
+  age in versions, then remaining work), re-prioritised at every `PolicyUpdated`;
+  and one not yet started whose predicted time exceeds what is left of its window
+  (`gate`: max_staleness update intervals, measured from the updates so far, less
+  the time since the last) waits for the next update instead of starting late.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from treadle.core.cost_model import CostModel
 from treadle.core.events import (
     Decision,
     Event,
+    PolicyUpdated,
     ToolCallFinished,
     ToolCallStarted,
     TrajectoryArrived,
@@ -40,6 +49,18 @@ from treadle.core.predictor_eval import LengthPredictor
 from treadle.core.scheduler import EngineState, Phase, TrajectoryScheduler, TrajState
 
 WorkEstimator = LengthPredictor  # what the policies need of a predictor
+# Priority per version of age: above any remaining-token estimate, so an older
+# trajectory always outranks a younger one.
+AGE_PRIORITY = 1e9
+
+
+@dataclass(frozen=True, slots=True)
+class Staleness:
+    """How a policy weighs staleness; `max_staleness` in versions (the job's bound)."""
+
+    max_staleness: int
+    finish_first: bool = True  # older trajectories run first (and preempt younger ones)
+    gate: bool = False  # do not start what cannot finish before it would go stale
 
 
 class Progressive(TrajectoryScheduler):
@@ -48,10 +69,14 @@ class Progressive(TrajectoryScheduler):
     name = "progressive"
 
     def __init__(self, cost: CostModel, estimator: WorkEstimator, *, replan_s: float = 20.0,
-                 preempt_margin: float = 1.5, kv_watermark: float = 0.8) -> None:
+                 preempt_margin: float = 1.5, kv_watermark: float = 0.8,
+                 staleness: Staleness | None = None) -> None:
         super().__init__()
         self.cost = cost
         self.est = estimator
+        self.staleness = staleness
+        self._held: set[str] = set()  # unrouted: put off by the staleness gate
+        self.held = 0  # trajectories the gate has put off so far
         self.replan_s = replan_s  # seconds between placement re-plans
         self.preempt_margin = preempt_margin  # head must outrank the victim by this factor
         self.kv_watermark = kv_watermark  # share of KV admitted contexts may claim
@@ -81,10 +106,14 @@ class Progressive(TrajectoryScheduler):
     def remaining(self, t: TrajState) -> float:
         return self.estimate(t).remaining_tokens
 
-    def observe(self, event: Event, t: TrajState | None, now: float) -> None:
+    def on_event(self, event: Event, now: float) -> None:
         if isinstance(event, TrajectoryArrived):
+            # Known to the estimator before it is routed: routing may ask for it.
             self.est.arrived(event.traj_id, event.group_id, event.prompt_tokens)
-        elif isinstance(event, TurnFinished):
+        super().on_event(event, now)
+
+    def observe(self, event: Event, t: TrajState | None, now: float) -> None:
+        if isinstance(event, TurnFinished):
             self.est.turn_finished(event.traj_id, event.output_tokens)
             if event.final:
                 self._finished(event.traj_id)
@@ -98,6 +127,9 @@ class Progressive(TrajectoryScheduler):
             self.est.forget(event.traj_id)
             self.target.pop(event.traj_id, None)
             self._memo.pop(event.traj_id, None)
+            self._held.discard(event.traj_id)
+        elif isinstance(event, PolicyUpdated) and self.staleness is not None:
+            self._reprioritise(now)
 
     def _finished(self, traj_id: str) -> None:
         """The trajectory ended on its own: teach the estimator, drop its state."""
@@ -109,9 +141,13 @@ class Progressive(TrajectoryScheduler):
     # -- policy hooks -----------------------------------------------------------------
 
     def priority(self, t: TrajState, now: float) -> float:
+        if self.staleness is not None and self.staleness.finish_first:
+            return -self.remaining(t) - AGE_PRIORITY * self.age(t)
         return -self.remaining(t)
 
     def route(self, t: TrajState, now: float) -> str | None:
+        if self._gated(t, now):
+            return None  # waits in `unrouted` for the next update
         home = t.engine_id
         if home is not None and home in self.engines and not self.engines[home].draining:
             return home  # its KV is there; moves happen only in tool gaps
@@ -164,7 +200,7 @@ class Progressive(TrajectoryScheduler):
         if now >= self._next_generation:
             self._generation += 1
             self._next_generation = now + self.estimate_ttl_s
-        if self.unrouted or now >= self._next_replan:
+        if len(self.unrouted) > len(self._held) or now >= self._next_replan:
             self.replan(now)
         self._preempt_for_heads(now)
 
@@ -181,7 +217,8 @@ class Progressive(TrajectoryScheduler):
         self.replans += 1
         self.target = self.plan(live, engines)
         for t in sorted(self.unrouted.values(), key=lambda t: t.traj_id):
-            self._enqueue(t, self.target[t.traj_id], self.priority(t, now), now)
+            if not self._gated(t, now):
+                self._enqueue(t, self.target[t.traj_id], self.priority(t, now), now)
         for t in live:
             if t.phase is Phase.TOOL:
                 self._consider_migration(t, now)
@@ -210,6 +247,50 @@ class Progressive(TrajectoryScheduler):
         self._migrate(t, dst)
 
     def should_migrate(self, t: TrajState, src: str, dst: str, now: float) -> bool:
+        return True
+
+    # -- staleness ---------------------------------------------------------------------------
+
+    def _reprioritise(self, now: float) -> None:
+        """A new version ages every trajectory: queued and running turns take their
+        new priority, and turns put off by the gate may start."""
+        if self.staleness is not None and self.staleness.finish_first:
+            for e in self.live_engines():
+                for tid in sorted(e.running):
+                    t = self.trajs[tid]
+                    self._rerank_running(t, self.priority(t, now))
+                for _, _, tid in e.queue.drain():  # in queue order: ties stay in it
+                    t = self.trajs[tid]
+                    t.queue_time_s += now - t.queued_at
+                    self._enqueue(t, e.engine_id, self.priority(t, now), now)
+        self._held.clear()
+        self._next_replan = now  # place what the gate held, now
+
+    def _gated(self, t: TrajState, now: float) -> bool:
+        """Whether the gate puts off the trajectory's first turn: its predicted time
+        (remaining tokens at the per-token time of the engine that would run it
+        fastest now, plus its tools) exceeds what is left of its window."""
+        s = self.staleness
+        if s is None or not s.gate or t.first_version is not None or not self.updated_at:
+            return False
+        since = now - self.updated_at[-1]
+        if since <= 0.0:
+            return False  # just after an update: now is as early as it gets
+        interval = self.updated_at[-1] / len(self.updated_at)  # mean, from t = 0
+        engines = self.live_engines()
+        if not engines:
+            return False
+        est = self.estimate(t)
+        ctx = float(t.context_tokens)
+        per_token = min(self.cost.step_time(e.tp, len(e.running) + 1, e.kv_reserved + ctx)
+                        for e in engines)
+        need = est.remaining_tokens * per_token + est.remaining_tool_s
+        if need <= max(1, s.max_staleness) * interval - since:
+            self._held.discard(t.traj_id)
+            return False
+        if t.traj_id not in self._held:
+            self._held.add(t.traj_id)
+            self.held += 1
         return True
 
     # -- preemption ------------------------------------------------------------------------

@@ -1,0 +1,99 @@
+"""A lower bound on the time K RL steps take: K rollout batches delivered and K
+training steps done, on one cluster, in any mode (synchronous, over-provisioned,
+asynchronous, partial rollouts), under any scheduler and engine layout.
+
+Setting (what `sim.steps` runs). G GPUs. The trainer's step costs W GPU-seconds
+(`train_gpu_s`: a colocated trainer holds all G GPUs for W/G seconds, a trainer on
+G_t GPUs of its own takes W/G_t), and training steps run one after another, step k
+on batch k. A batch is `batch_groups` complete GRPO groups. Groups are launched in
+the order of a fixed stream (`group_costs`, index 0 first; a restart from the
+prompt relaunches the same group), and a mode never holds more than `cap` groups
+launched but not yet delivered (in flight, or complete and waiting). T is the time
+the K-th training step ends.
+
+**Which groups can be delivered.** When the K-th batch is sealed, (K−1)·b groups
+(b = `batch_groups`) have been delivered and at most `cap` are launched and not
+delivered; launches follow the stream, so every delivered group is among its first
+L = (K−1)·b + cap groups. (Synchronous steps: cap = b, L = K·b, the K batches
+exactly.)
+
+**1. Work.** Every delivered trajectory was generated in full at least once, and
+its GPU-seconds are at least `lower_bound.trajectory_cost(...).work_gpu_s` (term 2
+of `core.lower_bound`: per token its share of the weight GEMMs plus the read of its
+own context's KV, per new token its prefill FLOPs; discarded attempts, re-prefills
+after a weight update and idle engines only add). Rollout and training never share
+a GPU at one time (colocated: one after the other; split: disjoint GPUs), and all
+of it fits in G·T GPU-seconds:
+
+    T ≥ (K·W + W_min) / G,
+
+W_min being the least total work of K·b distinct groups among the first L: the sum
+of the K·b smallest group works there.
+
+**2. Chain.** The first training step starts after a batch is complete, i.e. after
+b groups have finished; a group finishes no sooner than its slowest member's
+critical path (term 1 of `core.lower_bound`: alone on the fastest engine), so not
+before c_(b), the b-th smallest group critical path among the first L groups. Then
+K training steps of at least W/G seconds each run one after another:
+
+    T ≥ c_(b) + K·W / G.
+
+The bound is the larger. Limits: it ignores the staleness bound (which only
+restricts schedules), queueing, KV capacity and the split's balance, so it is not
+attainable in general, and is only as true as the cost model. A trace's groups of
+other sizes are fine: each group's work and path are its members' sum and maximum.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class GroupCost:
+    """What one group of the stream costs at the least (`lower_bound.trajectory_cost`
+    of its members): the sum of their work, the largest of their critical paths."""
+
+    work_gpu_s: float
+    critical_path_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class StepsBound:
+    """The bound and its two terms (seconds)."""
+
+    work_s: float  # (K·W + W_min) / G
+    chain_s: float  # c_(b) + K·W / G
+    groups_considered: int  # L: the stream prefix a delivered group comes from
+
+    @property
+    def makespan_s(self) -> float:
+        return max(self.work_s, self.chain_s)
+
+
+def steps_lower_bound(group_costs: Sequence[GroupCost], *, steps: int, batch_groups: int,
+                      cap: int, train_gpu_s: float, gpus: int) -> StepsBound:
+    """The bound for `steps` batches of `batch_groups` groups (see the module
+    docstring). `group_costs` is the stream in launch order and must hold at least
+    its first L = (steps − 1)·batch_groups + cap groups. ValueError on a
+    non-positive count, `cap` < `batch_groups`, a negative `train_gpu_s` or too
+    short a stream."""
+    if steps < 1 or batch_groups < 1 or gpus < 1:
+        raise ValueError(f"steps ({steps}), batch_groups ({batch_groups}) and gpus ({gpus}) "
+                         "must be >= 1")
+    if cap < batch_groups:
+        raise ValueError(f"cap ({cap}) must be at least a batch ({batch_groups} groups)")
+    if not train_gpu_s >= 0:
+        raise ValueError(f"train_gpu_s must be >= 0, got {train_gpu_s}")
+    considered = (steps - 1) * batch_groups + cap
+    if len(group_costs) < considered:
+        raise ValueError(f"the stream has {len(group_costs)} groups; the bound needs its "
+                         f"first {considered}")
+    prefix = group_costs[:considered]
+    least_work = sum(heapq.nsmallest(steps * batch_groups, (g.work_gpu_s for g in prefix)))
+    first_batch = heapq.nsmallest(batch_groups, (g.critical_path_s for g in prefix))[-1]
+    train = steps * train_gpu_s
+    return StepsBound(work_s=(train + least_work) / gpus,
+                      chain_s=first_batch + train / gpus, groups_considered=considered)
