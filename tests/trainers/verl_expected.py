@@ -104,6 +104,9 @@ def expected_records(job_id: str, uids: list[str], trajectories: list[dict[str, 
                     "treadle_segment_index": index,
                     "treadle_num_segments": len(kept),
                     "treadle_policy_versions": s["policy_versions"][:n],
+                    # as the record (v4) states them
+                    "treadle_policy_span": t["policy_span"],
+                    "treadle_kv_across_updates": t["kv_across_updates"],
                     "treadle_excluded": why,
                 },
             })
