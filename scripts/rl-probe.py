@@ -36,11 +36,13 @@ from treadle.store.db import Store
 from treadle.train.cli import DEFAULT_CACHE
 from treadle.train.engine import TorchEngine
 from treadle.train.evaluate import evaluate
-from treadle.train.grpo import GRPOConfig, copy_tokenizer, policy_gradient_step
+from treadle.train.grpo_config import GRPOConfig
 from treadle.train.logprobs import teacher_forced_logprobs
 from treadle.train.model import load_model
+from treadle.train.serving import copy_tokenizer
 from treadle.train.sft import SFTConfig, load_or_record_transcripts
 from treadle.train.transcripts import heldout_tasks, tokenize
+from treadle.train.update import policy_gradient_step
 from treadle.types import TrajectoryStatus
 
 

@@ -1,7 +1,10 @@
-"""Two GRPO steps end to end: rollouts from the treadle service on a real vLLM engine
-(CPU build), a policy-gradient step, the weights pushed through the weight-update
-barrier; the weights change, the policy version advances, and the next rollouts
-carry the new version."""
+"""Two GRPO steps end to end, asynchronously: rollouts from the treadle service on a
+real vLLM engine (CPU build), a policy-gradient step while the next step's rollouts
+run, the weights pushed through the weight-update barrier with the `keep` mode; the
+weights change, the policy version advances, the next step trains on tokens of both
+versions within the bound, and the engine's logprobs stay the trainer's on each
+version. (The synchronous loop is this one with the bound at 0: `StepJobs` is tested
+for both in test_train_grpo_step.py.)"""
 
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ def test_two_rl_steps_change_the_weights_and_advance_the_policy_version(
     # about half the time, so 16 groups without one would be a 1-in-30,000 event.
     config = GRPOConfig(sft=SFTConfig(steps=DEMO_SFT_STEPS), prompts_per_step=8,
                         group_size=4, max_steps=2, eval_every=1000, eval_tasks=4,
-                        sandbox="local", vllm_python=str(ensure_vllm()))
+                        sandbox="local", vllm_python=str(ensure_vllm()), max_staleness=1)
     out = tmp_path / "rl"
     report = train_grpo(config, out, cache_root=trained_checkpoint.parent,
                         log=lambda _m: None)
@@ -41,6 +44,11 @@ def test_two_rl_steps_change_the_weights_and_advance_the_policy_version(
     assert (last.policy_version, last.versions) == (2, [2])  # the new weights sampled them
     # The engine's logprobs are the trainer's on the same weights, update after update.
     assert all(s.logprob_gap_max < 1e-3 for s in report.steps)
+    # Step 1's job was submitted as step 0 started: its first turns were sampled on
+    # version 0 before step 0's update, so step 1 trains on stale tokens (bound 1).
+    assert report.steps[0].staleness_max == 0 and report.steps[0].stale_tokens == 0
+    assert report.steps[1].staleness_max == 1 and report.steps[1].stale_tokens > 0
+    assert report.steps[1].stale_gap_mean > 0  # the policy moved since they were sampled
     v0, v2 = load_model(out / "weights" / "v0"), load_model(out / "weights" / "v2")
     assert weights_digest(v0) != weights_digest(v2)
     # Each pushed version is a whole checkpoint: its tokenizer is the start's.

@@ -19,11 +19,12 @@ from typing import Any
 import pytest
 import torch
 
-import treadle.train.grpo as grpo
+import treadle.train.update as update
 from treadle.client.samples import TrainingSequence
-from treadle.train.grpo import GRPOConfig, policy_gradient_step
+from treadle.train.grpo_config import GRPOConfig
 from treadle.train.logprobs import teacher_forced_logprobs
 from treadle.train.model import load_model, weights_digest
+from treadle.train.update import policy_gradient_step
 from treadle.types import TrajectoryStatus
 
 AGGREGATIONS = ["seq-mean-token-mean", "token-mean"]
@@ -53,7 +54,7 @@ class GradientSpy:
     and the gradient that the loss sends to each entry's log-probability."""
 
     def __init__(self) -> None:
-        self.real = grpo.token_logprobs
+        self.real = update.token_logprobs
         self.calls: list[tuple[torch.Tensor, list[torch.Tensor]]] = []
 
     def __call__(self, model: Any, ids: torch.Tensor,
@@ -91,10 +92,10 @@ def step(model: torch.nn.Module, rows: list[TrainingSequence], monkeypatch: pyte
     the spy that saw the gradients."""
     torch.manual_seed(0)
     spy = GradientSpy()
-    monkeypatch.setattr(grpo, "token_logprobs", spy)
+    monkeypatch.setattr(update, "token_logprobs", spy)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     config = GRPOConfig(epochs=1, minibatches=1, **overrides)
-    loss, _gap_max, _gap_mean = policy_gradient_step(model, optimizer, rows, config)
+    loss, _gap = policy_gradient_step(model, optimizer, rows, config)
     return loss, spy
 
 

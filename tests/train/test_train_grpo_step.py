@@ -6,14 +6,18 @@ use is read from the turns."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from treadle.client.samples import TrainingSequence
-from treadle.train.grpo import GRPOConfig, called_python, logprob_gap, policy_gradient_step
+from treadle.client.wire import SubmittedJob
+from treadle.train.grpo import StepJobs, called_python
+from treadle.train.grpo_config import GRPOConfig
 from treadle.train.logprobs import teacher_forced_logprobs
 from treadle.train.model import load_model, weights_digest
+from treadle.train.update import logprob_gap, policy_gradient_step
 from treadle.types import GroupKey, ToolCall, Trajectory, TrajectoryStatus, Turn
 
 
@@ -50,8 +54,8 @@ def _step(checkpoint: Path, advantages: list[float], **overrides: object) -> tup
     optimizer.step = counted  # type: ignore[method-assign]
     config = GRPOConfig(**overrides)  # type: ignore[arg-type]
     rows = _sequences(model, advantages)
-    _loss, gap_max, _gap_mean = policy_gradient_step(model, optimizer, rows, config)
-    assert gap_max < 1e-5  # the "engine" logprobs were the model's own
+    _loss, gap = policy_gradient_step(model, optimizer, rows, config)
+    assert gap.max < 1e-5  # the "engine" logprobs were the model's own
     return weights_digest(model), steps
 
 
@@ -79,14 +83,66 @@ def test_logprob_gap_counts_sampled_tokens_only(tiny_dir: Path) -> None:
     rows[0].logprobs[0] -= 0.5  # a sampled token off by 0.5
     # The observation token's logprob is 0.0 against the model's ~-7: counted, it
     # would be the max and move the mean; over the sampled tokens only it is exact.
-    exact_max, exact_mean = logprob_gap(model, rows, micro_batch=8)
+    exact = logprob_gap(model, rows, micro_batch=8)
     sampled = sum(rows[0].loss_mask)
-    assert exact_max == pytest.approx(0.5, abs=1e-5)
-    assert exact_mean == pytest.approx(0.5 / sampled, abs=1e-5)
+    assert exact.max == pytest.approx(0.5, abs=1e-5)
+    assert exact.mean == pytest.approx(0.5 / sampled, abs=1e-5)
+    assert exact.older_tokens == 0
     rows[0].response_ids[1] = 9  # an observation token changed: not measured ...
-    gap_max, gap_mean = logprob_gap(model, rows, micro_batch=8)
+    moved = logprob_gap(model, rows, micro_batch=8)
     # ... but it is context for the tokens after it, whose logprobs then move too.
-    assert gap_max >= 0.5 - 1e-5 and 0 < gap_mean < gap_max
+    assert moved.max >= 0.5 - 1e-5 and 0 < moved.mean < moved.max
+
+
+def test_logprob_gap_splits_the_trainers_own_version_from_older_ones(tiny_dir: Path) -> None:
+    model = load_model(tiny_dir)
+    rows = _sequences(model, [1.0])
+    row = rows[0]
+    sampled = [j for j, m in enumerate(row.loss_mask) if m]
+    row.policy_versions[:] = [1] * len(row.response_ids)
+    for j in sampled[:2]:  # sampled a version ago: the policy moved since
+        row.policy_versions[j] = 0
+        row.logprobs[j] -= 0.3
+    gap = logprob_gap(model, rows, micro_batch=8, version=1)
+    assert gap.max < 1e-5 and gap.mean < 1e-5  # parity on the trainer's own version
+    assert gap.older_tokens == 2
+    assert gap.older_max == pytest.approx(0.3, abs=1e-5)
+    assert gap.older_mean == pytest.approx(0.3, abs=1e-5)
+    # Without a version every token is the weights' own, as in synchronous RL.
+    assert logprob_gap(model, rows, micro_batch=8).max == pytest.approx(0.3, abs=1e-5)
+
+
+class _RecordingClient:
+    """A test double of RolloutClient's submit and cancel."""
+
+    def __init__(self) -> None:
+        self.submitted: list[tuple[str, int]] = []
+        self.cancelled: list[str] = []
+
+    def submit(self, **fields: Any) -> SubmittedJob:
+        self.submitted.append((fields["job_id"], fields["min_policy_version"]))
+        return SubmittedJob(job_id=fields["job_id"], planned=4, group_size=2)
+
+    def cancel(self, job_id: str) -> None:
+        self.cancelled.append(job_id)
+
+
+@pytest.mark.parametrize("staleness", [0, 1, 2])
+def test_step_jobs_are_submitted_as_far_ahead_as_the_staleness_bound(staleness: int) -> None:
+    client = _RecordingClient()
+    jobs = StepJobs(client, GRPOConfig(max_staleness=staleness, max_steps=4,  # type: ignore[arg-type]
+                                       prompts_per_step=2, group_size=2))
+    taken = []
+    for step in range(3):
+        taken.append(jobs.take(step).job_id)
+        # Step s's job is in once step s - S starts, and may run on the version then.
+        submitted = {int(job.split("-")[1]): version for job, version in client.submitted}
+        assert submitted == {s: max(0, s - staleness)
+                             for s in range(min(step + staleness, 3) + 1)}
+    assert [int(j.split("-")[1]) for j in taken] == [0, 1, 2]
+    jobs.cancel_ahead()  # the run stopped: the jobs of steps it will not train
+    assert len(client.cancelled) == min(staleness, 1)
+    assert all(job not in taken for job in client.cancelled)
 
 
 @pytest.mark.parametrize("bad", ["mean", ""])

@@ -21,7 +21,7 @@ from treadle.client import RolloutClient
 from treadle.sandbox.registry import get_backend
 from treadle.service.schemas import EngineRequest
 from treadle.service.state import ServiceConfig
-from treadle.train.grpo import untied_copy
+from treadle.train.serving import untied_copy
 from treadle.train.transcripts import math_suite, train_tasks
 from vllm_server import serve_vllm
 

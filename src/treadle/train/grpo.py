@@ -25,6 +25,14 @@ One run:
    `weights/vN` is a checkpoint `treadle train eval` loads) and push them to the
    engine through the service's weight-update barrier (`POST /v1/weights/update`):
    the policy version advances, and the next job's tokens carry it.
+   **Asynchronous** (`max_staleness` S > 0): the jobs of the next S steps are
+   submitted before a step trains (`StepJobs`), so the engines keep sampling while
+   the trainer computes and saves; the update is pushed with the `keep` mode (the
+   running trajectories pause only while the engine loads, then run on under the
+   new weights, their tokens stamped with it), and a step trains on tokens of
+   versions step − S .. step, each weighed by its ratio to the logprob the engine
+   recorded when it sampled it. The row records the staleness and the drift
+   (`StepRow.stale_gap_mean`) beside the parity gap.
 4. **Measure.** Every `eval_every` steps, and at the start and the end, the
    held-out success rate (mean reward on `eval_tasks` held-out tasks, one sample
    each at temperature 1.0) through the same service. Sampling is seeded per task,
@@ -42,27 +50,21 @@ import json
 import os
 import platform
 import secrets
-import shutil
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from treadle.client.errors import ServiceUnavailable
 from treadle.client.http import RolloutClient
 from treadle.client.samples import TrainingSequence
-from treadle.client.stream import RetryPolicy
-from treadle.client.wire import suite_tasks
-from treadle.runtime.launcher import die_with_parent, free_port, stop_process_group
-from treadle.sandbox.registry import usable_backend_name
+from treadle.client.wire import SubmittedJob, suite_tasks
 from treadle.train.evaluate import EVAL_LIMITS
-from treadle.train.logprobs import token_logprobs
-from treadle.train.sft import SFTConfig, sft
-from treadle.train.transcripts import HELDOUT_POOL, KINDS, heldout_tasks, math_suite, train_tasks
+from treadle.train.grpo_config import GRPOConfig
+from treadle.train.serving import copy_tokenizer, prune, serving, untied_copy
+from treadle.train.sft import sft
+from treadle.train.transcripts import KINDS, heldout_tasks, math_suite, train_tasks
+from treadle.train.update import policy_gradient_step
 from treadle.types import Trajectory
 
 if TYPE_CHECKING:
@@ -72,60 +74,6 @@ if TYPE_CHECKING:
 Log = Callable[[str], None]
 _LIMITS = EVAL_LIMITS.as_params()
 _OPTIONS = {"kinds": list(KINDS)}
-LOSS_AGGREGATIONS = ("seq-mean-token-mean", "token-mean")  # verl's names
-RL_START = SFTConfig(steps=800, direct_share=0.5)  # GRPOConfig's default starting point
-
-
-@dataclass(frozen=True, slots=True)
-class GRPOConfig:
-    """One RL run's settings (all of them go into the report)."""
-
-    # The supervised starting point: half its transcripts answer without the tool, so
-    # it calls python in about half its episodes (docs/training.md, "RL on top").
-    sft: SFTConfig = RL_START
-    prompts_per_step: int = 16  # training tasks per step
-    group_size: int = 8  # samples per task (GRPO group)
-    lr: float = 1e-4  # AdamW learning rate (constant; 3e-4 degraded, see docs/training.md)
-    clip: float = 0.2  # PPO ratio clip
-    # How token terms are averaged: "seq-mean-token-mean" (GRPO's: each trajectory
-    # weighs the same, so in a group whose advantages sum to 0 the tokens all members
-    # share cancel out) or "token-mean" (every sampled token weighs the same: long
-    # failures outweigh short successes, and on this model that drags the shared
-    # format tokens down; see docs/training.md).
-    loss_agg: str = "seq-mean-token-mean"
-    # Weight of negative advantages (1.0: GRPO as written). A failed trajectory's
-    # tokens after its mistake are often right given it (the answer copies a wrong
-    # program's output faithfully); pushing them down unlearns the copy.
-    negative_scale: float = 1.0
-    epochs: int = 2  # passes over each step's rollouts (PPO epochs)
-    minibatches: int = 1  # optimizer steps per pass (the step's rollouts split evenly)
-    max_grad_norm: float = 1.0  # gradient norm clip
-    micro_batch: int = 32  # sequences per forward/backward (memory bound)
-    temperature: float = 1.0  # rollout and evaluation sampling
-    max_steps: int = 1000  # step limit
-    max_minutes: float = 15.0  # RL wall-clock limit, evaluations included
-    eval_every: int = 5  # steps between held-out evaluations
-    eval_tasks: int = 256  # held-out tasks per evaluation (one sample each; ±3 points)
-    # Torch seed of the trainer and base seed of every turn's sampling (the tasks of
-    # step s use seed 1000 + s).
-    seed: int = 0
-    sandbox: str = "bwrap"  # where the tools run (bwrap; local where it is missing)
-    vllm_python: str = ".venv-vllm/bin/python"  # the interpreter vLLM is installed in
-
-    def __post_init__(self) -> None:
-        if self.loss_agg not in LOSS_AGGREGATIONS:
-            raise ValueError(f"loss_agg {self.loss_agg!r}: one of {', '.join(LOSS_AGGREGATIONS)}")
-        if not 0.0 <= self.negative_scale <= 1.0:
-            raise ValueError("negative_scale must be in [0, 1]")
-        if self.epochs < 1 or self.minibatches < 1:
-            raise ValueError("epochs and minibatches must be >= 1")
-        if self.prompts_per_step < 1 or self.group_size < 2 or self.max_steps < 1:
-            raise ValueError("prompts_per_step and max_steps must be >= 1, group_size >= 2 "
-                             "(a group of one has no advantage)")
-        if self.lr <= 0 or self.max_minutes <= 0:
-            raise ValueError("lr and max_minutes must be > 0")
-        if self.eval_every < 1 or not 1 <= self.eval_tasks <= HELDOUT_POOL:
-            raise ValueError(f"eval_every must be >= 1, eval_tasks in 1-{HELDOUT_POOL}")
 
 
 @dataclass(slots=True)
@@ -140,15 +88,22 @@ class StepRow:
     reward: float  # mean reward of the step's rollouts
     success: float  # share with reward 1
     tool_use: float  # share that called the python tool
-    rollout_s: float  # submit to the last group
+    # The step's start to its last group (asynchronous: part of the rollout ran
+    # during the steps before, so this is the trainer's wait, not the rollout's time).
+    rollout_s: float
     train_s: float  # forward, backward, optimizer
     update_s: float  # save the weights and push them through the barrier
     tokens: int  # sampled tokens
     tokens_per_s: float  # sampled tokens / rollout_s
-    logprob_gap_max: float  # max |engine - trainer| logprob of a sampled token
+    # max and mean |engine - trainer| logprob over the tokens sampled under the
+    # trainer's version (parity; train.update.LogprobGap)
+    logprob_gap_max: float
     logprob_gap_mean: float
     loss: float
     minutes: float  # RL wall clock at the end of the step
+    staleness_max: int = 0  # versions the oldest trained token lags the trainer
+    stale_tokens: int = 0  # sampled tokens of an older version than the trainer's
+    stale_gap_mean: float = 0.0  # mean |engine - trainer| logprob over those: the drift
 
 
 @dataclass(slots=True)
@@ -180,6 +135,9 @@ class GRPOReport:
             "steps": len(self.steps),
             "rl_minutes": self.steps[-1].minutes if self.steps else 0.0,
             "max_logprob_gap": max(gaps, default=None),
+            "max_staleness": max((s.staleness_max for s in self.steps), default=0),
+            "stale_token_share": (sum(s.stale_tokens for s in self.steps)
+                                  / max(1, sum(s.tokens for s in self.steps))),
             "final_policy_version": last.policy_version if last else 0,
         }
 
@@ -187,6 +145,30 @@ class GRPOReport:
         return {"config": self.config, "summary": self.summary(), "machine": self.machine,
                 "steps": [asdict(s) for s in self.steps],
                 "evals": [asdict(e) for e in self.evals]}
+
+
+def async_vs_sync(sync: dict[str, Any], asynchronous: dict[str, Any]) -> dict[str, Any]:
+    """Two runs' reports (`GRPOReport.to_dict()`: the same settings, synchronous and
+    asynchronous) side by side, with what the comparison is about: steps a minute,
+    held-out success at the end and at the best, staleness and drift."""
+    def rate(report: dict[str, Any]) -> float:
+        minutes = report["summary"]["rl_minutes"]
+        return report["summary"]["steps"] / minutes if minutes else 0.0
+
+    def drift(report: dict[str, Any]) -> float:
+        rows = [r for r in report["steps"] if r["stale_tokens"]]
+        return _mean([r["stale_gap_mean"] for r in rows])
+
+    summary = {name: {**r["summary"], "steps_per_minute": rate(r),
+                      "mean_stale_gap": drift(r)}
+               for name, r in (("sync", sync), ("async", asynchronous))}
+    return {"summary": {**summary,
+                        "step_rate_ratio": (summary["async"]["steps_per_minute"]
+                                            / summary["sync"]["steps_per_minute"]
+                                            if summary["sync"]["steps_per_minute"] else None),
+                        "final_success_points": 100 * ((summary["async"]["final_success"] or 0)
+                                                       - (summary["sync"]["final_success"] or 0))},
+            "sync": sync, "async": asynchronous}
 
 
 def train_grpo(config: GRPOConfig, out: Path, *, cache_root: Path,
@@ -209,6 +191,7 @@ def train_grpo(config: GRPOConfig, out: Path, *, cache_root: Path,
                                  "processor": platform.machine(), "cpus": os.cpu_count(),
                                  "torch": torch.__version__})
     with serving(policy, out, config, log=log) as client:
+        jobs = StepJobs(client, config)
         started = time.monotonic()
 
         def minutes() -> float:
@@ -219,11 +202,12 @@ def train_grpo(config: GRPOConfig, out: Path, *, cache_root: Path,
         for step in range(config.max_steps):
             if minutes() >= config.max_minutes:
                 break
-            row = run_step(client, model, optimizer, config, step, out, minutes)
+            row = run_step(client, jobs, model, optimizer, config, step, out, minutes)
             report.steps.append(row)
             log(f"step {step}: reward {row.reward:.3f}, {row.tokens_per_s:,.0f} tok/s, "
-                f"logprob gap max {row.logprob_gap_max:.1e}, loss {row.loss:+.4f} "
-                f"({row.minutes:.1f} min)")
+                f"logprob gap max {row.logprob_gap_max:.1e}, staleness {row.staleness_max} "
+                f"({row.stale_tokens:,} tokens, drift {row.stale_gap_mean:.1e}), "
+                f"loss {row.loss:+.4f} ({row.minutes:.1f} min)")
             if (step + 1) % config.eval_every == 0:
                 report.evals.append(evaluate_heldout(client, config, step=step + 1,
                                                      minutes=minutes()))
@@ -232,22 +216,58 @@ def train_grpo(config: GRPOConfig, out: Path, *, cache_root: Path,
         if not report.evals or report.evals[-1].step != len(report.steps):
             report.evals.append(evaluate_heldout(client, config, step=len(report.steps),
                                                  minutes=minutes()))
+        jobs.cancel_ahead()
     _write(report, out)
     return report
 
 
-def run_step(client: RolloutClient, model: Qwen2ForCausalLM, optimizer: torch.optim.Optimizer,
-             config: GRPOConfig, step: int, out: Path,
+class StepJobs:
+    """The rollout jobs of the steps to come, submitted ahead as far as the staleness
+    bound lets them run: step s's job goes in when step s − S starts (S =
+    `max_staleness`) and may start on version max(0, s − S), the version the engines
+    serve then. Synchronous (S = 0): a step's job goes in at its start, on its own
+    version. Older jobs first: the service runs a job's trajectories before a younger
+    job's of the same priority, so the next step's rollouts fill what the current
+    one's long tail leaves idle."""
+
+    def __init__(self, client: RolloutClient, config: GRPOConfig) -> None:
+        self._client = client
+        self._config = config
+        self._jobs: dict[int, SubmittedJob] = {}
+
+    def take(self, step: int) -> SubmittedJob:
+        """Step `step`'s job, submitting it and the next S steps' first if need be."""
+        last = min(step + self._config.max_staleness, self._config.max_steps - 1)
+        for s in range(step, last + 1):
+            if s not in self._jobs:
+                self._jobs[s] = self._submit(s)
+        return self._jobs.pop(step)
+
+    def cancel_ahead(self) -> None:
+        """Cancel the jobs submitted for steps the run will not train (it stopped)."""
+        for job in self._jobs.values():
+            self._client.cancel(job.job_id)
+        self._jobs.clear()
+
+    def _submit(self, step: int) -> SubmittedJob:
+        config = self._config
+        suite = math_suite()
+        tasks = [suite.task_to_record(t) for t in train_tasks(config.prompts_per_step,
+                                                                seed=1000 + step)]
+        return self._client.submit(
+            tasks=suite_tasks("math", tasks=tasks, options=_OPTIONS),
+            samples_per_task=config.group_size, sampling=_sampling(config), limits=_LIMITS,
+            min_policy_version=max(0, step - config.max_staleness),
+            job_id=f"train-{step:04d}-{secrets.token_hex(3)}")
+
+
+def run_step(client: RolloutClient, jobs: StepJobs, model: Qwen2ForCausalLM,
+             optimizer: torch.optim.Optimizer, config: GRPOConfig, step: int, out: Path,
              minutes: Callable[[], float]) -> StepRow:
-    """One rollout job, one policy-gradient step, one weight update."""
-    suite = math_suite()
-    tasks = [suite.task_to_record(t) for t in train_tasks(config.prompts_per_step,
-                                                            seed=1000 + step)]
+    """One rollout job's groups, one policy-gradient step, one weight update (`keep`
+    in asynchronous runs: the next steps' trajectories run on across it)."""
     t0 = time.monotonic()
-    job = client.submit(tasks=suite_tasks("math", tasks=tasks, options=_OPTIONS),
-                        samples_per_task=config.group_size,
-                        sampling=_sampling(config), limits=_LIMITS,
-                        min_policy_version=step, job_id=f"train-{step:04d}-{secrets.token_hex(3)}")
+    job = jobs.take(step)
     sequences: list[TrainingSequence] = []
     trajectories: list[Trajectory] = []
     excluded = 0
@@ -259,18 +279,20 @@ def run_step(client: RolloutClient, model: Qwen2ForCausalLM, optimizer: torch.op
     rollout_s = time.monotonic() - t0
     versions = {v for s in sequences for v, m in zip(s.policy_versions, s.loss_mask, strict=True)
                 if m}
-    if versions - {step}:
-        raise RuntimeError(f"step {step} trained on tokens of versions {sorted(versions)}")
+    if versions - set(range(step - config.max_staleness, step + 1)):
+        raise RuntimeError(f"step {step} (max staleness {config.max_staleness}) got tokens "
+                           f"of versions {sorted(versions)}")
     t1 = time.monotonic()
-    loss, gap_max, gap_mean = policy_gradient_step(model, optimizer, sequences, config)
+    loss, gap = policy_gradient_step(model, optimizer, sequences, config, version=step)
     train_s = time.monotonic() - t1
     t2 = time.monotonic()
     weights = out / "weights" / f"v{step + 1}"
     model.save_pretrained(weights)
     # A whole checkpoint (`treadle train eval --model`, vLLM and HFTokenizer load it).
     copy_tokenizer(out / "weights" / "v0", weights)
-    client.update_weights(str(weights.resolve()), step + 1)
-    _prune(out / "weights", keep={"v0", f"v{step}", f"v{step + 1}"})
+    client.update_weights(str(weights.resolve()), step + 1,
+                          mode="keep" if config.max_staleness else "drain")
+    prune(out / "weights", keep={"v0", f"v{step}", f"v{step + 1}"})
     update_s = time.monotonic() - t2
     scored = [t for t in trajectories if t.reward is not None]
     tokens = sum(sum(s.loss_mask) for s in sequences)
@@ -280,101 +302,9 @@ def run_step(client: RolloutClient, model: Qwen2ForCausalLM, optimizer: torch.op
         reward=_mean([t.reward or 0.0 for t in scored]), **_shares(scored),
         rollout_s=rollout_s, train_s=train_s, update_s=update_s, tokens=tokens,
         tokens_per_s=tokens / rollout_s if rollout_s > 0 else 0.0,
-        logprob_gap_max=gap_max, logprob_gap_mean=gap_mean, loss=loss, minutes=minutes())
-
-
-def policy_gradient_step(model: Qwen2ForCausalLM, optimizer: torch.optim.Optimizer,
-                         sequences: Sequence[TrainingSequence],
-                         config: GRPOConfig) -> tuple[float, float, float]:
-    """`config.epochs` passes over the step's sequences with a non-zero advantage, each
-    in `config.minibatches` optimizer steps on the clipped-ratio objective averaged
-    over the minibatch's sampled tokens (PPO's update; with one epoch of one minibatch
-    it is the plain GRPO gradient). Returns (mean loss, max |Δ logprob|, mean |Δ
-    logprob|): the gap between the engine's logprobs and the trainer's, measured
-    before the first update (on the weights the engine sampled with) over every
-    sampled token."""
-    import torch
-
-    rows = [s for s in sequences if sum(s.loss_mask)]
-    gap_max, gap_mean = logprob_gap(model, rows, config.micro_batch)
-    # A group whose members all scored alike has advantage 0 everywhere: no gradient.
-    trained = [s for s in rows if s.advantage]
-    if not trained:
-        return 0.0, gap_max, gap_mean
-    model.train()
-    losses: list[float] = []
-    for _epoch in range(config.epochs):
-        order = torch.randperm(len(trained)).tolist()  # seeded in train_grpo
-        parts = max(1, min(config.minibatches, len(trained)))
-        for part in range(parts):
-            # Micro-batches of similar lengths: padding to a long failure's length
-            # would otherwise cost most of the step. The sum is order-independent.
-            batch = sorted((trained[i] for i in order[part::parts]), key=_length)
-            tokens = sum(sum(s.loss_mask) for s in batch)
-            optimizer.zero_grad(set_to_none=True)
-            total = 0.0
-            for start in range(0, len(batch), config.micro_batch):
-                ids, attention, mask, old, adv = _tensors(batch[start:start + config.micro_batch])
-                adv = torch.where(adv < 0, adv * config.negative_scale, adv)
-                new = token_logprobs(model, ids, attention)  # (B, T-1)
-                ratio = torch.exp(new - old)
-                clipped = torch.clamp(ratio, 1.0 - config.clip, 1.0 + config.clip)
-                objective = torch.minimum(ratio * adv[:, None], clipped * adv[:, None]) * mask
-                if config.loss_agg == "token-mean":
-                    loss = -objective.sum() / tokens
-                else:  # seq-mean-token-mean
-                    loss = -(objective.sum(1) / mask.sum(1)).sum() / len(batch)
-                loss.backward()  # type: ignore[no-untyped-call]
-                total += float(loss.detach())
-            torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-            optimizer.step()
-            losses.append(total)
-    model.eval()  # type: ignore[no-untyped-call]
-    return _mean(losses), gap_max, gap_mean
-
-
-def logprob_gap(model: Qwen2ForCausalLM, rows: Sequence[TrainingSequence],
-                micro_batch: int) -> tuple[float, float]:
-    """(max, mean) |engine logprob - trainer logprob| over every sampled token."""
-    import torch
-
-    gap_max, gap_sum, count = 0.0, 0.0, 0.0
-    rows = sorted(rows, key=_length)  # micro-batches of similar lengths
-    model.eval()  # type: ignore[no-untyped-call]
-    with torch.no_grad():
-        for start in range(0, len(rows), micro_batch):
-            ids, attention, mask, old, _adv = _tensors(rows[start:start + micro_batch])
-            gap = (token_logprobs(model, ids, attention) - old).abs() * mask
-            gap_max = max(gap_max, float(gap.max()))
-            gap_sum += float(gap.sum())
-            count += float(mask.sum())
-    return gap_max, gap_sum / count if count else 0.0
-
-
-def _length(row: TrainingSequence) -> int:
-    return len(row.prompt_ids) + len(row.response_ids)
-
-
-def _tensors(rows: Sequence[TrainingSequence]) -> tuple[torch.Tensor, ...]:
-    """Right-padded ids and attention (B, T); mask, engine logprobs (B, T-1) aligned
-    with `token_logprobs`'s targets; advantages (B,)."""
-    import torch
-
-    length = max(len(r.prompt_ids) + len(r.response_ids) for r in rows)
-    ids = torch.zeros(len(rows), length, dtype=torch.long)
-    attention = torch.zeros(len(rows), length, dtype=torch.long)
-    mask = torch.zeros(len(rows), length - 1)
-    old = torch.zeros(len(rows), length - 1)
-    for i, r in enumerate(rows):
-        seq = r.prompt_ids + r.response_ids
-        ids[i, :len(seq)] = torch.tensor(seq)
-        attention[i, :len(seq)] = 1
-        first = len(r.prompt_ids) - 1  # target position of the first response token
-        mask[i, first:first + len(r.response_ids)] = torch.tensor(r.loss_mask,
-                                                                  dtype=torch.float32)
-        old[i, first:first + len(r.response_ids)] = torch.tensor(r.logprobs)
-    adv = torch.tensor([r.advantage or 0.0 for r in rows])
-    return ids, attention, mask, old, adv
+        logprob_gap_max=gap.max, logprob_gap_mean=gap.mean, loss=loss, minutes=minutes(),
+        staleness_max=step - min(versions, default=step), stale_tokens=gap.older_tokens,
+        stale_gap_mean=gap.older_mean)
 
 
 def evaluate_heldout(client: RolloutClient, config: GRPOConfig, *, step: int,
@@ -413,80 +343,6 @@ def called_python(trajectory: Trajectory) -> bool:
     first call of its reply, as the model named it)."""
     return any(t.tool_call is not None and t.tool_call.name == "python"
                for t in trajectory.turns)
-
-
-def untied_copy(checkpoint: Path, out: Path) -> Path:
-    """`checkpoint` with its output projection a copy of the embeddings (the same
-    function), saved to `out` with the tokenizer files."""
-    import torch
-
-    from treadle.train.model import load_model
-
-    model = load_model(checkpoint)
-    if model.config.tie_word_embeddings:
-        model.config.tie_word_embeddings = False
-        model.lm_head.weight = torch.nn.Parameter(
-            model.model.embed_tokens.weight.detach().clone())
-    model.save_pretrained(out)
-    copy_tokenizer(checkpoint, out)
-    return out
-
-
-def copy_tokenizer(checkpoint: Path, out: Path) -> None:
-    """The tokenizer files (and generation config) of `checkpoint`, copied to `out`."""
-    for f in checkpoint.iterdir():
-        if f.name.startswith("tokenizer") or f.name in ("special_tokens_map.json",
-                                                        "generation_config.json",
-                                                        "chat_template.jinja"):
-            shutil.copy2(f, out / f.name)
-
-
-@contextmanager
-def serving(policy: Path, out: Path, config: GRPOConfig, *,
-            log: Log) -> Iterator[RolloutClient]:
-    """`treadle serve --vllm policy` as a child process, and a client of it."""
-    token = secrets.token_hex(16)
-    port = free_port()
-    sandbox = usable_backend_name() if config.sandbox == "bwrap" else config.sandbox
-    cmd = [sys.executable, "-m", "treadle", "serve", "--port", str(port), "--token", token,
-           "--db", str(out / "rollouts.db"), "--vllm", str(policy), "--vllm-python",
-           config.vllm_python, "--sandbox", sandbox, "--policy", "verl",
-           "--log-level", "warning"]
-    with open(out / "serve.log", "ab") as service_log:
-        proc = subprocess.Popen(cmd, stdout=service_log, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=die_with_parent)
-    url = f"http://127.0.0.1:{port}"
-    client = RolloutClient(url, token=token, timeout_s=60.0)
-    # One try per probe: the start-up wait is this loop's, not the client's retries.
-    probe = RolloutClient(url, token=token, timeout_s=5.0, retry=RetryPolicy(attempts=1,
-                                                                             patience_s=0.0))
-    try:
-        log(f"starting the rollout service with a vLLM engine ({url}; log {out / 'serve.log'})")
-        deadline = time.monotonic() + 900  # a bound for a hang: vLLM starts within 600 s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"treadle serve exited with {proc.returncode}; see "
-                                   f"{out / 'serve.log'}")
-            try:
-                if probe.health().engines >= 1:
-                    break
-            except ServiceUnavailable:  # not up yet (anything else is a real error)
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the service did not come up in 300 s; see "
-                                   f"{out / 'serve.log'}")
-            time.sleep(1.0)
-        yield client
-    finally:
-        probe.close()
-        client.close()
-        stop_process_group(proc, timeout_s=60)
-
-
-def _prune(folder: Path, keep: set[str]) -> None:
-    for d in folder.iterdir():
-        if d.is_dir() and d.name not in keep:
-            shutil.rmtree(d, ignore_errors=True)
 
 
 def _write(report: GRPOReport, out: Path) -> None:

@@ -53,3 +53,57 @@ def plot_report(report: Mapping[str, Any], png: str | Path) -> Path:
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def plot_async_vs_sync(report: Mapping[str, Any], png: str | Path) -> Path:
+    """Write the plot of a synchronous and an asynchronous run side by side
+    (`grpo.async_vs_sync`) to `png`: held-out success against wall-clock minutes,
+    each step's staleness (the oldest trained token's lag, and the share of stale
+    tokens), and each step's logprob gaps (parity on the trainer's own version, and
+    the drift on older tokens)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = (("sync", "#1f77b4"), ("async", "#d62728"))
+    fig, (top, mid, low) = plt.subplots(3, 1, figsize=(8, 10))
+    for name, color in runs:
+        evals = report[name]["evals"]
+        top.plot([e["minutes"] for e in evals], [e["success"] for e in evals], "o-",
+                 color=color, lw=2, label=f"{name}: held-out success")
+    top.set_xlabel("RL wall clock (minutes, evaluations included)")
+    top.set_ylabel("held-out success")
+    top.set_ylim(0, 1)
+    top.legend(loc="lower right")
+    summary = report["summary"]
+    top.set_title(f"GRPO through treadle, synchronous vs max staleness "
+                  f"{report['async']['config']['max_staleness']}: "
+                  f"{summary['sync']['steps']} vs {summary['async']['steps']} steps")
+    steps = report["async"]["steps"]
+    x = [s["step"] + 1 for s in steps]
+    mid.bar(x, [s["staleness_max"] for s in steps], color="#d62728", alpha=0.4,
+            label="async: oldest trained token's lag (versions)")
+    share = mid.twinx()
+    share.plot(x, [s["stale_tokens"] / max(1, s["tokens"]) for s in steps], color="#d62728",
+               label="async: share of stale tokens")
+    share.set_ylim(0, 1)
+    mid.set_ylabel("staleness (versions)")
+    share.set_ylabel("stale token share")
+    mid.legend(loc="upper left")
+    share.legend(loc="upper right")
+    for name, color in runs:
+        rows = report[name]["steps"]
+        low.semilogy([s["step"] + 1 for s in rows],
+                     [max(s["logprob_gap_max"], 1e-9) for s in rows], color=color, lw=1,
+                     label=f"{name}: max |Δ logprob| on its own version (parity)")
+    low.semilogy(x, [max(s["stale_gap_mean"], 1e-9) for s in steps], color="#d62728",
+                 ls="--", label="async: mean |Δ logprob| on stale tokens (drift)")
+    low.set_xlabel("RL step")
+    low.set_ylabel("|Δ logprob|")
+    low.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    out = Path(png)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
