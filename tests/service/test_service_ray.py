@@ -4,7 +4,8 @@ custom resource, with emulated engines (they only pretend to use the GPUs).
 
 One cluster of two nodes serves the module (a Ray node takes seconds to start): a
 head node with 6 GPUs of which it lends 4 to engines (`treadle_engine`), and a node
-"two" with 3 GPUs, all lent. Node "two" is removed by the last test."""
+"two" with 3 GPUs, all lent, which also lends room for 2 sandbox servers
+(`treadle_sandbox`: `RaySandboxFleet`). Node "two" is removed by the last test."""
 
 from __future__ import annotations
 
@@ -28,7 +29,12 @@ from treadle.bench.faults import ServiceProcess
 from treadle.engines.errors import EngineStartError
 from treadle.runtime.launcher import EmulatedProcess
 from treadle.runtime.ray_launcher import RayCluster, RayLauncher
+from treadle.runtime.ray_sandboxes import RaySandboxFleet, SandboxServers
+from treadle.sandbox.autoscale import ScaleDecision, Scaling
+from treadle.sandbox.base import Limits
+from treadle.sandbox.remote import RemoteBackend
 from treadle.service.state import ServiceConfig
+from treadle.testing import FakeClock
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 LENDS = (("treadle_engine", 1.0),)  # what each engine bundle asks for besides a GPU
@@ -72,7 +78,8 @@ def _cluster() -> Cluster:
     c = Cluster(initialize_head=True, connect=True, head_node_args={
         "num_cpus": 2, "num_gpus": 6, "resources": {"treadle_engine": 4},
         "include_dashboard": False})
-    c.add_node(num_cpus=1, num_gpus=3, resources={"treadle_engine": 3})  # "two"
+    c.add_node(num_cpus=1, num_gpus=3,  # "two"
+               resources={"treadle_engine": 3, "treadle_sandbox": 2})
     c.wait_for_nodes(timeout=300)
     return c
 
@@ -121,12 +128,16 @@ def test_engines_of_tp_4_2_1_are_packed_each_on_one_node_with_room(
 
 def test_serve_ray_runs_a_job_on_the_engines_it_lays_out_on_the_cluster(
         cluster: tuple[Cluster, dict[str, str]], tmp_path: Path) -> None:
-    c, _ = cluster
+    c, nodes = cluster
     service = ServiceProcess(tmp_path / "s.db", tmp_path / "s.log", TOKEN, [
         "--ray", c.address, "--ray-resource", "treadle_engine=1", "--emulate", "2",
-        "--time-scale", str(SCALE), "--policy", "verl@tp1"])
+        "--time-scale", str(SCALE), "--policy", "verl@tp1", "--sandbox", "local",
+        "--sandbox-servers", "1:2", "--sandbox-server-resource", "treadle_sandbox=1"])
     service.start()
     try:
+        # Its one sandbox server (the minimum: nothing waits for a sandbox) is up on
+        # the node that lends room for one, before the service answers.
+        assert _sandbox_servers() == [nodes["two"]]
         with httpx.Client(base_url=service.url, timeout=30,
                           headers={"authorization": f"Bearer {TOKEN}"}) as client:
             engines = client.get("/v1/engines").json()
@@ -137,6 +148,7 @@ def test_serve_ray_runs_a_job_on_the_engines_it_lays_out_on_the_cluster(
             records = [x["trajectory"] for x in _stream(client, "s")]
     finally:
         service.stop()
+    assert _sandbox_servers() == []  # stopped with the service
     # Of the seven GPUs lent, the two --emulate allows: two TP-1 engines on the
     # cluster's nodes (listening on a node's address, not on loopback).
     ip = ray.util.get_node_ip_address()
@@ -145,12 +157,29 @@ def test_serve_ray_runs_a_job_on_the_engines_it_lays_out_on_the_cluster(
     assert [t["status"] for t in records] == ["completed"] * 8
 
 
+def _sandbox_servers() -> list[str]:
+    """The nodes of the sandbox servers' actors alive on the cluster, read from Ray's
+    control store (its state API needs the dashboard, which this cluster runs without)."""
+    import ray._private.state
+
+    return [a["Address"]["NodeID"] for a in ray._private.state.actors().values()
+            if a["State"] == "ALIVE" and a["Name"].startswith("treadle-sandbox-server-")]
+
+
 @pytest.mark.parametrize(("argv", "line"), [
     (["--ray"], "--ray starts the engines of --emulate GPUS or --vllm MODEL_DIR: give one"),
     (["--ray", "--emulate", "2"], "Ray is not installed (pip install 'treadle[ray]')"),
     (["--emulate", "2", "--ray-resource", "x=1"], "--ray-resource needs --ray"),
     (["--ray", "--emulate", "2", "--ray-resource", "x"],
      "--ray-resource 'x': NAME=AMOUNT, AMOUNT > 0"),
+    (["--emulate", "2", "--sandbox-servers", "1:2"],
+     "--sandbox-servers starts sandbox servers on a Ray cluster: give --ray too"),
+    (["--emulate", "2", "--sandbox-server-resource", "x=1"],
+     "--sandbox-server-resource needs --sandbox-servers"),
+    (["--ray", "--emulate", "2", "--sandbox", "local", "--sandbox-servers", "3:1"],
+     "--sandbox-servers '3:1': MIN:MAX, 0 <= MIN <= MAX, MAX >= 1"),
+    (["--ray", "--emulate", "2", "--sandbox-servers", "1:2"],
+     "--sandbox-servers: the servers' --sandbox is bwrap or local"),
 ])
 def test_serve_ray_without_ray_or_with_bad_options_says_so_in_one_line(
         argv: list[str], line: str) -> None:
@@ -170,6 +199,53 @@ def _stream(client: httpx.Client, job: str) -> Iterator[dict[str, Any]]:
         for line in r.iter_lines():
             if line:
                 yield json.loads(line)
+
+
+def test_sandbox_servers_follow_demand_on_the_nodes_that_lend_room_for_them(
+        cluster: tuple[Cluster, dict[str, str]]) -> None:
+    _, nodes = cluster
+    token = "sandbox-fleet-token-0123456789"
+
+    async def scenario() -> None:
+        clock = FakeClock()
+        waiting = 0
+        backend = RemoteBackend([], token)
+        fleet = RaySandboxFleet(
+            backend, token, SandboxServers(backend="local", max_live=2, num_cpus=0,
+                                           resources=(("treadle_sandbox", 1.0),)),
+            Scaling(min_servers=1, max_servers=2, idle_s=30), demand=lambda: waiting,
+            clock=clock)
+        try:
+            assert (await fleet.rebalance()).start == 1  # the minimum, at once
+            first = fleet.servers()
+            assert [s.node_id for s in first] == [nodes["two"]]  # only "two" lends room
+            assert list(backend.outstanding()) == [first[0].url]
+            sandbox = await backend.start(Limits(memory_mb=256))
+            result = await sandbox.exec(["python3", "-c", "print(6 * 7)"], timeout_s=60)
+            assert result.stdout.strip() == "42"
+            # One open of 2, and 3 starts waiting: over 80% of capacity, so one more
+            # server (the cap is 2, however much waits).
+            waiting = 3
+            assert (await fleet.rebalance()).start == 1
+            assert len(fleet.servers()) == 2 and len(backend.outstanding()) == 2
+            assert {s.node_id for s in fleet.servers()} == {nodes["two"]}
+            assert await fleet.rebalance() == ScaleDecision()  # at the cap
+            waiting = 0
+            await sandbox.close()
+            assert await fleet.rebalance() == ScaleDecision()  # idle, not for long yet
+            clock.advance(31)
+            decision = await fleet.rebalance()
+            assert len(decision.retire) == 1  # one at a time, down to the minimum
+            assert len(fleet.servers()) == 1 and len(backend.outstanding()) == 1
+            clock.advance(31)
+            assert await fleet.rebalance() == ScaleDecision()  # the minimum stays
+            again = await backend.start(Limits(memory_mb=256))  # on the one left
+            await again.close()
+        finally:
+            await fleet.close()
+        assert fleet.servers() == [] and backend.outstanding() == {}
+
+    asyncio.run(scenario())
 
 
 def test_a_node_lost_mid_job_moves_its_turns_and_loses_nothing(

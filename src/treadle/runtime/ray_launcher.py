@@ -6,7 +6,7 @@
     launcher.placement(launched.url)             # EnginePlacement(node_id, node_ip, gpu_ids)
     await launched.stop()                        # the process, its actor, its GPUs freed
 
-An engine of TP degree t is one process owned by one Ray actor (`EngineHost`) in a
+An engine of TP degree t is one process owned by one Ray actor (`ProcessHost`) in a
 placement group of t bundles of one GPU each (plus `resources`, e.g. a custom
 resource that marks the nodes engines may use), STRICT_PACK: all on one node, as
 tensor parallelism wants. The host actor holds bundle 0; the GPU ids of the other
@@ -127,7 +127,7 @@ class EnginePlacement:
     gpu_ids: tuple[str, ...]  # its GPUs on that node, one per bundle (CUDA_VISIBLE_DEVICES)
 
 
-class EngineHost:
+class ProcessHost:
     """One engine process on a node, owned by the Ray actor this class becomes
     (`_host_actor`). Its methods run in the actor, on the engine's node."""
 
@@ -145,7 +145,7 @@ class EngineHost:
         return context.get_node_id(), ip, gpus, free_port()
 
     def start(self, argv: list[str], env: dict[str, str], log_name: str) -> str:
-        """Start the engine's process (a session of its own, SIGTERMed when this actor's
+        """Start the process (a session of its own, SIGTERMed when this actor's
         process dies); the path of its log on this node."""
         log_dir = Path(tempfile.gettempdir()) / "treadle-ray-engines"
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -168,10 +168,11 @@ class EngineHost:
 
 
 @functools.cache
-def _host_actor() -> Any:
+def host_actor() -> Any:
+    """`ProcessHost` as a Ray actor class (`.options(...).remote()` makes one)."""
     import ray
 
-    return ray.remote(EngineHost)
+    return ray.remote(ProcessHost)
 
 
 @functools.cache
@@ -236,7 +237,7 @@ class RayLauncher(EngineLauncher):
             group = placement_group([bundle] * tp, strategy="STRICT_PACK",
                                     name=f"treadle-{tag}")
             await self._placed(group, tp)
-            host = _host_actor().options(num_cpus=0, num_gpus=1, resources=self.resources,
+            host = host_actor().options(num_cpus=0, num_gpus=1, resources=self.resources,
                                          scheduling_strategy=in_bundle(0)).remote()
             others = [_bundle_gpus().options(num_cpus=0, num_gpus=1, resources=self.resources,
                                              scheduling_strategy=in_bundle(i)).remote()

@@ -13,6 +13,11 @@ open (ties rotate); an unreachable one is skipped for a back-off period and must
 pass `/healthz` before reuse; one that refuses a create (full, backend failed) is
 skipped for that start only. A sandbox stays on its server.
 
+The servers can change while sandboxes run (a fleet that follows demand,
+`runtime.ray_sandboxes`): `add_server` takes a new one into placement at once;
+`retire_server` takes one out of it (its open sandboxes stay until they close) and
+`remove_server` forgets a retired one once nothing is open there.
+
 The wire format (JSON over HTTP, bearer token on all but `/healthz`; endpoints in
 docs/sandbox.md) is `treadle.sandbox.wire`'s models. An `ErrorReply` is raised as the exception it
 names if in `WIRE_ERRORS`, else as `RemoteSandboxError`. Contracts beyond `base`:
@@ -109,8 +114,15 @@ def _error(response: httpx.Response, server: str) -> Exception:
 class _Server:
     url: str
     outstanding: int = 0  # sandboxes of this backend open there (or being created)
+    retiring: bool = False  # takes no new sandboxes (retire_server)
     failures: int = 0  # consecutive transport failures; > 0 = suspect, probe before use
     retry_at: float = 0.0  # monotonic time before which a suspect server is skipped
+
+
+def _url(url: str) -> str:
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"server URLs must start with http:// or https://, got {url!r}")
+    return url.rstrip("/")
 
 
 @functools.cache
@@ -132,7 +144,8 @@ class _Refused(Exception):
 class RemoteBackend(SandboxBackend):
     """Makes `RemoteSandbox`es on a pool of sandbox servers; see the module docstring.
 
-    servers: base URLs ("http://host:port"; https behind a TLS proxy).
+    servers: base URLs ("http://host:port"; https behind a TLS proxy); none is allowed
+    when a fleet adds them (`add_server`): a start then fails as no server takes it.
     token: the servers' bearer token (one token for the pool).
     connect_timeout_s: per connection attempt; an unreachable server costs this much.
     """
@@ -141,20 +154,48 @@ class RemoteBackend(SandboxBackend):
 
     def __init__(self, servers: Sequence[str], token: str, *,
                  connect_timeout_s: float = 5.0) -> None:
-        urls = [s.rstrip("/") for s in ([servers] if isinstance(servers, str) else servers)]
-        if not urls or len(set(urls)) != len(urls) or not token:
+        urls = [_url(s) for s in ([servers] if isinstance(servers, str) else servers)]
+        if len(set(urls)) != len(urls) or not token:
             raise ValueError("RemoteBackend needs distinct server URLs and the servers' token")
-        bad = [url for url in urls if not url.startswith(("http://", "https://"))]
-        if bad:
-            raise ValueError(f"server URLs must start with http:// or https://, got {bad}")
         self._servers = [_Server(url) for url in urls]
         self._token = token
         self._connect_timeout_s = connect_timeout_s
         self._turn = 0  # rotates the order among equally loaded servers
 
     def outstanding(self) -> dict[str, int]:
-        """Sandboxes this backend has open (or is creating) per server URL."""
+        """Sandboxes this backend has open (or is creating) per server URL, retiring
+        servers included."""
         return {s.url: s.outstanding for s in self._servers}
+
+    def add_server(self, url: str) -> None:
+        """Place sandboxes on the server at `url` from the next start on (ValueError if
+        it is there already, or not an http(s) URL)."""
+        url = _url(url)
+        if any(s.url == url for s in self._servers):
+            raise ValueError(f"sandbox server {url} is already in the pool")
+        self._servers.append(_Server(url))
+
+    def retire_server(self, url: str) -> int:
+        """No new sandbox on the server at `url`; the ones open there stay until they
+        close. Returns how many are open (KeyError if it is not in the pool)."""
+        server = self._server(url)
+        server.retiring = True
+        return server.outstanding
+
+    def remove_server(self, url: str) -> None:
+        """Forget a retired server with nothing open (ValueError otherwise)."""
+        server = self._server(url)
+        if not server.retiring or server.outstanding:
+            raise ValueError(f"sandbox server {url}: retire it and let its "
+                             f"{server.outstanding} sandbox(es) close before removing it")
+        self._servers.remove(server)
+
+    def _server(self, url: str) -> _Server:
+        url = url.rstrip("/")
+        for server in self._servers:
+            if server.url == url:
+                return server
+        raise KeyError(f"no sandbox server {url} in the pool")
 
     async def health(self) -> dict[str, bool]:
         """Probe every server's /healthz now; a failing one is skipped by starts until it passes."""
@@ -187,6 +228,9 @@ class RemoteBackend(SandboxBackend):
             except BaseException:
                 server.outstanding -= 1
                 raise
+        if not failures:
+            raise SandboxStartError("no sandbox server takes new sandboxes (none in the "
+                                    "pool, or all retiring)")
         cls = SandboxUnavailable if permanent else SandboxStartError
         raise cls("no sandbox server could start a sandbox: " + "; ".join(failures))
 
@@ -197,8 +241,11 @@ class RemoteBackend(SandboxBackend):
         fleet-wide blip must not fail starts for the whole back-off period.
         """
         now = time.monotonic()
-        self._turn = (self._turn + 1) % len(self._servers)
-        rotated = self._servers[self._turn:] + self._servers[:self._turn]
+        accepting = [s for s in self._servers if not s.retiring]
+        if not accepting:
+            return []
+        self._turn = (self._turn + 1) % len(accepting)
+        rotated = accepting[self._turn:] + accepting[:self._turn]
         healthy = sorted((s for s in rotated if not s.failures), key=lambda s: s.outstanding)
         due = sorted((s for s in rotated if s.failures and s.retry_at <= now),
                      key=lambda s: s.retry_at)

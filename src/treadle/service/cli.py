@@ -36,6 +36,8 @@ from treadle.agent.chat import DEFAULT_FORMAT, FORMATS
 
 if TYPE_CHECKING:
     from treadle.runtime.ray_launcher import RayCluster
+    from treadle.runtime.ray_sandboxes import SandboxServers
+    from treadle.sandbox.autoscale import Scaling
     from treadle.service.schemas import EngineRequest
 
 
@@ -103,6 +105,14 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--ray-resource", action="append", default=[], metavar="NAME=AMOUNT",
                    help="what each engine GPU asks of a Ray node besides the GPU (a custom "
                         "resource the engine nodes declare); repeatable")
+    p.add_argument("--sandbox-servers", default=None, metavar="MIN:MAX",
+                   help="with --ray: run tools on treadle sandbox-server actors on the "
+                        "cluster (their backend: --sandbox), from MIN to MAX of them as "
+                        "the sandbox pools' demand asks")
+    p.add_argument("--sandbox-server-resource", action="append", default=[],
+                   metavar="NAME=AMOUNT",
+                   help="what each sandbox server asks of a Ray node besides a CPU (a "
+                        "custom resource the sandbox nodes declare); repeatable")
     p.add_argument("--tokenizer", default=None, metavar="DIR",
                    help="the served model's tokenizer.json directory (needed for suite tasks)")
     p.add_argument("--chat-format", default=DEFAULT_FORMAT, choices=sorted(FORMATS),
@@ -204,7 +214,9 @@ def run_serve(args: argparse.Namespace) -> int:
         engines = _engines("--engine", args.engine, args.engine_kind, args.served_model)
         frozen = _engines("--frozen-engine", args.frozen_engine, args.engine_kind,
                           args.frozen_served_model or args.served_model)
-        sandbox = None if args.sandbox == "none" else _sandbox(args.sandbox)
+        servers, scaling = _sandbox_servers(args)
+        sandbox = (None if args.sandbox == "none" or servers is not None
+                   else _sandbox(args.sandbox))
         if args.vllm and not os.path.exists(args.vllm_python):
             raise ValueError(f"--vllm-python {args.vllm_python}: no such interpreter "
                              "(bash scripts/vllm-cpu.sh installs vLLM at .venv-vllm)")
@@ -227,6 +239,7 @@ def run_serve(args: argparse.Namespace) -> int:
                                harnesses=harnesses(args.harness, args.harness_timeout),
                                public_url=args.public_url, frozen_engines=frozen,
                                chat_format=args.chat_format, ray=ray,
+                               sandbox_servers=servers, sandbox_scaling=scaling,
                                frozen_policy_version=args.frozen_policy_version)
         service = build_service(config)
         if service.gateway.url is None:  # where harness jobs' commands reach it
@@ -263,18 +276,47 @@ def _ray_cluster(args: argparse.Namespace) -> RayCluster | None:
     if not (args.emulate or args.vllm):
         raise ValueError("--ray starts the engines of --emulate GPUS or --vllm MODEL_DIR: "
                          "give one")
-    resources = []
-    for spec in args.ray_resource:
-        name, _, amount = spec.partition("=")
-        try:
-            value = float(amount)
-        except ValueError:
-            value = 0.0
-        if not name or not value > 0:
-            raise ValueError(f"--ray-resource {spec!r}: NAME=AMOUNT, AMOUNT > 0")
-        resources.append((name, value))
+    resources = tuple(_resource("--ray-resource", r) for r in args.ray_resource)
     require_ray()
-    return RayCluster(args.ray or None, resources=tuple(resources))
+    return RayCluster(args.ray or None, resources=resources)
+
+
+def _sandbox_servers(args: argparse.Namespace) -> tuple[SandboxServers | None, Scaling]:
+    """`--sandbox-servers MIN:MAX` and `--sandbox-server-resource`s: (SandboxServers
+    or None, Scaling); ValueError in one line for bad input."""
+    from treadle.runtime.ray_sandboxes import SandboxServers
+    from treadle.sandbox.autoscale import Scaling
+
+    if args.sandbox_servers is None:
+        if args.sandbox_server_resource:
+            raise ValueError("--sandbox-server-resource needs --sandbox-servers")
+        return None, Scaling()
+    if args.ray is None:
+        raise ValueError("--sandbox-servers starts sandbox servers on a Ray cluster: "
+                         "give --ray too")
+    if args.sandbox not in ("bwrap", "local"):
+        raise ValueError("--sandbox-servers: the servers' --sandbox is bwrap or local")
+    low, _, high = args.sandbox_servers.partition(":")
+    try:
+        scaling = Scaling(min_servers=int(low), max_servers=int(high))
+    except ValueError as e:
+        raise ValueError(f"--sandbox-servers {args.sandbox_servers!r}: MIN:MAX, "
+                         "0 <= MIN <= MAX, MAX >= 1") from e
+    resources = tuple(_resource("--sandbox-server-resource", r)
+                      for r in args.sandbox_server_resource)
+    return SandboxServers(backend=args.sandbox, resources=resources), scaling
+
+
+def _resource(flag: str, spec: str) -> tuple[str, float]:
+    """A NAME=AMOUNT flag's value; ValueError in one line."""
+    name, _, amount = spec.partition("=")
+    try:
+        value = float(amount)
+    except ValueError:
+        value = 0.0
+    if not name or not value > 0:
+        raise ValueError(f"{flag} {spec!r}: NAME=AMOUNT, AMOUNT > 0")
+    return name, value
 
 
 def _data_roots(paths: list[str]) -> list[str]:

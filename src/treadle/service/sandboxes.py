@@ -38,6 +38,10 @@ class SuitePools:
         """Each suite's pool now, by suite name."""
         return [(name, pool.stats()) for name, pool in sorted(self._pools.items())]
 
+    def waiting(self) -> int:
+        """Callers waiting for a sandbox in every pool (the demand a fleet follows)."""
+        return sum(pool.stats().waiting for pool in self._pools.values())
+
     async def close(self) -> None:
         await asyncio.gather(*(p.close() for p in self._pools.values()), return_exceptions=True)
 

@@ -14,7 +14,9 @@ through `POST /v1/engines`. Suite tasks need `tokenizer` (the served model's
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -34,8 +36,11 @@ from treadle.runtime.launcher import (
     VLLMProcess,
 )
 from treadle.runtime.ray_launcher import RayCluster, RayLauncher
+from treadle.runtime.ray_sandboxes import RaySandboxFleet, SandboxServers
+from treadle.sandbox.autoscale import Scaling
 from treadle.sandbox.base import SandboxBackend
 from treadle.sandbox.pool import PoolSettings
+from treadle.sandbox.remote import RemoteBackend
 from treadle.service.gateway import Gateway
 from treadle.service.job_records import JobRecords
 from treadle.service.jobs import Rollouts
@@ -100,6 +105,11 @@ class ServiceConfig:
     # Start the engines (`emulate` or `vllm_model`) on a Ray cluster (the `ray` extra),
     # the pool the policy plans for the GPUs it reports, instead of on this machine.
     ray: RayCluster | None = None
+    # With `ray`: run tools on sandbox servers started on the cluster, as many as the
+    # suites' pools need within `sandbox_scaling` (runtime.ray_sandboxes); `sandbox`
+    # is then theirs (a remote backend with a token of this service's own).
+    sandbox_servers: SandboxServers | None = None
+    sandbox_scaling: Scaling = field(default_factory=Scaling)
     # Directories a job's suite options may name files under (e.g. nemo_gym's
     # rows_path); a path outside them, or any path when there are none, is refused.
     data_roots: tuple[str, ...] = ()
@@ -131,8 +141,11 @@ class Service:
 
     def __init__(self, config: ServiceConfig, runtime: Runtime, store: AsyncStore,
                  rollouts: Rollouts, gateway: Gateway, keys: KeyRing, sandboxes: SuitePools,
-                 *, restart_s: float = _RESTART_BASE_S, frozen: Runtime | None = None) -> None:
+                 *, restart_s: float = _RESTART_BASE_S, frozen: Runtime | None = None,
+                 fleet: RaySandboxFleet | None = None) -> None:
         self.config = config
+        self.fleet = fleet  # sandbox servers on Ray (ServiceConfig.sandbox_servers)
+        self._fleet_task: asyncio.Task[None] | None = None
         self.keys = keys  # who each request speaks for (service.keys)
         self.runtime = runtime
         self.frozen = frozen  # the frozen pool's runtime (ServiceConfig.frozen_engines)
@@ -158,6 +171,9 @@ class Service:
         pool = ([1] * self.config.vllm_engines if self.config.vllm_model
                 and self.config.ray is None else None)
         await self.keys.load()
+        if self.fleet is not None:  # the first servers before the first trajectory
+            await self.fleet.rebalance()
+            self._fleet_task = asyncio.create_task(self.fleet.run())
         await self.runtime.start(pool)
         if self.frozen is not None:
             await self.frozen.start()
@@ -186,6 +202,11 @@ class Service:
         await self.runtime.close()
         if self.frozen is not None:
             await self.frozen.close()
+        if self.fleet is not None:  # after the pools: their sandboxes are closed
+            if self._fleet_task is not None:
+                self._fleet_task.cancel()
+                await asyncio.gather(self._fleet_task, return_exceptions=True)
+            await self.fleet.close()
         await self.store.aclose()
 
     def pool_runtime(self, pool: str) -> Runtime:
@@ -250,8 +271,11 @@ def build_service(config: ServiceConfig) -> Service:
     tokenizer = HFTokenizer(config.tokenizer) if config.tokenizer else None
     metrics = Metrics()
     outbox = Outbox(store, metrics)
-    sandboxes = SuitePools(config.sandbox, config.sandbox_pool)
-    planner = Planner(tokenizer=tokenizer, sandbox_backend=config.sandbox,
+    # The fleet's demand is the pools' waiting starts (the pools use its servers).
+    fleet = _sandbox_fleet(config, demand=lambda: sandboxes.waiting())
+    sandbox = fleet.backend if fleet is not None else config.sandbox
+    sandboxes = SuitePools(sandbox, config.sandbox_pool)
+    planner = Planner(tokenizer=tokenizer, sandbox_backend=sandbox,
                       max_context=cost.model.max_context, data_roots=config.data_roots,
                       max_data_file_bytes=config.max_data_file_bytes,
                       harnesses=list(config.harnesses), chat_format=config.chat_format)
@@ -275,7 +299,7 @@ def build_service(config: ServiceConfig) -> Service:
     keys = KeyRing(config.token, store, session_keys, _open_sessions(gateway),
                    file_keys=config.trainer_keys)
     return Service(config, runtime, store, rollouts, gateway, keys, sandboxes,
-                   restart_s=restart_s, frozen=frozen)
+                   restart_s=restart_s, frozen=frozen, fleet=fleet)
 
 
 def _launcher(config: ServiceConfig) -> tuple[EngineLauncher | None, int]:
@@ -304,6 +328,19 @@ def _launcher(config: ServiceConfig) -> tuple[EngineLauncher | None, int]:
         raise ValueError("the Ray cluster has no GPUs engines may use (nodes with GPUs "
                          "and every resource of ray.resources)")
     return RayLauncher(spec, resources=dict(config.ray.resources)), gpus
+
+
+def _sandbox_fleet(config: ServiceConfig,
+                   demand: Callable[[], int]) -> RaySandboxFleet | None:
+    """Sandbox servers on the Ray cluster (`sandbox_servers`), with a token of their own."""
+    if config.sandbox_servers is None:
+        return None
+    if config.ray is None:
+        raise ValueError("sandbox_servers start on a Ray cluster: give ray too")
+    config.ray.connect(num_gpus=config.emulate or None)
+    token = secrets.token_urlsafe(32)
+    return RaySandboxFleet(RemoteBackend([], token), token, config.sandbox_servers,
+                           config.sandbox_scaling, demand=demand)
 
 
 def _open_sessions(gateway: Gateway) -> Callable[[str], bool]:

@@ -1,0 +1,239 @@
+"""Sandbox servers on a Ray cluster, as many as the rollouts need: `RaySandboxFleet`.
+
+    connect_ray("ray://head:10001")
+    backend = RemoteBackend([], token)                  # the service's sandbox backend
+    fleet = RaySandboxFleet(backend, token, SandboxServers(resources=(("sandbox", 1),)),
+                            Scaling(min_servers=1, max_servers=16), demand=waiting)
+    await fleet.rebalance()                             # the first servers
+    task = asyncio.create_task(fleet.run(interval_s=5))  # then follow demand
+    ...
+    await fleet.close()
+
+Each server is one `treadle sandbox-server` process owned by one Ray actor (the same
+process host as `RayLauncher`'s engines; named `treadle-sandbox-server-…`), on a node that has the spec's
+`resources` (a custom resource the CPU nodes declare chooses where; no GPU), bound to
+the node's address with a port free there, the token in its environment, not its
+command line. Once it answers `/healthz` it joins the backend's placement
+(`RemoteBackend.add_server`).
+
+Demand follows `sandbox.autoscale.decide`: the sandboxes open on the fleet's
+servers plus `demand()` (starts waiting for a sandbox: the service passes its
+pools' waiting callers). A server to retire takes no new sandbox at once
+(`retire_server`) and is stopped when its last sandbox closes, never before: a
+sandbox stays on its server.
+
+Contracts: `rebalance` acts on one decision and returns it; a server that does not
+come up within `ready_timeout_s` (no node with the resources, or its process exits)
+is stopped and logged, and the next decision tries again, so a full cluster costs
+a retry, not a hang. A node lost takes its servers with it: the backend skips an
+unreachable server (its sandboxes fail as infrastructure, `remote`'s contract), and
+the fleet drops a server whose actor is gone and starts another where demand asks.
+`close` stops every server; it is idempotent and never raises.
+
+Ray is the `ray` extra, imported inside the functions that use it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from secrets import token_hex
+from typing import Any
+
+import httpx
+
+from treadle.clock import MONOTONIC, Clock
+from treadle.runtime.ray_launcher import host_actor, require_ray
+from treadle.sandbox.autoscale import ScaleDecision, Scaling, ServerLoad, decide
+from treadle.sandbox.remote import RemoteBackend
+
+log = logging.getLogger(__name__)
+TOKEN_ENV = "TREADLE_SANDBOX_TOKEN"  # what `treadle sandbox-server` reads its token from
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxServers:
+    """How each server of a fleet is started."""
+
+    backend: str = "bwrap"  # the local backend each server runs sandboxes with
+    max_live: int = 32  # sandboxes a server hosts at most
+    idle_ttl_s: float = 120.0  # a server reaps a sandbox idle this long
+    num_cpus: float = 1.0  # Ray CPUs each server's actor holds
+    # What each server's actor asks for besides its CPUs, e.g. (("sandbox", 1),): a
+    # custom resource the nodes meant for sandboxes declare.
+    resources: tuple[tuple[str, float], ...] = ()
+    python: str = sys.executable  # the interpreter with treadle, on every node
+
+
+@dataclass(slots=True)
+class FleetServer:
+    """One running server of the fleet."""
+
+    url: str
+    node_id: str
+    node_ip: str
+    actor: Any = field(repr=False)
+    idle_since: float | None = None  # when it last had nothing open
+    retiring: bool = False
+
+
+class RaySandboxFleet:
+    """Sandbox servers on the connected Ray cluster (`connect_ray` first), registered
+    with `backend`; see the module docstring."""
+
+    def __init__(self, backend: RemoteBackend, token: str, spec: SandboxServers,
+                 scaling: Scaling, *, demand: Callable[[], int] = lambda: 0,
+                 clock: Clock = MONOTONIC, ready_timeout_s: float = 60.0,
+                 stop_timeout_s: float = 10.0) -> None:
+        require_ray()
+        self._backend = backend
+        self._token = token
+        self.spec = spec
+        self.scaling = scaling
+        self._demand = demand
+        self._clock = clock
+        self.ready_timeout_s = ready_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self._servers: dict[str, FleetServer] = {}
+        self._lock = asyncio.Lock()  # one decision acted on at a time
+
+    @property
+    def backend(self) -> RemoteBackend:
+        """The backend its servers are registered with (sandboxes start through it)."""
+        return self._backend
+
+    def servers(self) -> list[FleetServer]:
+        """The running servers, retiring ones included."""
+        return list(self._servers.values())
+
+    async def rebalance(self) -> ScaleDecision:
+        """Read the load, decide (`autoscale.decide`), act: start servers, retire one,
+        stop the retired ones that are empty. Returns the decision."""
+        async with self._lock:
+            await self._drop_lost()
+            now = self._clock.now()
+            open_ = self._backend.outstanding()
+            loads = []
+            for server in self._servers.values():
+                n = open_.get(server.url, 0)
+                if n:
+                    server.idle_since = None
+                elif server.idle_since is None:
+                    server.idle_since = now
+                loads.append(ServerLoad(server.url, n, self.spec.max_live, server.idle_since,
+                                        server.retiring))
+            decision = decide(loads, waiting=self._demand(), scaling=self.scaling, now=now,
+                              server_max_live=self.spec.max_live)
+            for url in decision.retire:
+                self._servers[url].retiring = True
+                self._backend.retire_server(url)
+            started = await asyncio.gather(*(self._start() for _ in range(decision.start)),
+                                           return_exceptions=True)
+            for result in started:
+                if isinstance(result, BaseException):
+                    log.warning("a sandbox server did not start on Ray: %s", result)
+            await self._stop_empty_retired()
+            return decision
+
+    async def run(self, interval_s: float = 5.0) -> None:
+        """`rebalance` every `interval_s` of the clock until cancelled (an error in one
+        round is logged, the next round runs)."""
+        while True:
+            try:
+                await self.rebalance()
+            except Exception:
+                log.exception("sandbox fleet: a rebalance failed")
+            await self._clock.sleep(interval_s)
+
+    async def close(self) -> None:
+        """Stop every server (their sandboxes end with them)."""
+        async with self._lock:
+            for server in list(self._servers.values()):
+                await self._stop(server)
+
+    async def _start(self) -> FleetServer:
+        name = f"treadle-sandbox-server-{token_hex(4)}"  # as `ray list actors` shows it
+        actor = host_actor().options(name=name, num_cpus=self.spec.num_cpus, num_gpus=0,
+                                     resources=dict(self.spec.resources)).remote()
+        try:
+            # No node with the resources free: the actor waits unplaced, so bound it.
+            node_id, node_ip, _gpus, port = await asyncio.wait_for(
+                actor.place.remote(), self.ready_timeout_s)
+            url = f"http://{node_ip}:{port}"
+            argv = [self.spec.python, "-m", "treadle", "sandbox-server", "--host", node_ip,
+                    "--port", str(port), "--backend", self.spec.backend,
+                    "--max-live", str(self.spec.max_live),
+                    "--idle-ttl", str(self.spec.idle_ttl_s)]
+            await actor.start.remote(argv, {TOKEN_ENV: self._token}, f"{name}.log")
+            await self._healthy(url, actor)
+        except BaseException:
+            await self._release(actor)
+            raise
+        server = FleetServer(url, node_id, node_ip, actor)
+        self._servers[url] = server
+        self._backend.add_server(url)
+        log.info("sandbox server %s started on node %s", url, node_id[:8])
+        return server
+
+    async def _healthy(self, url: str, actor: Any) -> None:
+        """Wait for `/healthz` to answer ok; RuntimeError if the process exits first
+        or it is not up within `ready_timeout_s` real seconds (a process starting
+        takes real time, whatever the clock)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.ready_timeout_s
+        async with httpx.AsyncClient(base_url=url, trust_env=False, timeout=5.0) as client:
+            while True:
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await client.get("/healthz")).status_code == 200:
+                        return
+                if (code := await actor.exit_code.remote()) is not None:
+                    raise RuntimeError(f"sandbox server {url} exited with {code}: "
+                                       f"{await actor.log_tail.remote()}")
+                if loop.time() > deadline:
+                    raise RuntimeError(f"sandbox server {url} not healthy within "
+                                       f"{self.ready_timeout_s:.0f}s")
+                await asyncio.sleep(0.2)  # polling a server that is starting: no event
+
+    async def _drop_lost(self) -> None:
+        """Retire servers whose process exited or whose actor is gone (their node
+        lost): no new sandbox goes there, and they are stopped (forgotten) once the
+        sandboxes that were there have closed; demand starts others meanwhile."""
+        for server in self._servers.values():
+            if server.retiring:
+                continue
+            try:
+                code = await asyncio.wait_for(server.actor.exit_code.remote(), 10.0)
+            except Exception:  # RayActorError, a node gone: the actor cannot answer
+                code = "its actor is gone"
+            if code is not None:
+                log.warning("sandbox server %s lost (%s)", server.url, code)
+                server.retiring = True
+                self._backend.retire_server(server.url)
+
+    async def _stop_empty_retired(self) -> None:
+        open_ = self._backend.outstanding()
+        for server in list(self._servers.values()):
+            if server.retiring and not open_.get(server.url, 0):
+                await self._stop(server)
+
+    async def _stop(self, server: FleetServer) -> None:
+        self._servers.pop(server.url, None)
+        with contextlib.suppress(KeyError, ValueError):
+            self._backend.retire_server(server.url)
+            self._backend.remove_server(server.url)
+        await self._release(server.actor)
+        log.info("sandbox server %s stopped", server.url)
+
+    async def _release(self, actor: Any) -> None:
+        """End the server's process and its actor; never raises."""
+        import ray
+
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(actor.stop.remote(self.stop_timeout_s),
+                                   self.stop_timeout_s + 5.0)
+        with contextlib.suppress(Exception):
+            ray.kill(actor)
