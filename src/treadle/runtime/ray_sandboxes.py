@@ -10,8 +10,9 @@
     await fleet.close()
 
 Each server is one `treadle sandbox-server` process owned by one Ray actor (the same
-process host as `RayLauncher`'s engines; named `treadle-sandbox-server-…`), on a node that has the spec's
-`resources` (a custom resource the CPU nodes declare chooses where; no GPU), bound to
+process host as `RayLauncher`'s engines; named `treadle-sandbox-server-…`), on a
+node that has the spec's `resources` (a custom resource the CPU nodes declare
+chooses where; no GPU), bound to
 the node's address with a port free there, the token in its environment, not its
 command line. Once it answers `/healthz` it joins the backend's placement
 (`RemoteBackend.add_server`).
