@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 import pytest
@@ -52,7 +52,8 @@ class Lane:
         self.script = list(script)
         self.prompts: list[str] = []
 
-    async def ask(self, prompt: str, *, call_id: str, top_logprobs: int) -> JudgeReply:
+    async def ask(self, prompt: str, *, call_id: str, top_logprobs: int,
+                  schema: Mapping[str, Any]) -> JudgeReply:
         self.prompts.append(prompt)
         step = self.script.pop(0)
         if step is None:

@@ -10,8 +10,9 @@ dimensions are asked at once, each:
 - rendered (`JudgedDimension.render`) and looked up in the cache by the content
   hash of what decides the answer (the lane's identity, the prompt, how it is
   read); a hit is used as is (`Judgement.cached`, no call);
-- asked up to `attempts` times: a call that raises `JudgeCallError`, takes longer
-  than `timeout_s` (seconds of `clock`) or answers without a verdict on the scale
+- asked, its reply decoded under the verdict's JSON schema where the lane can, up
+  to `attempts` times: a call that raises `JudgeCallError`, takes longer than
+  `timeout_s` (seconds of `clock`) or answers without a verdict on the scale
   (`VerdictError`) is asked again; after the last, the dimension is FAILED, its
   value None, its reason every attempt's error, and — unless the rubric marks it
   optional — the trajectory is flagged (`Trajectory.flagged`) and unscored. Never
@@ -29,14 +30,19 @@ from __future__ import annotations
 import asyncio
 import collections
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from treadle.clock import Clock, WallClock
 from treadle.rewards.errors import JudgeError
 from treadle.rewards.rubric import JudgedDimension, JudgeInput, Rubric, VerdictKind, aggregate
-from treadle.rewards.verdict import Verdict, expected_score, parse_json_verdict
+from treadle.rewards.verdict import (
+    Verdict,
+    expected_score,
+    parse_json_verdict,
+    verdict_schema,
+)
 from treadle.types import Judgement, JudgementStatus, RewardSource, Trajectory
 
 TOP_LOGPROBS = 20  # alternatives asked per position for a logprob verdict
@@ -63,9 +69,11 @@ class JudgeLane(Protocol):
         of the cache key, and the judgement's `judge`."""
         ...
 
-    async def ask(self, prompt: str, *, call_id: str, top_logprobs: int) -> JudgeReply:
+    async def ask(self, prompt: str, *, call_id: str, top_logprobs: int,
+                  schema: Mapping[str, Any]) -> JudgeReply:
         """One judge call on `prompt` (`call_id`: unique per call, a request id); the
-        top `top_logprobs` alternatives per position when it is above 0. Raises
+        top `top_logprobs` alternatives per position when it is above 0; the reply
+        decoded under the JSON `schema` (`verdict.verdict_schema`). Raises
         JudgeCallError when the call fails."""
         ...
 
@@ -154,7 +162,8 @@ class Judges:
                 async with self.clock.timeout(self.timeout_s):
                     reply = await self.lane.ask(
                         prompt, call_id=f"{traj_id}/judge/{d.name}/{attempt}",
-                        top_logprobs=TOP_LOGPROBS if d.verdict is VerdictKind.LOGPROBS else 0)
+                        top_logprobs=TOP_LOGPROBS if d.verdict is VerdictKind.LOGPROBS else 0,
+                        schema=verdict_schema(d.scale))
                 answer = _Answer(_verdict(d, reply), reply)
             except TimeoutError:
                 errors.append(f"attempt {attempt + 1}: no answer within {self.timeout_s} s")

@@ -9,7 +9,13 @@
   the scale, renormalised over those integers (`LogprobVerdict.mass` is how much of
   the whole distribution they held). A reply without such a token is unparseable.
 
+`verdict_schema` is the JSON schema a judge's reply is decoded under where its lane
+can (structured output): an object with ``score``, one of the scale's integers, and
+a short ``reason``; the score's token is then one of the scale's.
+
 Never a default: what cannot be read raises, and the caller retries or gives up.
+Limit: a logprob verdict reads one token, so its scale's integers must be single
+digits (0..9): a tokenizer may split "10".
 """
 
 from __future__ import annotations
@@ -18,9 +24,19 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from treadle.rewards.errors import VerdictError
 from treadle.rewards.rubric import Scale
+
+REASON_CHARS = 300  # the longest reason a decoded verdict may give
+
+
+def verdict_schema(scale: Scale) -> dict[str, Any]:
+    """The JSON schema of a verdict on `scale` (module docstring)."""
+    return {"type": "object", "additionalProperties": False, "required": ["score", "reason"],
+            "properties": {"score": {"enum": list(range(scale.low, scale.high + 1))},
+                           "reason": {"type": "string", "maxLength": REASON_CHARS}}}
 
 
 @dataclass(frozen=True, slots=True)
