@@ -72,6 +72,10 @@ escaping treadle is a bug. Each package owns a branch::
     │   │                               a malformed reply (names the
     │   ├── EngineProtocolError         field), a request the engine rejected (also
     │   └── EngineRequestError          a ValueError)
+    ├── JudgeError                      treadle.rewards.errors: a judgement that did
+    │   ├── JudgeCallError              not come out: the judge's call failed, or its
+    │   └── VerdictError                reply holds no verdict on the scale (retried,
+    │                                   then recorded as the dimension's reason)
     ├── StoreError                      anything from treadle.store (classes in
     │   ├── RecordError                 treadle.store.errors): a malformed trajectory
     │   │                               record (names the field; also a ValueError),

@@ -57,6 +57,8 @@ class RewardSource(enum.Enum):
     # taken only where the job chose it
     OWNER = "owner"  # the reward the session's owner gave at its end (POST .../end),
     # or, for a sub-agent without one, its parent's
+    RUBRIC = "rubric"  # its job's rubric (`treadle.rewards`): the verifier's parts and
+    # the judges' verdicts, aggregated (`Trajectory.rewards` has each dimension)
 
 
 class KVAcrossUpdates(enum.Enum):
@@ -188,6 +190,40 @@ class Timings:
     finished_at: float | None = None  # clock time of the terminal status
 
 
+class JudgementStatus(enum.Enum):
+    """How one judged dimension of a rubric came out."""
+
+    JUDGED = "judged"  # the judge answered with a verdict on the scale
+    FAILED = "failed"  # no verdict within the retry budget: the reason says why
+    SKIPPED = "skipped"  # not asked: a gate decided the reward already
+
+
+@dataclass(slots=True)
+class Judgement:
+    """One judge's verdict on one dimension of a trajectory, with what it saw and
+    said (the judge's own tokens: for audit, and to train the judge later)."""
+
+    dimension: str  # the rubric's name for it
+    status: JudgementStatus
+    value: float | None  # the verdict mapped to [0, 1]; set exactly when JUDGED
+    score: float | None  # the verdict on the judge's scale; set exactly when JUDGED
+    reason: str  # the judge's stated reason (JUDGED), else why there is no value
+    optional: bool  # the rubric trains on the trajectory without it
+    judge: str  # which judge: its lane and model
+    attempts: int  # calls made (0: cached or skipped)
+    cached: bool  # the answer came from the cache (the same prompt judged before)
+    prompt: str  # what the judge was shown
+    reply: str  # its last reply ("" when none came)
+    reply_ids: list[int] = field(default_factory=list)  # the reply's ids, where the
+    # judge's lane returns them (token-level lanes)
+    reply_logprobs: list[float] = field(default_factory=list)  # one per reply id
+
+    @property
+    def missing(self) -> bool:
+        """A required dimension without a value: the trajectory cannot be scored."""
+        return self.status is JudgementStatus.FAILED and not self.optional
+
+
 @dataclass(slots=True)
 class Trajectory:
     """One agent episode for one task sample."""
@@ -219,6 +255,16 @@ class Trajectory:
     # What its calls after a weight update did with KV cached before it (its job's
     # setting; records before version 4: recompute, as engines were reset then).
     kv_across_updates: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE
+    # A rubric's reward vector: each dimension's value (verified parts as measured,
+    # judged parts in [0, 1]); None where a judge gave no verdict. Empty: no rubric.
+    rewards: dict[str, float | None] = field(default_factory=dict)
+    judgements: list[Judgement] = field(default_factory=list)  # the judged dimensions'
+
+    @property
+    def flagged(self) -> bool:
+        """A required judged dimension has no verdict (a judge failed): it has no
+        reward, and the converters leave it out of training."""
+        return any(j.missing for j in self.judgements)
 
     @property
     def policy_span(self) -> tuple[int, int] | None:

@@ -30,7 +30,7 @@ from treadle.types import (
 def test_v2_round_trip_keeps_every_new_field() -> None:
     for t in (parent(), frozen_child(0), frozen_child(1)):
         record = trajectory_to_record(t)
-        assert record["version"] == RECORD_VERSION == 4
+        assert record["version"] == RECORD_VERSION == 5
         back = loads_record(dumps_record(record))
         assert back == t and trajectory_from_record(record) == t
         assert dumps_record(trajectory_to_record(back)) == dumps_record(record)
@@ -77,7 +77,7 @@ def test_a_v1_record_reads_with_the_defaults() -> None:
     assert loads_record(json.dumps(v1_record())) == t
     # Written again it is a current record, which reads back the same.
     again = trajectory_to_record(t)
-    assert again["version"] == 4 and trajectory_from_record(again) == t
+    assert again["version"] == 5 and trajectory_from_record(again) == t
 
 
 def test_a_v1_record_may_not_have_v2_fields() -> None:
@@ -94,9 +94,9 @@ def test_a_v1_record_may_not_have_v2_fields() -> None:
 
 def test_an_unknown_version_is_refused_before_its_fields() -> None:
     record = trajectory_to_record(parent())
-    record.update(version=5, subagent_tree={})
-    with pytest.raises(RecordError, match=r"version: 5 is not a record version this treadle "
-                                          r"reads \(it reads 1, 2, 3 and 4\)"):
+    record.update(version=6, subagent_tree={})
+    with pytest.raises(RecordError, match=r"version: 6 is not a record version this treadle "
+                                          r"reads \(it reads 1, 2, 3, 4 and 5\)"):
         trajectory_from_record(record)
     del record["version"], record["subagent_tree"]
     with pytest.raises(RecordError, match="record: missing field\\(s\\) 'version'"):

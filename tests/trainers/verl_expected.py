@@ -16,8 +16,12 @@ under test:
   mask and logprobs all 0, reward the mean of its group's trained rewards (0.0 when
   none trained), ``treadle_excluded`` saying why; one without tokens is one empty
   record;
-- ``reward_extra_info`` has the reward parts of the trained rows, NaN where a row
-  lacks one.
+- a trajectory its rubric's judges gave no verdict on a required dimension (a
+  "failed" judgement that is not optional) trains nothing either, its reason
+  ``unjudged: <dimension>: <the judgement's reason>``;
+- ``reward_extra_info`` has the reward parts of the trained rows and their rubric's
+  dimensions (a dimension's value over a metric of its name), NaN where a row lacks
+  one or its judge gave no verdict.
 """
 
 from __future__ import annotations
@@ -51,6 +55,9 @@ def why_excluded(record: dict[str, Any]) -> str | None:
         return f"infra_failure ({record['failure_stage']}): {record['reason']}"
     if record["status"] == "aborted":
         return f"aborted: {record['reason']}"
+    missing = [j for j in record["judgements"] if j["status"] == "failed" and not j["optional"]]
+    if missing:
+        return "unjudged: " + "; ".join(f"{j['dimension']}: {j['reason']}" for j in missing)
     return None
 
 
@@ -69,7 +76,8 @@ def expected_records(job_id: str, uids: list[str], trajectories: list[dict[str, 
     for t in rows:
         if why_excluded(t) is None:
             trained.setdefault(t["group_id"], []).append(t["reward"])
-    parts = sorted({name for t in rows if why_excluded(t) is None for name in t["metrics"]})
+    parts = sorted({name for t in rows if why_excluded(t) is None
+                    for name in (*t["metrics"], *t["rewards"])})
     records, where = [], []
     for row, t in enumerate(rows):
         why = why_excluded(t)
@@ -94,8 +102,7 @@ def expected_records(job_id: str, uids: list[str], trajectories: list[dict[str, 
                 "metrics": {"generate_sequences": t["timings"]["llm_s"],
                             "tool_calls": t["timings"]["tool_s"], "num_preempted": -1},
                 "extra_fields": {
-                    "reward_extra_info": {name: t["metrics"].get(name, math.nan)
-                                          for name in parts},
+                    "reward_extra_info": {name: _part(t, name) for name in parts},
                     "treadle_trajectory_id": t["trajectory_id"],
                     "treadle_group_id": t["group_id"],
                     "treadle_task_id": t["task_id"],
@@ -112,3 +119,8 @@ def expected_records(job_id: str, uids: list[str], trajectories: list[dict[str, 
             })
             where.append(row)
     return records, where
+
+
+def _part(t: dict[str, Any], name: str) -> float:
+    value = t["rewards"][name] if name in t["rewards"] else t["metrics"].get(name)
+    return math.nan if value is None else value

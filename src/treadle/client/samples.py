@@ -31,6 +31,12 @@ parent's siblings are in the parent's group, its sub-agents are not), so a froze
 sub-agent's group is usually all frozen and wholly excluded; a trainable sub-agent
 trains in its group like any other trajectory.
 
+**Unjudged trajectories.** A trajectory its rubric's judges gave no verdict on a
+required dimension (`Trajectory.flagged`: the judge failed, timed out or answered
+unreadably within its retries) has no reward, and is excluded like an aborted one,
+with the reason ``unjudged: <dimension>: <why>``; a judge failure is no score of 0.
+A dimension the rubric marks optional does not flag it: it trains on the others.
+
 **Everything else is trained**, including TRUNCATED, MAX_TURNS and TIMEOUT: those
 are the agent's outcomes, scored by the environment. Such a trajectory must have a
 reward; one that is not terminal or not scored raises ConversionError.
@@ -137,7 +143,8 @@ class Converted(Generic[_T]):
 
 
 def exclusion_reason(t: Trajectory) -> str | None:
-    """Why `t` on its own is no training data (frozen, ERROR, ABORTED), or None."""
+    """Why `t` on its own is no training data (frozen, ERROR, ABORTED, unjudged), or
+    None."""
     # Frozen first: such a trajectory is never trained whatever its status, so that is
     # the reason (an ERROR among frozen sub-agents still says so in its status).
     if not t.trainable:
@@ -147,6 +154,9 @@ def exclusion_reason(t: Trajectory) -> str | None:
         return f"infra_failure ({stage}): {t.reason or 'no reason given'}"
     if t.status is TrajectoryStatus.ABORTED:
         return f"aborted: {t.reason or 'no reason given'}"
+    if t.flagged:
+        return "unjudged: " + "; ".join(f"{j.dimension}: {j.reason}"
+                                        for j in t.judgements if j.missing)
     return None
 
 

@@ -30,7 +30,10 @@ releases that 0.3.0 lacks:
                                            engine and tool time)
     trajectory_generation_times  list[float] | None   finished_at - started_at per
                                            row; None unless every row has both
-    env_metrics          list[dict]        the reward parts, `Trajectory.metrics`
+    env_metrics          list[dict]        the reward parts, `Trajectory.metrics`, and
+                                           a rubric's dimensions with a value
+                                           (`Trajectory.rewards`; a dimension wins
+                                           over a metric of its name)
     rollout_expert_indices, pixel_values, image_grid_thw   None
     rollout_sample_support   None          treadle records no sampler top-k support
     treadle_policy_versions  list[list[int]]  not a SkyRL key: the policy version that
@@ -147,7 +150,8 @@ def to_skyrl(trajectories: Sequence[Trajectory], *, step_wise: bool = False,
         "trajectory_generation_times": None if None in times else times,
         "rollout_expert_indices": None,
         "is_last_step": [s.is_last_segment for s in rows] if step_wise else None,
-        "env_metrics": [dict(t.metrics) for t in trained],
+        "env_metrics": [{**t.metrics, **{k: v for k, v in t.rewards.items() if v is not None}}
+                        for t in trained],
         "pixel_values": None,
         "image_grid_thw": None,
         "rollout_sample_support": None,

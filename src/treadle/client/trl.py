@@ -23,6 +23,10 @@ groups rows positionally (``rewards.view(-1, num_generations)``). Keys:
                                           completion token (one per logprob; [0] on an
                                           excluded row's placeholder), for an
                                           off-policy correction of `logprobs`
+    treadle_rewards    list[dict[str, float | None]]  a rubric's reward vector per row
+                                          (`Trajectory.rewards`; {} without a rubric,
+                                          and on an excluded row), for reward
+                                          functions per dimension
     treadle_trajectory_id, treadle_status, treadle_excluded   per row, for logging
 
 Rewards are treadle's (the environment scored them), so the reward function only
@@ -61,7 +65,8 @@ def to_trl(trajectories: Sequence[Trajectory], *, pad_token_id: int,
                                drop_group_on_failure=drop_group_on_failure)
     data: dict[str, list[Any]] = {key: [] for key in (
         *REQUIRED_KEYS, "env_mask", "treadle_reward", "treadle_policy_versions",
-        "treadle_trajectory_id", "treadle_status", "treadle_excluded")}
+        "treadle_rewards", "treadle_trajectory_id", "treadle_status", "treadle_excluded")}
+    by_id = {t.trajectory_id: t for t in trajectories}
     for s in batch.sequences:
         if s.num_segments > 1:
             raise ConversionError(f"trajectory {s.trajectory_id!r} has {s.num_segments} "
@@ -81,6 +86,8 @@ def to_trl(trajectories: Sequence[Trajectory], *, pad_token_id: int,
         data["env_mask"].append(mask)
         data["treadle_reward"].append(s.reward)
         data["treadle_policy_versions"].append(versions)
+        data["treadle_rewards"].append(
+            {} if s.excluded is not None else dict(by_id[s.trajectory_id].rewards))
         data["treadle_trajectory_id"].append(s.trajectory_id)
         data["treadle_status"].append(s.status.value)
         data["treadle_excluded"].append(s.excluded)

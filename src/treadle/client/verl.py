@@ -19,7 +19,9 @@ validates; `metrics` is a dict pydantic turns into `AgentLoopMetrics`:
                                     each assistant turn and each tool response
     metrics            {generate_sequences: llm seconds, tool_calls: tool seconds,
                         num_preempted: -1 (not reported)}
-    extra_fields       reward_extra_info (the reward parts, `Trajectory.metrics`; the
+    extra_fields       reward_extra_info (the reward parts, `Trajectory.metrics`, and
+                       a rubric's reward vector, `Trajectory.rewards`, whose
+                       dimension wins over a metric of its name; the
                        same keys on every record, NaN where one lacks a part, as
                        verl reads the first record's keys for all), and treadle_*:
                        trajectory_id, group_id, task_id, repetition, status,
@@ -65,7 +67,8 @@ def to_verl(trajectories: Sequence[Trajectory], *, drop_failed: bool = True,
                                drop_group_on_failure=drop_group_on_failure)
     by_id = {t.trajectory_id: t for t in trajectories}
     parts = sorted({name for s in batch.sequences if s.excluded is None
-                    for name in by_id[s.trajectory_id].metrics})
+                    for name in (*by_id[s.trajectory_id].metrics,
+                                 *by_id[s.trajectory_id].rewards)})
     records = [_record(s, by_id[s.trajectory_id], parts) for s in batch.sequences]
     return Converted(records, batch.exclusions)
 
@@ -82,7 +85,7 @@ def _record(s: TrainingSequence, t: Trajectory, parts: list[str]) -> dict[str, A
         "metrics": {"generate_sequences": t.timings.llm_s, "tool_calls": t.timings.tool_s,
                     "num_preempted": -1},
         "extra_fields": {
-            "reward_extra_info": {name: t.metrics.get(name, math.nan) for name in parts},
+            "reward_extra_info": {name: _part(t, name) for name in parts},
             "treadle_trajectory_id": s.trajectory_id,
             "treadle_group_id": s.group_id,
             "treadle_task_id": s.task_id,
@@ -96,6 +99,13 @@ def _record(s: TrainingSequence, t: Trajectory, parts: list[str]) -> dict[str, A
             "treadle_excluded": s.excluded,
         },
     }
+
+
+def _part(t: Trajectory, name: str) -> float:
+    """A reward part: the rubric's dimension (a metric of the same name gives way to
+    it), else the metric; NaN where the row has neither, or no verdict."""
+    value = t.rewards[name] if name in t.rewards else t.metrics.get(name)
+    return math.nan if value is None else value
 
 
 # -- one verl step as one treadle job (verl_manager's pure part) -------------------------

@@ -22,6 +22,9 @@ class TrajectoryArrived:
     traj_id: str  # unique trajectory id
     group_id: str  # GRPO group (the task); siblings share it
     prompt_tokens: int  # initial context length
+    # A judge's call (`treadle.rewards`): ranked after every rollout turn, the first
+    # to be preempted (`scheduler.JUDGE_RANK`).
+    judge: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,10 @@ per-engine queues and running sets — and leaves policies four decisions:
 - `rebalance(now)`: anything else — preemption, migration, pool changes.
 
 Queues are per engine (`core.turn_queue.TurnQueue`), ordered by (priority, sequence
-number), so ties fall back to FCFS and every run is deterministic. A turn is admitted
+number), so ties fall back to FCFS and every run is deterministic. A judge's turns
+(`TrajectoryArrived.judge`) are a class of their own: the policy's priority plus
+`JUDGE_RANK`, so that they run in the gaps rollouts leave and a policy that preempts
+pauses them first. A turn is admitted
 as soon as its engine has a free slot. Decisions change this state immediately (the
 driver is trusted to carry them out); the driver reports engine-side surprises back
 as events (`TurnPreempted`, `EngineFailed`).
@@ -50,6 +53,12 @@ from treadle.core.events import (
 )
 from treadle.core.turn_queue import TurnQueue
 
+# Added to a judge turn's priority: above every rollout priority a policy gives (the
+# built-in ones stay within a few 1e9: remaining tokens, 1e9 per version of age).
+# An engine's own priority is a 32-bit integer: there a judge turn is clipped to the
+# lowest rank, so engines that schedule by priority also run it last.
+JUDGE_RANK = 1e12
+
 
 class Phase(enum.Enum):
     QUEUED = "queued"  # its next turn waits in an engine queue
@@ -80,6 +89,7 @@ class TrajState:
     # Policy version current when its first turn was admitted: the oldest version its
     # tokens can carry (None until then).
     first_version: int | None = None
+    judge: bool = False  # a judge's call: ranked JUDGE_RANK after rollouts
 
 
 @dataclass(slots=True)
@@ -172,6 +182,11 @@ class TrajectoryScheduler(Scheduler):
         """Priority of the ready turn; lower runs first. Default: FCFS."""
         return 0.0
 
+    def ranked(self, t: TrajState, now: float) -> float:
+        """The rank a ready turn is queued (and run) at: the policy's `priority`,
+        plus `JUDGE_RANK` for a judge's turn."""
+        return self.priority(t, now) + (JUDGE_RANK if t.judge else 0.0)
+
     def admission_cap(self, e: EngineState) -> int:
         return e.max_batch
 
@@ -198,7 +213,7 @@ class TrajectoryScheduler(Scheduler):
         t: TrajState | None = None
         if isinstance(event, TrajectoryArrived):
             t = TrajState(event.traj_id, event.group_id, event.prompt_tokens, now,
-                          context_tokens=event.prompt_tokens)
+                          context_tokens=event.prompt_tokens, judge=event.judge)
             self.trajs[t.traj_id] = t
             self._ready(t, now)
         elif isinstance(event, TurnFinished):
@@ -290,7 +305,7 @@ class TrajectoryScheduler(Scheduler):
         for t in sorted(self.unrouted.values(), key=lambda t: t.traj_id):
             eid = self.route(t, now)
             if eid is not None:
-                self._enqueue(t, eid, self.priority(t, now), now)
+                self._enqueue(t, eid, self.ranked(t, now), now)
 
     def _ready(self, t: TrajState, now: float) -> None:
         """The trajectory's next turn can run: route it and queue it; with no engine
@@ -300,7 +315,7 @@ class TrajectoryScheduler(Scheduler):
             t.phase, t.engine_id, t.queued_at = Phase.QUEUED, None, now
             self.unrouted[t.traj_id] = t
             return
-        self._enqueue(t, eid, self.priority(t, now), now)
+        self._enqueue(t, eid, self.ranked(t, now), now)
 
     def _enqueue(self, t: TrajState, eid: str, prio: float, now: float,
                  seq: int | None = None) -> None:

@@ -184,12 +184,14 @@ class Runtime:
     # -- trajectories ------------------------------------------------------------------
 
     def turns(self, traj_id: str, group_id: str,
-              kv: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE) -> ScheduledTurns:
+              kv: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE, *,
+              judge: bool = False) -> ScheduledTurns:
         """The runner of a new trajectory (its first `generate` announces it); `kv`:
-        what its calls after a weight update do with KV cached before it."""
+        what its calls after a weight update do with KV cached before it; `judge`: a
+        judge's call, of the scheduler's judge class (after rollouts, preempted first)."""
         if traj_id in self._runners:
             raise ValueError(f"trajectory {traj_id!r} is already running")
-        runner = ScheduledTurns(self, traj_id, group_id, kv)
+        runner = ScheduledTurns(self, traj_id, group_id, kv, judge=judge)
         self._runners[traj_id] = runner
         self.control.max_live = max(self.control.max_live, len(self._runners))
         return runner

@@ -70,10 +70,11 @@ class ScheduledTurns:
     a `TurnRunner` for the agent loop and a `contract.Runner` for the runtime."""
 
     def __init__(self, host: RunnerHost, traj_id: str, group_id: str,
-                 kv: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE) -> None:
+                 kv: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE, *, judge: bool = False) -> None:
         self.traj_id = traj_id
         self.group_id = group_id
         self.kv = kv
+        self.judge = judge  # a judge's call: the scheduler's judge class
         self._kept_salt: str | None = None  # with KEEP: the salt of its first call
         self.engine_id: str | None = None  # engine of the last call
         self.preemptions = 0  # calls cut short by the scheduler or a pause
@@ -105,7 +106,8 @@ class ScheduledTurns:
         if not self._arrived:
             self._arrived = True
             self._expect()
-            self._rt.tell(TrajectoryArrived(self.traj_id, self.group_id, len(prompt_ids)))
+            self._rt.tell(TrajectoryArrived(self.traj_id, self.group_id, len(prompt_ids),
+                                            judge=self.judge))
         ids: list[int] = []
         logprobs: list[float] = []
         versions: list[int] = []

@@ -6,7 +6,8 @@ what to run) and stored with its request in
 one transaction; then its trajectories wait in one queue for the process's slots
 (`max_live`), highest job priority first, then oldest job, then plan order. A
 started trajectory is marked in the store (its attempt counted), runs
-(`runtime.rollout`: sandbox, agent loop, reward; or a workload replay) and is
+(`runtime.rollout`: sandbox, agent loop, reward, its rubric's judges; or a workload
+replay) and is
 stored with the next delivery number of its job, which is the order the NDJSON
 stream hands results out in.
 
@@ -54,6 +55,7 @@ from treadle.errors import ServiceBusy, TreadleError
 from treadle.runtime.driver import Runtime
 from treadle.runtime.rollout import replay_task, run_task
 from treadle.service.errors import RequestRefused
+from treadle.service.judging import Judging
 from treadle.service.metrics import Metrics
 from treadle.service.outbox import Outbox
 from treadle.service.planning import (
@@ -120,7 +122,7 @@ class Rollouts:
     runs none)."""
 
     def __init__(self, runtime: Runtime, store: AsyncStore, planner: Planner, outbox: Outbox,
-                 sandboxes: SuitePools, *, tokenizer: Tokenizer | None,
+                 sandboxes: SuitePools, judging: Judging, *, tokenizer: Tokenizer | None,
                  harnesses: HarnessRunner | None = None, max_live: int = 4096,
                  max_queued: int = 262_144) -> None:
         self.runtime = runtime
@@ -128,6 +130,7 @@ class Rollouts:
         self.planner = planner
         self.outbox = outbox
         self.sandboxes = sandboxes
+        self.judging = judging  # scores a job's trajectories on its rubric
         self.tokenizer = tokenizer
         self.harnesses = harnesses
         self.max_live = max_live  # trajectories running at once in this process
@@ -441,11 +444,11 @@ class Rollouts:
                 case SuiteWork():
                     if self.tokenizer is None:  # the planner refuses such jobs
                         raise RuntimeError("this service has no tokenizer")
-                    return await run_task(
+                    return await self.judging.judged(work, await run_task(
                         self.runtime, work.suite, work.task, traj_id=p.trajectory_id, key=key,
                         tokenizer=self.tokenizer, sandboxes=self.sandboxes.pool(work.suite),
                         limits=work.limits, sampling=work.sampling,
-                        chat_format=work.chat_format, attempt=attempt, kv=work.kv)
+                        chat_format=work.chat_format, attempt=attempt, kv=work.kv))
         except asyncio.CancelledError:
             raise
         except Exception as e:

@@ -38,6 +38,7 @@ from treadle.gateway.harness import Score
 from treadle.sandbox.base import SandboxBackend
 from treadle.service.errors import RequestRefused
 from treadle.service.files import held_file
+from treadle.service.rubric_schemas import RubricParams
 from treadle.service.schemas import (
     MAX_TRAJECTORIES_PER_JOB,
     JobRequest,
@@ -67,6 +68,7 @@ class SuiteWork:
     limits: AgentLimits
     chat_format: str  # the model family's format (`agent.chat`), checked when planned
     kv: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE  # the job's KV across weight updates
+    rubric: RubricParams | None = None  # the job's rubric (`service.judging`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +172,8 @@ class Planner:
             for r in range(request.samples_per_task):
                 planned = PlannedTrajectory(f"{job_id}/{task.task_id}/{r}",
                                             f"{job_id}/{task.task_id}", task.task_id, r)
-                out.append(SuiteWork(job_id, planned, task, suite, sampling, limits, fmt, kv)
+                out.append(SuiteWork(job_id, planned, task, suite, sampling, limits, fmt, kv,
+                                     request.rubric)
                            if harness is None else
                            HarnessWork(job_id, planned, task, suite, sampling, limits, fmt,
                                        harness.name, harness.score, kv))

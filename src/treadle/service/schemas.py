@@ -26,6 +26,7 @@ from pydantic import (
     model_validator,
 )
 
+from treadle.service.rubric_schemas import RubricParams
 from treadle.service.views import JobSummary
 
 MAX_TRAJECTORIES_PER_JOB = 65_536  # planned trajectories in one job, samples included
@@ -219,6 +220,8 @@ class JobRequest(_Strict):
                                                 "trajectories are rendered in (suite "
                                                 "tasks; default: the service's)")
     kv_across_updates: KVChoice = "recompute"
+    rubric: RubricParams | None = Field(default=None, description="score each trajectory on "
+                                        "these dimensions (suite tasks run by treadle)")
     priority: int = Field(default=0, ge=-1000, le=1000,
                           description="higher starts first when trajectories queue")
     job_id: str | None = Field(default=None, min_length=1, max_length=128,
@@ -261,6 +264,13 @@ class JobRequest(_Strict):
     def _harness_runs_suite_tasks(self) -> JobRequest:
         if self.harness is not None and not isinstance(self.tasks, SuiteTasks):
             raise ValueError("a harness runs suite tasks: give tasks.suite")
+        return self
+
+    @model_validator(mode="after")
+    def _rubric_scores_suite_tasks(self) -> JobRequest:
+        if self.rubric is not None and (self.harness is not None
+                                        or not isinstance(self.tasks, SuiteTasks)):
+            raise ValueError("a rubric scores suite tasks run by treadle's agent loop")
         return self
 
     @model_validator(mode="after")

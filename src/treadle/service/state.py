@@ -44,6 +44,7 @@ from treadle.sandbox.remote import RemoteBackend
 from treadle.service.gateway import Gateway
 from treadle.service.job_records import JobRecords
 from treadle.service.jobs import Rollouts
+from treadle.service.judging import Judging
 from treadle.service.keys import FileKey, KeyRing, SessionKeys
 from treadle.service.metrics import Metrics
 from treadle.service.monitor import Monitor
@@ -293,7 +294,8 @@ def build_service(config: ServiceConfig) -> Service:
                       default_format=config.chat_format, max_sessions=config.max_sessions,
                       grace_s=config.session_grace_s, harnesses=config.harnesses,
                       url=config.public_url, keys=session_keys, frozen=frozen)
-    rollouts = Rollouts(runtime, store, planner, outbox, sandboxes, tokenizer=tokenizer,
+    rollouts = Rollouts(runtime, store, planner, outbox, sandboxes,
+                        Judging(runtime, frozen, tokenizer), tokenizer=tokenizer,
                         harnesses=gateway, max_live=config.max_live,
                         max_queued=config.max_queued)
     keys = KeyRing(config.token, store, session_keys, _open_sessions(gateway),

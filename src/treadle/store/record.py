@@ -11,17 +11,18 @@ bool is never a number), numbers must be finite (JSON has no NaN), and a bad rec
 raises `RecordError` naming the field, e.g. ``segments[1].logprobs[7]``. Writing
 checks the same invariants, so what is written can always be read back.
 
-Writing always gives version 4. Older records are still read: version 1 (a store
-or an export written before sub-agents) lacks the fields marked (v2), (v3) and
-(v4), version 2 (before reward sources) those marked (v3) and (v4), version 3
-(before asynchronous RL) those marked (v4); they read as their defaults (no
-parent, no children, trainable, empty metadata, each segment starting at turn 0
-with reason "start"; no reward source; KV recomputed across updates). A record
-must have exactly the fields of its version.
+Writing always gives version 5. Older records are still read: version 1 (a store
+or an export written before sub-agents) lacks the fields marked (v2) to (v5),
+version 2 (before reward sources) those marked (v3) to (v5), version 3 (before
+asynchronous RL) those marked (v4) and (v5), version 4 (before rubrics) those
+marked (v5); they read as their defaults (no parent, no children, trainable, empty
+metadata, each segment starting at turn 0 with reason "start"; no reward source;
+KV recomputed across updates; no reward vector). A record must have exactly the
+fields of its version.
 
-Record, version 4 (JSON types; ``?`` = may be null)::
+Record, version 5 (JSON types; ``?`` = may be null)::
 
-    version          int      4 (or 3, 2, 1); a reader refuses versions it does not know
+    version          int      5 (or 4, 3, 2, 1); a reader refuses versions it does not know
     trajectory_id    string   unique id; the prefix-cache routing key (non-empty)
     group_id         string   GRPO group: siblings of one task share it (non-empty)
     repetition       int      0..n-1 within the group
@@ -34,8 +35,10 @@ Record, version 4 (JSON types; ``?`` = may be null)::
     infra_failure    bool     status == "error": a trainer drops it, it is no reward 0
     reward           number?  null until scored; always null for status "error"
     reward_source    string?  (v3) what scored it: verifier | exit_code | reward_file
-                              | owner (`RewardSource`); set only with a reward, null
-                              when unscored or not said
+                              | owner | rubric (v5) (`RewardSource`); set only with a
+                              reward, null when unscored or not said
+    rewards          object   (v5) a rubric's reward vector, and
+    judgements       array    (v5) its judges' verdicts (`store.rewards` has both)
     metrics          object   reward parts, name -> number (e.g. exact_match)
     attempt          int      retries after an infrastructure failure (0 = first run)
     prompt_tokens    int      length of the initial context
@@ -119,6 +122,7 @@ from treadle.store.fields import (
     json_value,
     text_list,
 )
+from treadle.store.rewards import rewards_from_record, rewards_to_record
 from treadle.types import (
     ConstraintKind,
     FailureStage,
@@ -136,8 +140,8 @@ from treadle.types import (
     Turn,
 )
 
-RECORD_VERSION = 4  # what the writer writes
-READ_VERSIONS = (1, 2, 3, 4)  # what the reader reads
+RECORD_VERSION = 5  # what the writer writes
+READ_VERSIONS = (1, 2, 3, 4, 5)  # what the reader reads
 
 _TOP_KEYS_V1 = frozenset({
     "version", "trajectory_id", "group_id", "repetition", "task_id", "status", "reason",
@@ -145,7 +149,8 @@ _TOP_KEYS_V1 = frozenset({
     "output_tokens", "turns", "segments", "timings"})
 _TOP_KEYS_V2 = _TOP_KEYS_V1 | {"parent_id", "children", "trainable", "metadata"}
 _TOP_KEYS_V3 = _TOP_KEYS_V2 | {"reward_source"}
-_TOP_KEYS = _TOP_KEYS_V3 | {"policy_span", "kv_across_updates"}
+_TOP_KEYS_V4 = _TOP_KEYS_V3 | {"policy_span", "kv_across_updates"}
+_TOP_KEYS = _TOP_KEYS_V4 | {"rewards", "judgements"}
 _TURN_KEYS = frozenset({"index", "output_tokens", "engine_id", "queued_s", "generating_s",
                         "policy_version", "tool_call"})
 _TOOL_KEYS = frozenset({"name", "arguments", "latency_s", "output_tokens", "error"})
@@ -197,6 +202,7 @@ def trajectory_to_record(t: Trajectory) -> dict[str, Any]:
         "infra_failure": t.infra_failure,
         "reward": t.reward,
         "reward_source": None if t.reward_source is None else t.reward_source.value,
+        **rewards_to_record(t),
         "metrics": dict(t.metrics),
         "attempt": t.attempt,
         "prompt_tokens": t.prompt_tokens,
@@ -235,7 +241,7 @@ def trajectory_from_record(record: Mapping[str, Any]) -> Trajectory:
     if isinstance(record, Mapping) and "version" in record:
         version = _version(record["version"])
     v2 = version >= 2
-    r = Fields(record, "", {1: _TOP_KEYS_V1, 2: _TOP_KEYS_V2, 3: _TOP_KEYS_V3}.get(
+    r = Fields(record, "", {1: _TOP_KEYS_V1, 2: _TOP_KEYS_V2, 3: _TOP_KEYS_V3, 4: _TOP_KEYS_V4}.get(
         version, _TOP_KEYS))
     turns = [_turn_from_record(item, f"turns[{i}]")
              for i, item in enumerate(r.array("turns"))]
@@ -275,6 +281,8 @@ def trajectory_from_record(record: Mapping[str, Any]) -> Trajectory:
         if stored != (None if derived is None else list(derived)):
             raise RecordError(f"policy_span: {span!r:.80} is not the span of the versions "
                               f"that sampled its tokens ({derived})")
+    if version >= 5:
+        rewards_from_record(r, t)
     _check_invariants(t)
     _check_links(t)
     if r.boolean("infra_failure") != t.infra_failure:

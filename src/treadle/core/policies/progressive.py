@@ -218,7 +218,7 @@ class Progressive(TrajectoryScheduler):
         self.target = self.plan(live, engines)
         for t in sorted(self.unrouted.values(), key=lambda t: t.traj_id):
             if not self._gated(t, now):
-                self._enqueue(t, self.target[t.traj_id], self.priority(t, now), now)
+                self._enqueue(t, self.target[t.traj_id], self.ranked(t, now), now)
         for t in live:
             if t.phase is Phase.TOOL:
                 self._consider_migration(t, now)
@@ -258,11 +258,11 @@ class Progressive(TrajectoryScheduler):
             for e in self.live_engines():
                 for tid in sorted(e.running):
                     t = self.trajs[tid]
-                    self._rerank_running(t, self.priority(t, now))
+                    self._rerank_running(t, self.ranked(t, now))
                 for _, _, tid in e.queue.drain():  # in queue order: ties stay in it
                     t = self.trajs[tid]
                     t.queue_time_s += now - t.queued_at
-                    self._enqueue(t, e.engine_id, self.priority(t, now), now)
+                    self._enqueue(t, e.engine_id, self.ranked(t, now), now)
         self._held.clear()
         self._next_replan = now  # place what the gate held, now
 

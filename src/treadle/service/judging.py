@@ -1,0 +1,85 @@
+"""Judging a job's trajectories on its rubric, before they are delivered.
+
+`Judging.judged(work, traj)` is what the job runner calls on each finished suite
+trajectory of a job with a rubric (`JobRequest.rubric`): it builds the job's lane
+(`runtime.judge_lanes`: the policy's or the frozen pool's engines, as the
+scheduler's judge class, or an endpoint URL), shows the judge the task, the final
+answer and the conversation (`judge_input`), and returns the trajectory with its
+reward vector (`rewards.Judges`). A trajectory is delivered once its judgements are
+in; it keeps its slot of the job runner while it waits for them (not an engine's:
+judge turns are queued as any turn). The verdict cache is the service's, shared by
+its jobs. A job without a rubric is returned untouched.
+
+Limits: `$diff` is empty (the sandbox is gone by the time the judges are asked);
+the frozen pool judges only where the service has frozen engines, else each call
+fails once the runtime's grace for an engine is over (`engine_wait_s`) and the
+dimension is left without a verdict, with that reason.
+"""
+
+from __future__ import annotations
+
+from treadle.agent.chat import chat_format, prompt_messages
+from treadle.agent.tokenizer import Tokenizer
+from treadle.rewards import JudgeInput, JudgeLane, Judges
+from treadle.rewards.judging import JudgeCache, conversation_text
+from treadle.runtime.driver import Runtime
+from treadle.runtime.judge_lanes import EndpointLane, EngineLane
+from treadle.service.planning import SuiteWork
+from treadle.service.rubric_schemas import JudgeParams
+from treadle.types import Task, Trajectory
+
+
+class Judging:
+    """The service's judging (module docstring)."""
+
+    def __init__(self, runtime: Runtime, frozen: Runtime, tokenizer: Tokenizer | None) -> None:
+        self.runtime = runtime
+        self.frozen = frozen
+        self.tokenizer = tokenizer
+        self.cache = JudgeCache()
+
+    async def judged(self, work: SuiteWork, traj: Trajectory) -> Trajectory:
+        if work.rubric is None or self.tokenizer is None:
+            return traj
+        judge = work.rubric.judge
+        judges = Judges(self.lane(judge, work.chat_format), attempts=judge.attempts,
+                        timeout_s=judge.timeout_s, clock=self.runtime.clock, cache=self.cache)
+        seen = judge_input(work.task, traj, self.tokenizer, work.chat_format)
+        return await judges.judge(work.rubric.rubric(), traj, seen)
+
+    def lane(self, judge: JudgeParams, chat: str) -> JudgeLane:
+        if judge.url is not None:
+            return EndpointLane(judge.url, judge.model, max_tokens=judge.max_tokens,
+                                temperature=judge.temperature, api_key=judge.api_key,
+                                timeout_s=judge.timeout_s)
+        runtime = self.frozen if judge.engines == "frozen" else self.runtime
+        return EngineLane(runtime, self.tokenizer_or_fail(), pool=judge.engines, chat=chat,
+                          max_tokens=judge.max_tokens, temperature=judge.temperature)
+
+    def tokenizer_or_fail(self) -> Tokenizer:
+        if self.tokenizer is None:  # judged() returns first: suite jobs need one
+            raise RuntimeError("judging on the engines needs the served model's tokenizer")
+        return self.tokenizer
+
+
+def judge_input(task: Task, traj: Trajectory, tokenizer: Tokenizer, chat: str) -> JudgeInput:
+    """What a judge may see of a trajectory: the task's prompt (its messages as text),
+    the final answer (the last reply the model sampled, as its chat format reads it)
+    and the conversation (the last segment's tokens, decoded: the chat template's
+    text of the whole context)."""
+    messages = prompt_messages(task.prompt)
+    task_text = messages[-1].content if len(messages) == 1 else conversation_text(
+        [(m.role, m.content) for m in messages])
+    if not traj.segments:
+        return JudgeInput(task=task_text, answer="", trajectory="")
+    last = traj.segments[-1]
+    end = max((i for i, m in enumerate(last.loss_mask) if m), default=-1)
+    start = end
+    while start > 0 and last.loss_mask[start - 1]:
+        start -= 1
+    fmt = chat_format(chat)
+    stop = tokenizer.token_id(fmt.stop_token)
+    reply = [i for i in last.response_ids[start:end + 1] if i != stop] if end >= 0 else []
+    answer = fmt.reply(tokenizer.decode(reply)).text if reply else ""
+    return JudgeInput(task=task_text, answer=answer,
+                      trajectory=tokenizer.decode(last.prompt_ids + last.response_ids))
