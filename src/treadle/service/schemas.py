@@ -26,6 +26,7 @@ from pydantic import (
     model_validator,
 )
 
+from treadle.service.continuous_schemas import ContinuousParams, continuous_refusals
 from treadle.service.views import JobSummary
 
 MAX_TRAJECTORIES_PER_JOB = 65_536  # planned trajectories in one job, samples included
@@ -219,6 +220,9 @@ class JobRequest(_Strict):
                                                 "trajectories are rendered in (suite "
                                                 "tasks; default: the service's)")
     kv_across_updates: KVChoice = "recompute"
+    continuous: ContinuousParams | None = Field(
+        default=None, description="run until cancelled or a budget is spent; the trainer "
+                                  "takes complete groups (POST /v1/jobs/{id}/take)")
     priority: int = Field(default=0, ge=-1000, le=1000,
                           description="higher starts first when trajectories queue")
     job_id: str | None = Field(default=None, min_length=1, max_length=128,
@@ -248,6 +252,14 @@ class JobRequest(_Strict):
         if isinstance(self.tasks, SessionTasks) and given:
             raise ValueError(f"a sessions job takes no {', '.join(sorted(given))}: set "
                              "them on each session")
+        return self
+
+    @model_validator(mode="after")
+    def _continuous(self) -> JobRequest:
+        if refused := continuous_refusals(self.continuous, isinstance(
+                self.tasks, SessionTasks), self.harness is not None,
+                self.max_policy_version is not None):
+            raise ValueError("; ".join(refused))
         return self
 
     @model_validator(mode="after")
@@ -401,6 +413,7 @@ class JobView(JobSummary):
     # What its trainer reported (POST /v1/jobs/{id}/metrics), latest value per name:
     # e.g. logprob_gap_max, the largest |trainer − engine| logprob on its tokens.
     trainer_metrics: dict[str, float] = Field(default_factory=dict)
+    groups_taken: int | None = None  # a continuous job's groups handed out (else None)
 
 
 class TrainerMetrics(_Strict):
