@@ -22,6 +22,7 @@ from treadle.client.groups import Group
 from treadle.service.state import ServiceConfig
 
 pytestmark = pytest.mark.integration
+TAKE_S = 180.0  # a take that never gets its groups fails the test rather than hang it
 
 
 def _config(tmp_path: Path, time_scale: float = 0.02) -> ServiceConfig:
@@ -86,13 +87,14 @@ def test_a_continuous_job_over_five_updates(tmp_path: Path, mode: str) -> None:
         taken: list[Group] = []
         served_at_take: list[int] = []
         for version in range(1, steps + 1):
-            got = client.take(job.job_id, in_flight)
+            got = client.take(job.job_id, in_flight, timeout_s=TAKE_S)
             taken += got
             served_at_take += [version - 1] * len(got)
             if version < steps:  # five updates, each while the next groups run
                 _until(lambda: client.job(job.job_id).running > 0)
                 client.update_weights(str(tmp_path), version, mode=mode, timeout_s=60)
-        assert client.take(job.job_id, 1) == []  # the budget is spent: the job ended
+        # The budget is spent: the job has ended.
+        assert client.take(job.job_id, 1, timeout_s=TAKE_S) == []
         metrics = client.metrics()
         state = client.job(job.job_id)
     db = tmp_path / "c.db"
@@ -120,7 +122,7 @@ def test_the_bound_restarts_what_goes_stale_and_counts_what_it_discards(
                             tasks=replay_tasks("math", trajectories=12, seed=5, group_size=2))
         taken: list[Group] = []
         for version in range(1, 6):
-            got = client.take(job.job_id, 2)
+            got = client.take(job.job_id, 2, timeout_s=TAKE_S)
             for g in got:
                 for d in g.members:
                     span = d.trajectory.policy_span
@@ -129,7 +131,7 @@ def test_the_bound_restarts_what_goes_stale_and_counts_what_it_discards(
             _until(lambda: client.job(job.job_id).running > 0)
             client.update_weights(str(tmp_path), version, mode="keep", timeout_s=60)
         while len(taken) < budget:
-            got = client.take(job.job_id, budget - len(taken))
+            got = client.take(job.job_id, budget - len(taken), timeout_s=TAKE_S)
             assert got, "the job ended before its budget was taken"
             for g in got:
                 assert all(d.trajectory.policy_span == (5, 5) for d in g.members)
@@ -156,7 +158,7 @@ def test_flag_hands_stale_groups_out_flagged(tmp_path: Path) -> None:
                             tasks=replay_tasks("short", trajectories=4, seed=1, group_size=2))
         _until(lambda: client.job(job.job_id).counts["completed"] == 4)
         client.update_weights(str(tmp_path), 1, mode="drain", timeout_s=60)
-        got = client.take(job.job_id, 2)
+        got = client.take(job.job_id, 2, timeout_s=TAKE_S)
     assert [g.stale for g in got] == [True, True]
     assert all(d.trajectory.policy_span == (0, 0) for g in got for d in g.members)
 
@@ -169,11 +171,11 @@ def test_nothing_is_lost_or_handed_out_twice_across_a_restart(tmp_path: Path) ->
         job = client.submit({"continuous": {"in_flight": 2, "overprovision": 0.5,
                                             "budget": budget}},
                             tasks=replay_tasks("math", trajectories=8, seed=2, group_size=2))
-        first = client.take(job.job_id, 3)
+        first = client.take(job.job_id, 3, timeout_s=TAKE_S)
         _until(lambda: client.job(job.job_id).running > 0)
     with running_service(config) as url, RolloutClient(url, token="t") as client:
-        again = client.take(job.job_id, budget - 3)
-        assert client.take(job.job_id, 1) == []
+        again = client.take(job.job_id, budget - 3, timeout_s=TAKE_S)
+        assert client.take(job.job_id, 1, timeout_s=TAKE_S) == []
         state = client.job(job.job_id)
     taken = first + again
     assert state.status == "completed"
@@ -190,7 +192,7 @@ def test_take_n_semantics(tmp_path: Path) -> None:
     with running_service(_config(tmp_path)) as url, RolloutClient(url, token="t") as client:
         job = client.submit({"continuous": {"in_flight": 3, "budget": 5}},
                             tasks=replay_tasks("short", trajectories=6, seed=4, group_size=2))
-        three = client.take(job.job_id, 3)
+        three = client.take(job.job_id, 3, timeout_s=TAKE_S)
         assert [g.taken for g in three] == [1, 2, 3] and all(g.complete for g in three)
         path = f"/v1/jobs/{job.job_id}/take"
         with httpx.Client(base_url=url, headers={"authorization": "Bearer t"},
@@ -202,9 +204,10 @@ def test_take_n_semantics(tmp_path: Path) -> None:
             readback = raw.get(f"/v1/jobs/{job.job_id}/taken", params={"after": 3}).json()
             assert [g["group_id"] for g in readback] == [first["groups"][0]["group_id"]]
         with RolloutClient(url, token="t") as other:
-            rest = other.take(job.job_id, 5)  # another trainer: only what is left
+            # Another trainer: only what is left.
+            rest = other.take(job.job_id, 5, timeout_s=TAKE_S)
         assert [g.taken for g in rest] == [5]
-        assert client.take(job.job_id, 1) == []  # ended: nothing more
+        assert client.take(job.job_id, 1, timeout_s=TAKE_S) == []  # ended: nothing more
         assert client.job(job.job_id).groups_taken == 5
         plain = client.submit(tasks=replay_tasks("short", trajectories=2, seed=1,
                                                  group_size=2))
