@@ -145,6 +145,9 @@ def test_the_bound_restarts_what_goes_stale_and_counts_what_it_discards(
     assert f"treadle_tokens_discarded_total {total}" in metrics
     restarted = _rows(db, "SELECT count(*) FROM trajectories WHERE job_id = ? AND "
                           "superseded = 1", job.job_id)[0][0]
+    stopped = _rows(db, "SELECT count(*) FROM trajectories WHERE job_id = ? AND "
+                        "superseded = 1 AND status = 'aborted'", job.job_id)[0][0]
+    assert stopped  # members running at an update were stopped there, not run on
     assert restarted == sum(1 for (_,) in _rows(
         db, "SELECT payload FROM events WHERE job_id = ? AND kind = 'stale_restart'",
         job.job_id))
@@ -159,7 +162,11 @@ def test_flag_hands_stale_groups_out_flagged(tmp_path: Path) -> None:
         _until(lambda: client.job(job.job_id).counts["completed"] == 4)
         client.update_weights(str(tmp_path), 1, mode="drain", timeout_s=60)
         got = client.take(job.job_id, 2, timeout_s=TAKE_S)
+        with httpx.Client(base_url=url, headers={"authorization": "Bearer t"},
+                          timeout=60) as raw:
+            readback = raw.get(f"/v1/jobs/{job.job_id}/taken").json()
     assert [g.stale for g in got] == [True, True]
+    assert [g["stale"] for g in readback] == [True, True]
     assert all(d.trajectory.policy_span == (0, 0) for g in got for d in g.members)
 
 
@@ -225,6 +232,9 @@ def test_take_n_semantics(tmp_path: Path) -> None:
     ({"continuous": {"in_flight": 2, "overprovision": -0.5}}, "overprovision"),
     ({"continuous": {"in_flight": 2}, "max_policy_version": 3}, "no max_policy_version"),
     ({"continuous": {"in_flight": 2, "extra": 1}}, "extra"),
+    ({"continuous": {"in_flight": 2048}, "tasks": {
+        "workload": "short", "trajectories": 64, "group_size": 64}},
+     "131072 trajectories launched"),
 ])
 def test_bad_settings_are_422s(tmp_path: Path, body: dict[str, Any], where: str) -> None:
     config = ServiceConfig(db=str(tmp_path / "c.db"), token="t", policy="verl")

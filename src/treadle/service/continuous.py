@@ -42,12 +42,12 @@ import random
 import uuid
 from dataclasses import dataclass, field
 
-from treadle.errors import TreadleError
+from treadle.errors import ServiceBusy, TreadleError
 from treadle.service.continuous_schemas import ContinuousParams
 from treadle.service.errors import RequestRefused
 from treadle.service.jobs import Rollouts, window
 from treadle.service.planning import Work
-from treadle.service.schemas import JobRequest, SessionTasks
+from treadle.service.schemas import MAX_TRAJECTORIES_PER_JOB, JobRequest, SessionTasks
 from treadle.service.versions import PolicyMismatch
 from treadle.store.jobs import JobInfo, PlannedTrajectory, TakenGroup
 from treadle.store.staleness import cut_record
@@ -124,12 +124,23 @@ class ContinuousJobs:
 
     async def submit(self, request: JobRequest, *, owner: str | None = None) -> JobInfo:
         """Store a continuous job and start launching its groups; RequestRefused for
-        a source that cannot run here, PolicyMismatch for another run's weights."""
+        a source that cannot run here or more trajectories at once than a job may
+        plan, ServiceBusy if the queue cannot take them, PolicyMismatch for another
+        run's weights."""
         job_id = request.job_id or uuid.uuid4().hex[:16]
         verdict = window(request).verdict(self.rollouts.served())
         if verdict not in ("run", "wait"):
             raise PolicyMismatch(f"job {job_id}: {verdict}")
         source = await asyncio.to_thread(self._source, job_id, request)
+        assert request.continuous is not None
+        live = request.continuous.live_groups * max(len(t) for t in source.templates)
+        if live > MAX_TRAJECTORIES_PER_JOB:
+            raise RequestRefused(f"continuous.in_flight: {live} trajectories launched at "
+                                 f"once is over the {MAX_TRAJECTORIES_PER_JOB} a job may have")
+        if self.rollouts.queued + live > self.rollouts.max_queued:
+            raise ServiceBusy(f"{self.rollouts.queued} trajectories are queued here and the "
+                              f"job adds up to {live}, over the limit of "
+                              f"{self.rollouts.max_queued}; retry later")
         info = await self.store.create_job(job_id, {"request": request.model_dump(
             mode="json")}, [], owner=owner, continuous=True)
         self._run(job_id, request, source)
