@@ -87,7 +87,7 @@ async def trajectories(job_id: str, _owned: OwnedJobDep, service: ServiceDep,
     return StreamingResponse(lines(), media_type="application/x-ndjson")
 
 
-@router.post("/{job_id}/take", responses=documented(404, 409, 422))
+@router.post("/{job_id}/take", responses=documented(404, 422))
 async def take(job_id: str, body: TakeRequest, _owned: OwnedJobDep,
                service: ServiceDep) -> TakeReply:
     """A continuous job's next complete GRPO groups, each handed out once: up to `n`,
