@@ -72,6 +72,16 @@ class KVAcrossUpdates(enum.Enum):
     # version's)
 
 
+class StaleChoice(enum.Enum):
+    """What a continuous job does with a trajectory whose oldest sampled token falls
+    out of its `max_staleness` (a job's setting)."""
+
+    FLAG = "flag"  # handed out as is, flagged stale
+    RESTART = "restart"  # run again from its prompt; its tokens so far are discarded
+    CUT = "cut"  # its tokens sampled by versions out of the bound become context (loss
+    # mask 0); the rest train. Needs token segments: one without is restarted
+
+
 @dataclass(frozen=True, slots=True)
 class GroupKey:
     """Identifies one trajectory inside its GRPO group."""

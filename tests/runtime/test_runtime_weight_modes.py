@@ -16,7 +16,9 @@ from test_runtime import run, with_engines
 
 from treadle.agent.runner import Sampling, TurnOutput
 from treadle.core.cost_model import CostModel
+from treadle.core.events import Event, PolicyUpdated
 from treadle.core.policies.baselines import Slime
+from treadle.core.scheduler import TrajState
 from treadle.engines.base import PauseMode
 from treadle.engines.emulated import EmulatedEngine
 from treadle.engines.emulated_client import EmulatedEngineClient
@@ -188,3 +190,32 @@ def test_kept_kv_salts_every_call_with_the_weights_of_its_first() -> None:
     salts = [r.cache_salt or "" for r in engine.requests]
     assert salts[0] == salts[1] == salts[2] and salts[0].startswith("policy-0-")
     assert salts[3].startswith("policy-4-") and "/" not in salts[3]
+
+
+def test_the_scheduler_hears_each_new_version_and_runners_count_what_they_sampled() -> None:
+    """A resume to a newer version is a `PolicyUpdated` for the scheduler (staleness
+    weighs in its priorities); the same version again, or a new run's version 0, is
+    not (versions only grow there). A running trajectory's runner counts the tokens
+    its engines returned (what a restart of it discards)."""
+    clock = FakeClock(autojump=True)
+    engine = FakeEngine("a", clock, tokens_per_s=1000)
+    heard: list[int] = []
+
+    class Listening(Slime):
+        def observe(self, event: Event, t: TrajState | None, now: float) -> None:
+            if isinstance(event, PolicyUpdated):
+                heard.append(event.version)
+            super().observe(event, t, now)
+
+    async def main() -> int:
+        rt = await with_engines(Listening(1, 1), [engine])
+        turns = rt.turns("t0", "g")
+        await turns.generate([1], 30, Sampling(), [])
+        sampled = rt.sampled_tokens("t0")
+        for version in (3, 3, 4, 0, 5):
+            rt.resume(policy_version=version)
+        await rt.close()
+        return sampled
+
+    assert run(main) == 30
+    assert heard == [3, 4, 5]

@@ -54,6 +54,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TOKEN = "fuzz-token"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 KNOWN_JOB = "fuzz-known"  # a small finished job the fuzz's job routes also hit
+KNOWN_CONTINUOUS = "fuzz-continuous"  # a continuous job the take routes also hit
 EXAMPLES = 150  # per route and phase; about a minute for the whole run on 2 cores
 
 
@@ -90,6 +91,10 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
             done = [json.loads(line)["trajectory"]["trajectory_id"]
                     for line in stream.iter_lines() if line]
             assert len(done) == 16
+        r = client.post("/v1/jobs", json={
+            "tasks": {"workload": "short", "trajectories": 8, "group_size": 2},
+            "continuous": {"in_flight": 2, "budget": 64}, "job_id": KNOWN_CONTINUOUS})
+        assert r.status_code == 201, r.text
         engines = [e["engine_id"] for e in client.get("/v1/engines").json()]
 
         def session() -> str:
@@ -115,7 +120,14 @@ def _aim(case: schemathesis.Case, service: dict[str, Any]) -> None:
     sessions = [service["session"]() if case.path.endswith("/end")
                 else service["known_session"]]
     keys = [service["key"]()] if "key_id" in params else []  # one to revoke, each time
-    for name, known in (("job_id", [KNOWN_JOB]), ("engine_id", mine),
+    takes = case.path.endswith(("/take", "/taken"))
+    body = case.body if isinstance(case.body, dict) else {}
+    wait = body.get("wait_s", 0.0)
+    if takes and isinstance(wait, int | float) and not isinstance(wait, bool) \
+            and 0 <= wait <= 60:  # (a bad one stays as generated)
+        body["wait_s"] = 0.0  # what is there now: a fuzz does not wait for groups
+    for name, known in (("job_id", [KNOWN_CONTINUOUS if takes else KNOWN_JOB]),
+                        ("engine_id", mine),
                         ("session_id", sessions), ("key_id", keys)):
         value = params.get(name)
         if isinstance(value, str) and known:

@@ -101,6 +101,8 @@ SCOPES = {  # route -> the scope dependency it must declare
     "POST /v1/jobs/{job_id}/metrics": deps.get_owned_job,
     "GET /v1/jobs/{job_id}/trajectories": deps.get_owned_job,
     "POST /v1/jobs/{job_id}/cancel": deps.get_owned_job,
+    "POST /v1/jobs/{job_id}/take": deps.get_owned_job,
+    "GET /v1/jobs/{job_id}/taken": deps.get_owned_job,
     "POST /v1/rollouts": deps.get_caller, "POST /v1/sessions": deps.get_caller,
     "GET /v1/sessions/{session_id}": deps.get_owned_session,
     "POST /v1/sessions/{session_id}/end": deps.get_owned_session,

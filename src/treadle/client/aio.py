@@ -23,6 +23,7 @@ import httpx
 from treadle.client import stream, wire
 from treadle.client.groups import Group, GroupCollector, GroupSizes
 from treadle.client.stream import RestartWatch, Retries, RetryPolicy, StreamCursor
+from treadle.client.take import TakeProgress
 from treadle.client.wire import (
     Call,
     Delivered,
@@ -143,6 +144,10 @@ class AsyncRolloutClient:
 
     async def groups(self, job: str | SubmittedJob, group_size: GroupSizes | None = None, *,
                      follow: bool = True) -> AsyncIterator[Group]:
+        if isinstance(job, SubmittedJob) and job.continuous:
+            while taken := await self.take(job.job_id, 1):  # [] once the job has ended
+                yield taken[0]
+            return
         job_id, sizes = wire.group_args(job, group_size)
         collector = GroupCollector(sizes)
         async for delivered in self.trajectories(job_id, follow=follow):
@@ -151,6 +156,13 @@ class AsyncRolloutClient:
                 yield group
         for group in collector.rest():
             yield group
+
+    async def take(self, job_id: str, n: int = 1, *,
+                   timeout_s: float | None = None) -> list[Group]:
+        progress = TakeProgress(n, timeout_s)
+        while (call := progress.next_call(job_id)) is not None:
+            progress.got(await self._do(call))
+        return progress.groups
 
     # -- engines and weights ---------------------------------------------------------------
 
@@ -201,16 +213,21 @@ class AsyncRolloutClient:
                 r = await self._http.request(call.method, call.path, json=call.body,
                                              timeout=wire.call_timeout(call, self.timeout_s))
             except httpx.TransportError as e:
-                if not stream.retriable(e, call.method):
+                if not stream.retriable(e, _as(call)):
                     raise stream.sent_and_lost(call, e) from e
                 await asyncio.sleep(retries.failed(e))
                 continue
             if r.is_success:
                 return call.parse(r)
             error = wire.service_error(r, call.method, call.path)
-            if not stream.retriable_status(r.status_code, call.method):
+            if not stream.retriable_status(r.status_code, _as(call)):
                 raise error
             await asyncio.sleep(retries.failed(error, stream.retry_after(r)))
+
+
+def _as(call: Call[Any]) -> str:
+    """The method a call is retried as: an idempotent POST as a GET."""
+    return "GET" if call.idempotent else call.method
 
 
 __all__ = ["AsyncRolloutClient"]

@@ -36,6 +36,10 @@ class Group:
     group_id: str  # the wire group id (``{job_id}/{task or group}``)
     size: int  # members the job planned for it
     members: tuple[Delivered, ...]  # by repetition
+    # A continuous job's group (`take`): a member's oldest token was out of the job's
+    # max_staleness (on_stale "flag"); its take number.
+    stale: bool = False
+    taken: int | None = None
 
     @property
     def complete(self) -> bool:

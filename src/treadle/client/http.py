@@ -51,6 +51,7 @@ import httpx
 from treadle.client import stream, wire
 from treadle.client.groups import Group, GroupCollector, GroupSizes
 from treadle.client.stream import RestartWatch, Retries, RetryPolicy, StreamCursor
+from treadle.client.take import TakeProgress
 from treadle.client.wire import (
     Call,
     Delivered,
@@ -185,7 +186,13 @@ class RolloutClient:
                follow: bool = True) -> Iterator[Group]:
         """The job's GRPO groups, each as soon as its last member is delivered; at
         the end, groups still short (``complete=False``). The sizes come from a
-        `SubmittedJob`, or from `group_size` (one size, or per group id)."""
+        `SubmittedJob`, or from `group_size` (one size, or per group id). A
+        continuous job's `SubmittedJob`: its groups taken one at a time (`take`),
+        until the job ends."""
+        if isinstance(job, SubmittedJob) and job.continuous:
+            while taken := self.take(job.job_id, 1):  # [] once the job has ended
+                yield taken[0]
+            return
         job_id, sizes = wire.group_args(job, group_size)
         collector = GroupCollector(sizes)
         for delivered in self.trajectories(job_id, follow=follow):
@@ -193,6 +200,18 @@ class RolloutClient:
             if group is not None:
                 yield group
         yield from collector.rest()
+
+    def take(self, job_id: str, n: int = 1, *, timeout_s: float | None = None) -> list[Group]:
+        """The next `n` complete groups of a continuous job, each handed out once
+        (to this client or any other), waiting until they are there — fewer only
+        once the job has ended (or `timeout_s` has passed). Its calls are tried
+        again across dropped connections and service restarts, with the client's
+        patience (`RetryPolicy`): a group is never lost or handed out twice
+        (`treadle.client.take`)."""
+        progress = TakeProgress(n, timeout_s)
+        while (call := progress.next_call(job_id)) is not None:
+            progress.got(self._do(call))
+        return progress.groups
 
     # -- engines and weights ---------------------------------------------------------------
 
@@ -256,16 +275,21 @@ class RolloutClient:
                 r = self._http.request(call.method, call.path, json=call.body,
                                        timeout=wire.call_timeout(call, self.timeout_s))
             except httpx.TransportError as e:
-                if not stream.retriable(e, call.method):
+                if not stream.retriable(e, _as(call)):
                     raise stream.sent_and_lost(call, e) from e
                 time.sleep(retries.failed(e))
                 continue
             if r.is_success:
                 return call.parse(r)
             error = wire.service_error(r, call.method, call.path)
-            if not stream.retriable_status(r.status_code, call.method):
+            if not stream.retriable_status(r.status_code, _as(call)):
                 raise error
             time.sleep(retries.failed(error, stream.retry_after(r)))
+
+
+def _as(call: Call[Any]) -> str:
+    """The method a call is retried as: an idempotent POST as a GET."""
+    return "GET" if call.idempotent else call.method
 
 
 __all__ = ["RolloutClient"]

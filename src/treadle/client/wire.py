@@ -51,6 +51,7 @@ class SubmittedJob:
     job_id: str  # the caller's id, or the one the service chose
     planned: int  # trajectories in the job
     group_size: int | dict[str, int]  # members per GRPO group (see group_sizes)
+    continuous: bool = False  # a continuous job: its groups are taken (`take`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +75,7 @@ class JobState:
     trainer_run: str | None = None
     trainer_metrics: dict[str, float] = field(default_factory=dict)  # its trainer's reports
     tokenizer_fingerprint: str | None = None  # the served model's tokenizer's
+    groups_taken: int | None = None  # a continuous job's groups handed out (else None)
 
     @property
     def terminal(self) -> bool:
@@ -223,6 +225,7 @@ class Call(Generic[_T]):
     parse: Callable[[httpx.Response], _T]  # a 2xx answer to the result
     body: Any = None  # JSON body, None for none
     timeout_s: float | _Unset | None = UNSET  # read timeout; None waits as long as it takes
+    idempotent: bool = False  # safe to send again after a lost answer (as a GET is)
 
     @property
     def what(self) -> str:
@@ -253,7 +256,8 @@ def submit_call(request: Mapping[str, Any] | None,
                 or not isinstance(value.get("planned"), int):
             raise ServiceProtocolError(f"POST /v1/jobs: unexpected answer {value!r:.200}")
         return SubmittedJob(value["job_id"], value["planned"],
-                            group_sizes(body, value["job_id"]))
+                            group_sizes(body, value["job_id"]),
+                            continuous=body.get("continuous") is not None)
     return Call("POST", "/v1/jobs", parse, body)
 
 

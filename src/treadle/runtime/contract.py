@@ -102,6 +102,11 @@ class Runner(Protocol):
     def traj_id(self) -> str: ...
 
     @property
+    def sampled(self) -> int:
+        """Tokens its engines returned so far, kept or not."""
+        ...
+
+    @property
     def waiting_since(self) -> float | None:
         """Clock time its turn began waiting for an admission; None when it is not
         waiting (running, held at the gate, in a tool, failed or done)."""

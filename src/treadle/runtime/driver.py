@@ -75,6 +75,7 @@ from treadle.core.events import (
     EngineFailed,
     Event,
     Migrate,
+    PolicyUpdated,
     Preempt,
 )
 from treadle.core.scheduler import Scheduler
@@ -133,6 +134,7 @@ class Runtime:
         self._decisions = DecisionLoop(scheduler, self.clock, self.control, self._apply,
                                        wanted=lambda: bool(self._runners))
         self._runners: dict[str, Runner] = {}
+        self._announced = 0  # the newest version the scheduler was told of
         self._gate = asyncio.Event()  # set while engine calls may be sent
         self._gate.set()
         self._weights: tuple[str, int] | None = None  # the last update's (path, version)
@@ -340,7 +342,18 @@ class Runtime:
             self.policy_version = policy_version
             self.trainer_run = trainer_run
             self._weights_served += 1
+            if policy_version > self._announced:
+                # Staleness weighs in its priorities, as in the simulator (a new run
+                # starting again from version 0 is not an update it can see).
+                self._announced = policy_version
+                self.tell(PolicyUpdated(policy_version))
         self._gate.set()
+
+    def sampled_tokens(self, traj_id: str) -> int:
+        """Tokens the engines returned to a running trajectory so far (0 once it
+        has ended): what restarting it discards."""
+        runner = self._runners.get(traj_id)
+        return runner.sampled if runner is not None else 0
 
     # -- what a runner may ask (contract.RunnerHost) ---------------------------------
 

@@ -79,6 +79,7 @@ class ScheduledTurns:
         self.engine_id: str | None = None  # engine of the last call
         self.preemptions = 0  # calls cut short by the scheduler or a pause
         self.retries = 0  # calls repeated after an engine failure
+        self.sampled = 0  # tokens its engines returned, kept or not
         self._rt = host
         self._admission: tuple[str, float] | None = None  # (engine, priority) to run on
         self._admitted = asyncio.Event()  # set when `_admission` or `_failure` is set
@@ -160,6 +161,7 @@ class ScheduledTurns:
                 raise EngineProtocolError(f"{eid} returned {len(result.output_ids)} ids and "
                                           f"{len(result.logprobs)} logprobs")
             self.engine_id = eid
+            self.sampled += len(result.output_ids)
             if result.finish_reason != "abort" or sampling.constraint is None:
                 ids += result.output_ids
                 logprobs += result.logprobs

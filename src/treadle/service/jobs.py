@@ -2,14 +2,12 @@
 
 `Rollouts` is what the HTTP app calls. A job is planned when it is submitted
 (`planning.Planner`: every trajectory gets its id, GRPO group and repetition, and
-what to run) and stored with its request in
-one transaction; then its trajectories wait in one queue for the process's slots
-(`max_live`), highest job priority first, then oldest job, then plan order. A
-started trajectory is marked in the store (its attempt counted), runs
-(`runtime.rollout`: sandbox, agent loop, reward, its rubric's judges; or a workload
-replay) and is
-stored with the next delivery number of its job, which is the order the NDJSON
-stream hands results out in.
+what to run) and stored with its request in one transaction; then its trajectories
+wait in one queue for the process's slots (`max_live`), highest job priority first,
+then oldest job, then plan order. A started trajectory is marked in the store (its
+attempt counted), runs (`runtime.rollout`: sandbox, agent loop, reward, its rubric's
+judges; or a workload replay) and is stored with the next delivery number of its
+job, which is the order the NDJSON stream hands results out in.
 
 Restart: `start()` asks the store to recover — trajectories that were running when
 the process died go back to pending — and queues every unfinished trajectory of
@@ -25,8 +23,8 @@ queue more than `max_queued` trajectories in this process is refused with
 workload, parsing tasks) runs on a worker thread, not the event loop, so a large
 job's submission does not stall the trajectories already running.
 
-Cancel: the job's unfinished trajectories are stored as aborted (and delivered),
-queued ones are dropped and running ones cancelled.
+Cancel: unfinished trajectories are stored as aborted (and delivered), queued ones
+dropped, running ones cancelled. `service.continuous` queues a continuous job's groups.
 
 Policy versions (`service.versions`): a job's trajectories start only once the
 runtime's policy version has reached `min_policy_version` (set by a weight update),
@@ -55,6 +53,7 @@ from treadle.errors import ServiceBusy, TreadleError
 from treadle.runtime.driver import Runtime
 from treadle.runtime.rollout import replay_task, run_task
 from treadle.service.errors import RequestRefused
+from treadle.service.follow import follow_results, interrupted, not_started
 from treadle.service.judging import Judging
 from treadle.service.metrics import Metrics
 from treadle.service.outbox import Outbox
@@ -96,6 +95,7 @@ class _Job:
     running: dict[str, asyncio.Task[None]]  # trajectory id -> its task
     # trajectory id -> when it started (the runtime's clock, as its record's times)
     started: dict[str, float] = field(default_factory=dict)
+    versions: dict[str, int] = field(default_factory=dict)  # -> policy version served then
 
     @property
     def queued(self) -> int:
@@ -156,8 +156,13 @@ class Rollouts:
             try:
                 spec = await self.store.job_spec(info.job_id)
                 request = JobRequest.model_validate(spec["request"])
+                if request.continuous is not None:
+                    continue  # resumed by its own runner (service.continuous)
                 if isinstance(request.tasks, SessionTasks):
-                    await self._sessions_interrupted(info.job_id)
+                    # The sessions that were open died with the process: they end as
+                    # errors; untaken ones stay pending.
+                    await self._interrupted(info.job_id, [
+                        s for s in await self.store.unfinished(info.job_id) if s.attempts])
                     recovered.append(info.job_id)
                     continue
                 # Planning can be long (a suite's tasks, a big trace): off the loop,
@@ -174,7 +179,7 @@ class Rollouts:
             planned = {w.planned.trajectory_id for w in work}
             await self._interrupted(info.job_id, [s for s in unfinished
                                                   if s.trajectory_id not in planned])
-            self._admit_job(info.job_id, request, [w for w in work
+            self.enqueue(info.job_id, request, [w for w in work
                                                    if w.planned.trajectory_id in pending])
             recovered.append(info.job_id)
         return recovered
@@ -220,7 +225,7 @@ class Rollouts:
                 "min_policy_version": request.min_policy_version,
                 "max_policy_version": request.max_policy_version,
                 "trainer_run": request.trainer_run})
-        self._admit_job(job_id, request, work)
+        self.enqueue(job_id, request, work)
         return info
 
     async def cancel(self, job_id: str) -> JobInfo:
@@ -273,24 +278,9 @@ class Rollouts:
         job ends, yielding None after every `heartbeat_s` without one (a stream writes
         a blank line then, so that its client can tell a silent job from a dead
         connection). NotFound for an unknown job."""
-        while True:
-            # Taken before the read: a result stored after it wakes this follower.
-            changed = self._wakeups.future(job_id)
-            try:
-                async for delivery in self.store.iter_results(job_id, after, 256):
-                    yield delivery
-                    after = delivery.seq
-                info = await self.store.job(job_id)
-                if not follow or (info.status.terminal and info.delivered <= after):
-                    return
-                # asyncio.wait, not wait_for: a cancelled follower never cancels the
-                # future its job's other followers share. Its timeout is also a
-                # backstop: the store is read again after every heartbeat.
-                done, _ = await asyncio.wait({changed}, timeout=heartbeat_s)
-            finally:
-                self._wakeups.leave(job_id, changed)
-            if not done:
-                yield None
+        async for delivery in follow_results(self.store, self._wakeups, job_id, after,
+                                             follow=follow, heartbeat_s=heartbeat_s):
+            yield delivery
 
     async def rollout(self, request: RolloutRequest, *,
                       owner: str | None = None) -> dict[str, Any]:
@@ -359,7 +349,30 @@ class Rollouts:
             del self._jobs[job_id]
         self._spawn(self._out_of_window(job_id, dropped, why))
 
-    def _admit_job(self, job_id: str, request: JobRequest, work: list[Work]) -> None:
+    def running_versions(self, job_id: str) -> dict[str, int]:
+        """The job's trajectories running here, each with the policy version served
+        when it started (none of its tokens is older)."""
+        job = self._jobs.get(job_id)
+        return dict(job.versions) if job else {}
+
+    def stop(self, job_id: str, trajectory_id: str) -> asyncio.Task[None] | None:
+        """Cancel one running trajectory (it stays unfinished in the store); its task."""
+        job = self._jobs.get(job_id)
+        task = job.running.get(trajectory_id) if job else None
+        if task is not None:
+            task.cancel()
+        return task
+
+    def enqueue(self, job_id: str, request: JobRequest, work: list[Work]) -> None:
+        """Queue a job's trajectories, already in the store (more of a job queued
+        here: a continuous job's next group, a restart)."""
+        job = self._jobs.get(job_id)
+        if job is not None:
+            job.queue.extend(work)
+            if job_id not in self._waiting:
+                heapq.heappush(self._ready, (-job.priority, job.order, job_id))
+            self._dispatch()
+            return
         job = _Job(request.priority, next(self._order), window(request),
                    collections.deque(work), {})
         self._jobs[job_id] = job
@@ -402,6 +415,7 @@ class Rollouts:
             task.add_done_callback(functools.partial(self._settled, work))
             job.running[work.planned.trajectory_id] = task
             job.started[work.planned.trajectory_id] = self.runtime.clock.now()
+            job.versions[work.planned.trajectory_id] = self.runtime.policy_version
 
     async def _run(self, work: Work) -> None:
         tid = work.planned.trajectory_id
@@ -424,6 +438,7 @@ class Rollouts:
         if job is not None:
             job.running.pop(work.planned.trajectory_id, None)
             job.started.pop(work.planned.trajectory_id, None)
+            job.versions.pop(work.planned.trajectory_id, None)
             if not job.running and not job.queued:
                 del self._jobs[work.job_id]
         self._dispatch()
@@ -457,19 +472,9 @@ class Rollouts:
                               status=TrajectoryStatus.ERROR, failure_stage=FailureStage.RUNTIME,
                               reason=f"runtime: {type(e).__name__}: {e}")
 
-    async def _sessions_interrupted(self, job_id: str) -> None:
-        """A sessions job after a restart: the trajectories of sessions that were open
-        (they died with the process) end as errors; untaken ones stay pending."""
-        await self._interrupted(job_id, [s for s in await self.store.unfinished(job_id)
-                                         if s.attempts])
-
     async def _out_of_window(self, job_id: str, work: Sequence[Work], why: str) -> None:
         for w in work:
-            p = w.planned
-            await self.deliver(job_id, Trajectory(
-                p.trajectory_id, GroupKey(p.group_id, p.repetition), task_id=p.task_id,
-                status=TrajectoryStatus.ERROR, failure_stage=FailureStage.ENGINE,
-                reason=f"engine: not started: {why}"))
+            await self.deliver(job_id, not_started(w.planned, why))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -478,16 +483,11 @@ class Rollouts:
 
     async def _interrupted(self, job_id: str, states: Sequence[TrajectoryState]) -> None:
         for state in states:
-            await self.deliver(job_id, Trajectory(
-                state.trajectory_id, GroupKey(state.group_id, state.repetition),
-                task_id=state.task_id, status=TrajectoryStatus.ERROR,
-                failure_stage=FailureStage.RUNTIME, attempt=state.attempts,
-                reason="runtime: the service restarted during the session"))
+            await self.deliver(job_id, interrupted(state))
 
     async def deliver(self, job_id: str, traj: Trajectory) -> None:
         """Store a finished trajectory (`Outbox.deliver`)."""
         await self.outbox.deliver(job_id, traj)
-
 
 
 def window(request: JobRequest) -> PolicyWindow:

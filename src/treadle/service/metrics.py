@@ -15,6 +15,8 @@
     treadle_weight_update_calls_total       counter   calls in flight at an update, by
                                                       what it did to them (kept, aborted)
     treadle_weight_update_timeouts_total    counter   updates past their timeout
+    treadle_tokens_discarded_total          counter   tokens of trajectories restarted
+                                                      as stale (continuous jobs)
 
 Rates (tokens/s) are what Prometheus computes from the counters. Histograms use
 fixed log-spaced buckets. Everything here is updated from the service's event loop.
@@ -75,6 +77,7 @@ class Metrics:
         self.weight_updates = Histogram(LATENCY_BUCKETS)  # held seconds, by mode
         self.update_calls: dict[str, int] = defaultdict(int)  # kept | aborted
         self.update_timeouts = 0
+        self.tokens_discarded = 0  # sampled by trajectories restarted as stale
 
     def weight_update(self, mode: str, held_s: float, kept: int, aborted: int) -> None:
         """One weight update that finished."""
@@ -109,6 +112,8 @@ class Metrics:
               for o, n in sorted(self.update_calls.items())),
             "# TYPE treadle_weight_update_timeouts_total counter",
             f"treadle_weight_update_timeouts_total {self.update_timeouts}",
+            "# TYPE treadle_tokens_discarded_total counter",
+            f"treadle_tokens_discarded_total {self.tokens_discarded}",
         ]
         return "\n".join(lines) + "\n"
 

@@ -26,6 +26,7 @@ from pydantic import (
     model_validator,
 )
 
+from treadle.service.continuous_schemas import ContinuousParams, continuous_refusals
 from treadle.service.rubric_schemas import RubricParams
 from treadle.service.views import JobSummary
 
@@ -222,6 +223,9 @@ class JobRequest(_Strict):
     kv_across_updates: KVChoice = "recompute"
     rubric: RubricParams | None = Field(default=None, description="score each trajectory on "
                                         "these dimensions (suite tasks run by treadle)")
+    continuous: ContinuousParams | None = Field(
+        default=None, description="run until cancelled or a budget is spent; the trainer "
+                                  "takes complete groups (POST /v1/jobs/{id}/take)")
     priority: int = Field(default=0, ge=-1000, le=1000,
                           description="higher starts first when trajectories queue")
     job_id: str | None = Field(default=None, min_length=1, max_length=128,
@@ -251,6 +255,14 @@ class JobRequest(_Strict):
         if isinstance(self.tasks, SessionTasks) and given:
             raise ValueError(f"a sessions job takes no {', '.join(sorted(given))}: set "
                              "them on each session")
+        return self
+
+    @model_validator(mode="after")
+    def _continuous(self) -> JobRequest:
+        if refused := continuous_refusals(self.continuous, isinstance(
+                self.tasks, SessionTasks), self.harness is not None,
+                self.max_policy_version is not None):
+            raise ValueError("; ".join(refused))
         return self
 
     @model_validator(mode="after")
@@ -411,6 +423,7 @@ class JobView(JobSummary):
     # What its trainer reported (POST /v1/jobs/{id}/metrics), latest value per name:
     # e.g. logprob_gap_max, the largest |trainer − engine| logprob on its tokens.
     trainer_metrics: dict[str, float] = Field(default_factory=dict)
+    groups_taken: int | None = None  # a continuous job's groups handed out (else None)
 
 
 class TrainerMetrics(_Strict):
@@ -449,29 +462,6 @@ class EngineRequest(_Strict):
             raise ValueError("not an ASCII URL: write an internationalised host in its "
                              "IDNA form (xn--...) and percent-encode the path")
         return url
-
-
-class KeyRequest(_Strict):
-    """`POST /v1/keys`: a trainer key for one trainer run."""
-
-    trainer_run: str = Field(min_length=1, max_length=128, pattern=TRAINER_RUN,
-                             description="the run the key speaks for: it sees and changes "
-                                         "that run's jobs, sessions and weights only")
-
-
-class KeyView(BaseModel):
-    """A trainer key, listed: never the key itself."""
-
-    key_id: str  # its public name (DELETE /v1/keys/{key_id})
-    trainer_run: str
-    source: str  # api (POST /v1/keys, kept in the store) | file (treadle serve --keys)
-    created_at: float | None  # None for a keys file's
-
-
-class KeyCreated(KeyView):
-    """`POST /v1/keys`'s answer: the only time the key is shown."""
-
-    key: str
 
 
 class FieldError(BaseModel):

@@ -41,6 +41,7 @@ from treadle.sandbox.autoscale import Scaling
 from treadle.sandbox.base import SandboxBackend
 from treadle.sandbox.pool import PoolSettings
 from treadle.sandbox.remote import RemoteBackend
+from treadle.service.continuous import ContinuousJobs
 from treadle.service.gateway import Gateway
 from treadle.service.job_records import JobRecords
 from treadle.service.jobs import Rollouts
@@ -161,6 +162,7 @@ class Service:
         self.monitor = Monitor(rollouts, lambda: [rt for _, rt in self.pools()],
                                interval_s=config.monitor_interval_s)
         self.records = JobRecords(store, rollouts)
+        self.continuous = ContinuousJobs(rollouts)  # continuous jobs' groups, on rollouts
         # How long this service takes to answer again after a restart (seconds): what
         # it announces on /healthz and in the `x-treadle-restart-s` header, and what
         # the client's retries wait for at least. Engines started here dominate it.
@@ -193,12 +195,14 @@ class Service:
                 kv_capacity_tokens=request.kv_capacity_tokens, label=request.url)
         self.monitor.start()
         recovered = await self.rollouts.start()
+        recovered += await self.continuous.start()
         if recovered:
             log.info("resumed %d unfinished job(s): %s", len(recovered), ", ".join(recovered))
 
     async def close(self) -> None:
         await self.monitor.close()
         await self.gateway.close()
+        await self.continuous.close()
         await self.rollouts.close()
         await self.runtime.close()
         if self.frozen is not None:

@@ -36,10 +36,11 @@ from treadle.store.jobs import (
     Finish,
     JobInfo,
     PlannedTrajectory,
+    TakenGroup,
     TrainerKey,
     TrajectoryState,
 )
-from treadle.types import FailureStage, Trajectory
+from treadle.types import FailureStage, StaleChoice, Trajectory
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -61,8 +62,36 @@ class AsyncStore:
 
     async def create_job(self, job_id: str, spec: Mapping[str, Any],
                          planned: Sequence[PlannedTrajectory], *, owner: str | None = None,
-                         ) -> JobInfo:
-        return await self.call(self.store.create_job, job_id, spec, planned, owner=owner)
+                         continuous: bool = False) -> JobInfo:
+        return await self.call(self.store.create_job, job_id, spec, planned, owner=owner,
+                               continuous=continuous)
+
+    async def launch_group(self, job_id: str, group_id: str,
+                           planned: Sequence[PlannedTrajectory], *, close: bool = False) -> None:
+        await self.call(self.store.launch_group, job_id, group_id, planned, close=close)
+
+    async def close_plan(self, job_id: str) -> None:
+        await self.call(self.store.close_plan, job_id)
+
+    async def groups_launched(self, job_id: str) -> tuple[int, int, int]:
+        return await self.call(self.store.groups_launched, job_id)
+
+    async def take(self, job_id: str, take_id: str, n: int, min_fresh: int | None = None,
+                   choice: StaleChoice = StaleChoice.FLAG) -> list[TakenGroup]:
+        return await self.call(self.store.take, job_id, take_id, n, min_fresh, choice)
+
+    async def taken_groups(self, job_id: str, after: int = 0,
+                           limit: int = 100) -> list[TakenGroup]:
+        return await self.call(self.store.taken_groups, job_id, after, limit)
+
+    async def stale_members(self, job_id: str, min_fresh: int) -> list[tuple[Delivery, int]]:
+        return await self.call(self.store.stale_members, job_id, min_fresh)
+
+    async def restart(self, job_id: str, trajectory_id: str, new: PlannedTrajectory,
+                      version: int, *, sampled: int = 0, reason: str = "stale: restarted"
+                      ) -> int | None:
+        return await self.call(self.store.restart, job_id, trajectory_id, new, version,
+                               sampled=sampled, reason=reason)
 
     async def add_trajectories(self, job_id: str,
                                planned: Sequence[PlannedTrajectory]) -> JobInfo:

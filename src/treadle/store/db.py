@@ -27,6 +27,9 @@ Contracts:
 - Cancel and fail. `cancel` (status ABORTED) and `fail` (status ERROR) finish every
   unfinished trajectory of the job with a minimal record, delivered like any other,
   so a stream always ends with exactly `planned` results.
+- Continuous jobs (`create_job(..., continuous=True)`): the plan grows a GRPO group
+  at a time and the trainer takes whole groups, each once, by a cursor; see
+  `treadle.store.continuous`.
 - Job status: queued (created) -> running (first trajectory started or finished) ->
   completed (every planned trajectory finished) | cancelled | failed.
 - Ownership. A job's `owner` (the trainer run whose key submitted it; None: the
@@ -62,7 +65,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
-from treadle.store import rows
+from treadle.store import continuous, rows
 from treadle.store.errors import NotFound, StoreConflict
 from treadle.store.jobs import (
     Delivery,
@@ -71,13 +74,14 @@ from treadle.store.jobs import (
     JobInfo,
     JobStatus,
     PlannedTrajectory,
+    TakenGroup,
     TrainerKey,
     TrajectoryState,
 )
 from treadle.store.record import dumps_record, trajectory_to_record
 from treadle.store.rows import STATE_COLUMNS
 from treadle.store.schema import migrate
-from treadle.types import FailureStage, Trajectory, TrajectoryStatus
+from treadle.types import FailureStage, StaleChoice, Trajectory, TrajectoryStatus
 
 
 class Store:
@@ -117,25 +121,26 @@ class Store:
 
     def create_job(self, job_id: str, spec: Mapping[str, Any],
                    planned: Sequence[PlannedTrajectory], *, owner: str | None = None,
-                   ) -> JobInfo:
+                   continuous: bool = False) -> JobInfo:
         """Store a job and its plan in one transaction; StoreConflict if the id is taken
         or two planned trajectories share an id (ValueError/TypeError if `spec` is not
         JSON). A job with an empty plan is completed at once. `owner`: the trainer run
-        it belongs to (None: the admin's)."""
+        it belongs to (None: the admin's). `continuous`: its plan grows by
+        `launch_group` until `close_plan` (it is not completed before)."""
         spec_json = json.dumps(spec, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
         ids = [p.trajectory_id for p in planned]
         if len(set(ids)) != len(ids):
             raise StoreConflict(f"job {job_id!r}: planned trajectory ids are not unique")
         now = self._clock()
-        status = JobStatus.QUEUED if planned else JobStatus.COMPLETED
+        status = JobStatus.QUEUED if planned or continuous else JobStatus.COMPLETED
         with self._write():
             if self._conn.execute("SELECT 1 FROM jobs WHERE job_id = ?", (job_id,)).fetchone():
                 raise StoreConflict(f"job {job_id!r} already exists")
             self._conn.execute(
                 "INSERT INTO jobs (job_id, spec, status, created_at, finished_at, planned, "
-                "n_pending, owner) VALUES (?, '', ?, ?, ?, ?, ?, ?)",
-                (job_id, status.value, now, None if planned else now, len(planned),
-                 len(planned), owner))
+                "n_pending, owner, open) VALUES (?, '', ?, ?, ?, ?, ?, ?, ?)",
+                (job_id, status.value, now, None if status is JobStatus.QUEUED else now,
+                 len(planned), len(planned), owner, int(continuous)))
             self._conn.execute("INSERT INTO job_specs (job_id, spec) VALUES (?, ?)",
                                (job_id, spec_json))
             self._conn.executemany(
@@ -303,9 +308,10 @@ class Store:
                 rows.event(self._conn, job_id, t.trajectory_id, "duplicate_finish",
                            {"status": t.status.value, "kept_seq": seq}, now)
                 return Finish(int(seq), duplicate=True)
-            return Finish(rows.deliver(self._conn, job_id, t.trajectory_id,
-                                       TrajectoryStatus(was), t.status, t.reason,
-                                       record_json, now), duplicate=False)
+            seq = rows.deliver(self._conn, job_id, t.trajectory_id, TrajectoryStatus(was),
+                               t.status, t.reason, record_json, now)
+            continuous.member_finished(self._conn, job_id, t)
+            return Finish(seq, duplicate=False)
 
     def results(self, job_id: str, after: int = 0, limit: int = 100) -> list[Delivery]:
         """Up to `limit` results with seq > `after`, in seq order (`after=0`: from the
@@ -368,6 +374,42 @@ class Store:
         if row is None:
             raise NotFound(f"job {job_id!r} has no trajectory {trajectory_id!r}")
         return rows.state(row)
+
+    # -- continuous jobs (treadle.store.continuous) --------------------------------------
+
+    def launch_group(self, job_id: str, group_id: str, planned: Sequence[PlannedTrajectory],
+                     *, close: bool = False) -> None:
+        with self._write():
+            continuous.launch(self._conn, job_id, group_id, planned, close, self._clock())
+
+    def close_plan(self, job_id: str) -> None:
+        with self._write():
+            continuous.close(self._conn, job_id, self._clock())
+
+    def groups_launched(self, job_id: str) -> tuple[int, int, int]:
+        with self._read():
+            return continuous.launched(self._conn, job_id)
+
+    def take(self, job_id: str, take_id: str, n: int, min_fresh: int | None = None,
+             choice: StaleChoice = StaleChoice.FLAG) -> list[TakenGroup]:
+        with self._write():
+            rows.require_job(self._conn, job_id)
+            return continuous.take(self._conn, job_id, take_id, n, min_fresh, choice)
+
+    def taken_groups(self, job_id: str, after: int = 0, limit: int = 100) -> list[TakenGroup]:
+        with self._read():
+            return continuous.taken_groups(self._conn, job_id, after, limit)
+
+    def stale_members(self, job_id: str, min_fresh: int) -> list[tuple[Delivery, int]]:
+        with self._read():
+            return continuous.stale_members(self._conn, job_id, min_fresh)
+
+    def restart(self, job_id: str, trajectory_id: str, new: PlannedTrajectory,
+                version: int, *, sampled: int = 0, reason: str = "stale: restarted"
+                ) -> int | None:
+        with self._write():
+            return continuous.restart(self._conn, job_id, trajectory_id, new, version,
+                                      sampled, reason, self._clock())
 
     # -- events -------------------------------------------------------------------------
 

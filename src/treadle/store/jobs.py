@@ -105,6 +105,17 @@ class Delivery:
 
 
 @dataclass(frozen=True, slots=True)
+class TakenGroup:
+    """A GRPO group of a continuous job, as handed out to its trainer."""
+
+    taken: int  # its take number: 1, 2, 3, ... dense within the job
+    group_id: str
+    size: int  # members
+    stale: bool  # a member's oldest token was out of the job's bound (StaleChoice.FLAG)
+    members: tuple[Delivery, ...]  # its current members, by repetition
+
+
+@dataclass(frozen=True, slots=True)
 class Event:
     """One diagnostic event."""
 

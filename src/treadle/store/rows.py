@@ -97,13 +97,13 @@ def deliver(conn: sqlite3.Connection, job_id: str, trajectory_id: str,
     of a job queued or running; completes the job if it was the last. Returns the
     seq."""
     move(conn, job_id, was, status, now, delivered=True)
-    planned, delivered = conn.execute(
-        "SELECT planned, delivered FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+    planned, delivered, still_open = conn.execute(
+        "SELECT planned, delivered, open FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
     conn.execute(
         "UPDATE trajectories SET status = ?, seq = ?, record = ?, reason = ?, "
         "finished_at = ? WHERE job_id = ? AND trajectory_id = ?",
         (status.value, delivered, record_json, reason, now, job_id, trajectory_id))
-    if delivered == planned:
+    if delivered == planned and not still_open:  # (a continuous job's plan may grow)
         conn.execute("UPDATE jobs SET status = ?, finished_at = ? WHERE job_id = ?",
                      (JobStatus.COMPLETED.value, now, job_id))
     return int(delivered)

@@ -113,6 +113,32 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             created_at   REAL NOT NULL
         )""",
     ),
+    # 4: continuous jobs. Their plan grows a GRPO group at a time (`open`: the plan may
+    # still grow, so the job is not completed when every trajectory so far is); the
+    # trainer takes whole groups, each once (`job_groups.taken`, dense per job; the take
+    # call that got it, `take_id`, gets the same groups if it asks again), and a
+    # member restarted as stale is superseded by a new trajectory of its group.
+    (
+        "ALTER TABLE jobs ADD COLUMN open INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE jobs ADD COLUMN taken INTEGER NOT NULL DEFAULT 0",  # groups handed out
+        "ALTER TABLE trajectories ADD COLUMN superseded INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE trajectories ADD COLUMN first_version INTEGER",  # oldest sampled
+        """CREATE TABLE job_groups (
+            job_id      TEXT NOT NULL REFERENCES jobs (job_id) ON DELETE CASCADE,
+            group_id    TEXT NOT NULL,
+            pos         INTEGER NOT NULL,          -- launch order in the job's task stream
+            size        INTEGER NOT NULL,          -- members
+            done        INTEGER NOT NULL DEFAULT 0,  -- current members finished
+            ready_seq   INTEGER,                   -- order it became whole; NULL while not
+            taken       INTEGER,                   -- take number; NULL until handed out
+            take_id     TEXT,                      -- the take call that handed it out
+            stale       INTEGER NOT NULL DEFAULT 0,  -- handed out flagged stale
+            PRIMARY KEY (job_id, group_id),
+            UNIQUE (job_id, taken)
+        )""",
+        "CREATE INDEX job_groups_ready ON job_groups (job_id, taken, ready_seq)",
+        "CREATE INDEX job_groups_by_take ON job_groups (job_id, take_id)",
+    ),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

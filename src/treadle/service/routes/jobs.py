@@ -9,6 +9,12 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Query
 from fastapi.responses import HTMLResponse, StreamingResponse
 
+from treadle.service.continuous_schemas import (
+    TakenGroupView,
+    TakenMember,
+    TakeReply,
+    TakeRequest,
+)
 from treadle.service.deps import CallerDep, OwnedJobDep, ServiceDep
 from treadle.service.keys import owner_of, run_named
 from treadle.service.replies import documented
@@ -23,7 +29,7 @@ from treadle.service.schemas import (
 from treadle.service.state import Service
 from treadle.service.strict_json import StrictJSONRoute
 from treadle.service.views import JobGroups, JobSummary, TrajectoryDetail
-from treadle.store.jobs import JobInfo, JobStatus
+from treadle.store.jobs import JobInfo, JobStatus, TakenGroup
 from treadle.types import TrajectoryStatus
 
 router = APIRouter(prefix="/v1/jobs", route_class=StrictJSONRoute, tags=["jobs"])
@@ -36,7 +42,8 @@ async def submit(request: JobRequest, caller: CallerDep, service: ServiceDep) ->
     if not isinstance(request.tasks, SessionTasks):  # (a sessions job has no window)
         request = request.model_copy(update={
             "trainer_run": run_named(caller, request.trainer_run)})
-    info = await service.rollouts.submit(request, owner=owner_of(caller))
+    jobs = service.rollouts if request.continuous is None else service.continuous
+    info = await jobs.submit(request, owner=owner_of(caller))
     return JobCreated(job_id=info.job_id, planned=info.planned)
 
 
@@ -80,6 +87,34 @@ async def trajectories(job_id: str, _owned: OwnedJobDep, service: ServiceDep,
     return StreamingResponse(lines(), media_type="application/x-ndjson")
 
 
+@router.post("/{job_id}/take", responses=documented(404, 422))
+async def take(job_id: str, body: TakeRequest, _owned: OwnedJobDep,
+               service: ServiceDep) -> TakeReply:
+    """A continuous job's next complete GRPO groups, each handed out once: up to `n`,
+    waiting up to `wait_s` for them (fewer may come: call again, with a new
+    `take_id`). The same `take_id` again answers the same groups (a lost answer is
+    asked for again, never lost)."""
+    groups, taken, ended = await service.continuous.take(job_id, body.take_id, body.n,
+                                                         body.wait_s)
+    return TakeReply(groups=[_taken_view(g) for g in groups], taken=taken, ended=ended)
+
+
+@router.get("/{job_id}/taken", responses=documented(404, 422))
+async def taken(job_id: str, _owned: OwnedJobDep, service: ServiceDep,
+                after: int = Query(0, ge=0, le=MAX_INT64),
+                limit: int = Query(16, ge=1, le=256)) -> list[TakenGroupView]:
+    """A continuous job's groups handed out already, with take numbers after `after`
+    (read back from the store, a page at a time)."""
+    return [_taken_view(g) for g in await service.store.taken_groups(job_id, after, limit)]
+
+
+def _taken_view(group: TakenGroup) -> TakenGroupView:
+    return TakenGroupView(taken=group.taken, group_id=group.group_id, size=group.size,
+                          stale=group.stale, members=[
+                              TakenMember(seq=d.seq, trajectory=d.record())
+                              for d in group.members])
+
+
 @router.get("/{job_id}/timeline",  # (its errors are JSON like every other route's)
             responses={200: {"content": {"text/html": {}},
                              "description": "the job's timeline page (treadle run's report)"},
@@ -113,7 +148,8 @@ async def _view(job_id: str, service: Service) -> JobView:
     window, metrics = await service.rollouts.job_policy(job_id)
     return job_view(info, running, queued).model_copy(update={
         **window, "trainer_metrics": metrics,
-        "tokenizer_fingerprint": service.tokenizer_fingerprint})
+        "tokenizer_fingerprint": service.tokenizer_fingerprint,
+        "groups_taken": await service.continuous.groups_taken(job_id)})
 
 
 def job_view(info: JobInfo, running: int, queued: int) -> JobView:

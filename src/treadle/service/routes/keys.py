@@ -10,9 +10,9 @@ from fastapi import APIRouter, Response
 
 from treadle.service.deps import AdminDep, ServiceDep
 from treadle.service.errors import RequestRefused
+from treadle.service.key_schemas import KeyCreated, KeyRequest, KeyView
 from treadle.service.keys import TrainerKeyView
 from treadle.service.replies import documented
-from treadle.service.schemas import KeyCreated, KeyRequest, KeyView
 from treadle.service.strict_json import StrictJSONRoute
 
 router = APIRouter(prefix="/v1/keys", route_class=StrictJSONRoute, tags=["keys"])

@@ -52,6 +52,7 @@ async def update(request: WeightUpdateRequest, caller: CallerDep,
         raise
     metrics.weight_update(done.mode, done.held_s, done.kept, done.aborted)
     service.rollouts.policy_version_changed()
+    service.continuous.policy_version_changed()
     return service.weights_view()
 
 
@@ -61,4 +62,5 @@ async def resume(request: ResumeRequest, caller: CallerDep,
     service.runtime.resume(request.policy_version,
                            trainer_run=run_named(caller, request.trainer_run))
     service.rollouts.policy_version_changed()
+    service.continuous.policy_version_changed()
     return service.weights_view()
