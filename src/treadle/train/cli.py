@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -194,6 +195,19 @@ def _log(message: str) -> None:
     print(f"treadle: {message}", file=sys.stderr, flush=True)
 
 
+def _log_arm(name: str, message: str) -> None:
+    _log(f"[{name}] {message}")
+
+
+def _train_arm(config: GRPOConfig, out: Path, cache: Path,
+               log: Callable[[str], None]) -> dict[str, Any]:
+    """One arm of `async-vs-sync`, in a process of its own: its report as a dict."""
+    from treadle.train.grpo import train_grpo
+
+    _quiet()
+    return train_grpo(config, out, cache_root=cache, log=log).to_dict()
+
+
 def run_grpo(args: argparse.Namespace) -> int:
     from treadle.train.grpo import train_grpo
     from treadle.train.plot import plot_report
@@ -211,12 +225,18 @@ def run_grpo(args: argparse.Namespace) -> int:
 
 
 def run_async_vs_sync(args: argparse.Namespace) -> int:
-    """The same run (settings, seeds, wall-clock budget) synchronous, then with
-    `--max-staleness` (benchmarks/rl-async.json and .png)."""
+    """The same run (settings, seeds, wall-clock budget) synchronous and with
+    `--max-staleness`, side by side: two processes at once, from the same supervised
+    checkpoint (trained first, once), so that both see the same machine for the same
+    minutes (benchmarks/rl-async.json and .png)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
     from dataclasses import replace
+    from functools import partial
 
-    from treadle.train.grpo import async_vs_sync, train_grpo
+    from treadle.train.grpo import async_vs_sync
     from treadle.train.plot import plot_async_vs_sync
+    from treadle.train.sft import sft
 
     try:
         config = _grpo_config(args)
@@ -225,11 +245,13 @@ def run_async_vs_sync(args: argparse.Namespace) -> int:
     if config.max_staleness < 1:
         return _fail("async-vs-sync", "--max-staleness must be >= 1 (the asynchronous run)")
     _quiet()
-    runs: dict[str, dict[str, Any]] = {}
-    for name, staleness in (("sync", 0), ("async", config.max_staleness)):
-        _log(f"the {name} run (max staleness {staleness})")
-        runs[name] = train_grpo(replace(config, max_staleness=staleness), args.out / name,
-                                cache_root=args.cache, log=_log).to_dict()
+    sft(config.sft, args.cache, log=_log)  # cached: neither run trains it again
+    arms = {"sync": 0, "async": config.max_staleness}
+    with ProcessPoolExecutor(len(arms), mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {name: pool.submit(_train_arm, replace(config, max_staleness=staleness),
+                                     args.out / name, args.cache, partial(_log_arm, name))
+                   for name, staleness in arms.items()}
+        runs = {name: future.result() for name, future in futures.items()}
     report = async_vs_sync(runs["sync"], runs["async"])
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "rl-async.json").write_text(json.dumps(report, indent=2) + "\n")
