@@ -88,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--max-staleness", type=int, default=1)
     b.add_argument("--jobs", type=int, default=1, help="with --steps: runs at a time")
     from treadle.bench.chaos import add_chaos_bench_parser
+    from treadle.bench.control_plane import add_control_plane_parser
     from treadle.bench.gateway import add_gateway_bench_parser
     from treadle.bench.live import add_live_bench_parser
     from treadle.bench.sandbox import add_bench_parser
@@ -104,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_chaos_bench_parser(bench_sub)
     add_gateway_bench_parser(bench_sub)
     add_service_bench_parser(bench_sub)
+    add_control_plane_parser(bench_sub)
     add_sandbox_parser(sub)
     add_server_parser(sub)
     add_engine_parser(sub)
@@ -125,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command in ("sandbox", "sandbox-server", "engine", "serve", "keys", "run",
                             "train", "demo") or (
                 args.command == "bench" and args.bench in ("sandbox", "live", "service", "chaos",
-                                                    "gateway")):
+                                                    "gateway", "control-plane")):
             result: int = args.func(args)
             return result
         if args.command == "bench" and args.steps > 1:

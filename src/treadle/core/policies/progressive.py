@@ -29,6 +29,7 @@
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 from treadle.core.cost_model import CostModel
@@ -174,15 +175,25 @@ class Progressive(TrajectoryScheduler):
         return out + super().decide(now) if self._dirty else out
 
     def _steal(self, now: float) -> None:
-        """Move queued turns from the longest queues to engines that sit idle."""
-        queues = [e for e in self.live_engines() if e.queued]
-        if not queues:
+        """Move queued turns from the longest queues to engines that sit idle: each idle
+        engine, in id order, takes the head of the longest queue (ties: the largest
+        engine id) while that queue holds more than one turn. Engines whose queues
+        were empty when this began are never donors in it. The donors are a heap
+        keyed on their queue lengths, updated as each turn moves, so a decision costs
+        O(engines + steals · log donors), not O(engines · donors)."""
+        engines = self.live_engines()
+        donors = [e for e in engines if e.queued]
+        if not donors:
             return
-        for thief in self.live_engines():
+        # The largest (queued, engine id) first: rank the ids, negate both.
+        rank = {e.engine_id: i for i, e in enumerate(sorted(donors, key=lambda e: e.engine_id))}
+        heap = [(-e.queued, -rank[e.engine_id], e) for e in donors]
+        heapq.heapify(heap)
+        for thief in engines:
             budget = self.kv_budget(thief)
             while (not thief.queued and len(thief.running) < self.admission_cap(thief)
-                   and queues):
-                donor = max(queues, key=lambda e: (e.queued, e.engine_id))
+                   and heap):
+                donor = heap[0][2]
                 if donor is thief or donor.queued <= 1:
                     break
                 t = self._queue_head(donor)
@@ -193,8 +204,10 @@ class Progressive(TrajectoryScheduler):
                     break
                 self._requeue(t, thief.engine_id, t.priority, now)
                 self.steals += 1
-                if not donor.queued:
-                    queues.remove(donor)
+                if donor.queued:
+                    heapq.heapreplace(heap, (-donor.queued, -rank[donor.engine_id], donor))
+                else:
+                    heapq.heappop(heap)
 
     def rebalance(self, now: float) -> None:
         if now >= self._next_generation:
