@@ -65,14 +65,6 @@ class TimedScheduler(Scheduler):
         self.turns = 0  # turns finished (each one scheduled once at least)
         self._pending_ns = 0
 
-    @property  # type: ignore[override]  # the driver reads the inner one's counters
-    def preemptions(self) -> int:
-        return self.inner.preemptions
-
-    @property  # type: ignore[override]
-    def migrations(self) -> int:
-        return self.inner.migrations
-
     def on_event(self, event: Event, now: float) -> None:
         start = time.thread_time_ns()
         self.inner.on_event(event, now)
@@ -87,6 +79,8 @@ class TimedScheduler(Scheduler):
         took = time.thread_time_ns() - start + self._pending_ns
         self._pending_ns = 0
         self.decisions_ns.append(took)
+        # The driver reads the counters off the scheduler it drives.
+        self.preemptions, self.migrations = self.inner.preemptions, self.inner.migrations
         if self.inner.replans > replans:
             self.replans_ns.append(took)
         return out
@@ -173,8 +167,11 @@ def run_control_plane_command(args: argparse.Namespace) -> int:
     try:
         engines = [int(e) for e in args.engines.split(",") if e.strip()]
         parse_policy(args.policy)
-        if not engines or min(engines) < 1 or args.trajectories < 1 or args.tp < 1:
-            raise ValueError("--engines, --trajectories and --tp must be >= 1")
+        if not engines or min(engines) < 1 or args.tp < 1:
+            raise ValueError("--engines and --tp must be >= 1")
+        if args.trajectories < 16 or args.trajectories % 16:
+            raise ValueError("--trajectories must be a positive multiple of 16 (GRPO "
+                             "groups of 16)")
     except ValueError as e:
         print(f"treadle bench control-plane: {e}", file=sys.stderr)
         return 2
