@@ -276,26 +276,34 @@ def markdown_report(report: dict[str, Any]) -> str:
         "best baseline's (below 1.3, no scheduler meets the goal).",
         "",
         "| workload | best TP-tuned (mode) | tok/GPU-s | treadle best mode | tok/GPU-s "
-        "| treadle / best | bound allows | ceiling / best | goal |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| staleness p50/max | discarded M | treadle / best | bound allows | ceiling / best "
+        "| goal |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for w in report["workloads"]:
         s = w["summary"]
         b, t = s["best_tp_tuned"], s["treadle_best"]
+        ours = next(r for r in w["results"]
+                    if r["policy"] == "treadle" and r["mode"] == t["mode"])
         goal = "n/a" if s["goal_met"] is None else ("met" if s["goal_met"] else (
             "not met" if s["goal_reachable"] else "out of reach"))
         lines.append(
             f"| {w['workload']}{' (long-tailed)' if s['long_tailed'] else ''} "
             f"| {b['policy']} ({b['mode']}) | {b['tokens_per_gpu_s']:,.0f} | {t['mode']} "
-            f"| {t['tokens_per_gpu_s']:,.0f} | {s['treadle_best_over_best_tp_tuned']:.3f} "
+            f"| {t['tokens_per_gpu_s']:,.0f} "
+            f"| {ours['staleness_p50']:g}/{ours['staleness_max']} "
+            f"| {ours['tokens_discarded'] / 1e6:.2f} "
+            f"| {s['treadle_best_over_best_tp_tuned']:.3f} "
             f"| {s['bound_headroom_over_best_tp_tuned']:.2f} "
             f"| {s['ceiling_over_best_tp_tuned']:.2f} | {goal} |")
-    lines += ["", "## Per mode: treadle and heddle over the best TP-tuned baseline", "",
+    lines += ["", "## Per mode: treadle / heddle over the mode's best TP-tuned baseline "
+              "(which), and the mode's ceiling (tok/GPU-s)", "",
               "| workload | " + " | ".join(MODES) + " |", "|---|" + "---|" * len(MODES)]
     for w in report["workloads"]:
         pm = w["summary"]["per_mode"]
         cells = [f"{pm[m]['treadle_over_best_tp_tuned']:.3f} / "
-                 f"{pm[m]['heddle_over_best_tp_tuned'] or 0:.2f} ({pm[m]['best_tp_tuned']})"
+                 f"{pm[m]['heddle_over_best_tp_tuned'] or 0:.2f} ({pm[m]['best_tp_tuned']}); "
+                 f"{pm[m]['ceiling_tokens_per_gpu_s']:,.0f}"
                  if m in pm else "" for m in MODES]
         lines.append(f"| {w['workload']} | " + " | ".join(cells) + " |")
     lines += ["", "## Per-prompt history (treadle's predictor, steps after the first epoch)",
