@@ -278,7 +278,9 @@ def _sim_steps(args: argparse.Namespace) -> int:
                           "max_staleness": args.max_staleness,
                           "train_fraction": args.train_fraction, "train_s": plan.train_s,
                           "train_gpus": config.train_gpus, "prompts_per_epoch": prompts,
-                          "lower_bound": {"makespan_s": bound.makespan_s, **asdict(bound)},
+                          "lower_bound": {"makespan_s": bound.makespan_s,
+                                          "tokens_per_gpu_s_ceiling":
+                                          bound.tokens_per_gpu_s_ceiling, **asdict(bound)},
                           "results": [asdict(r) for r in rows]}, indent=2))
     else:
         print(format_steps_table(rows))

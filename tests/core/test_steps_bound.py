@@ -13,7 +13,7 @@ from treadle.workloads import generate
 
 
 def _groups(*pairs: tuple[float, float]) -> list[GroupCost]:
-    return [GroupCost(work, path) for work, path in pairs]
+    return [GroupCost(work, path, 100) for work, path in pairs]
 
 
 def test_work_counts_the_least_work_of_the_batches_among_the_groups_it_may_deliver() -> None:
@@ -54,7 +54,7 @@ def test_one_step_is_never_above_the_one_step_bounds_own_terms() -> None:
         c = trajectory_cost(t, cost)
         groups.setdefault(t.group_id, []).append(c.work_gpu_s)
         paths[t.group_id] = max(paths.get(t.group_id, 0.0), c.critical_path_s)
-    costs = [GroupCost(sum(groups[g]), paths[g]) for g in groups]
+    costs = [GroupCost(sum(groups[g]), paths[g], 0) for g in groups]
     b = steps_lower_bound(costs, steps=1, batch_groups=len(costs), cap=len(costs),
                           train_gpu_s=0.0, gpus=8)
     one = lower_bound(w.trajectories, cost, 8)
@@ -63,11 +63,35 @@ def test_one_step_is_never_above_the_one_step_bounds_own_terms() -> None:
     assert b.makespan_s <= one.makespan_s + 1e-9
 
 
+def test_a_trainer_on_gpus_of_its_own_bounds_the_run_by_its_steps() -> None:
+    """Split: K training steps of W/G_t each after the first batch (chain), and the
+    batches' work on the rollout GPUs before the last step (work); both above the
+    colocated terms for the same run."""
+    costs = _groups((8, 3), (6, 2), (4, 1), (12, 5))
+    args = {"steps": 2, "batch_groups": 1, "cap": 2, "train_gpu_s": 12.0, "gpus": 4}
+    colocated = steps_lower_bound(costs, **args)
+    split = steps_lower_bound(costs, **args, train_gpus=1)
+    assert split.chain_s == pytest.approx(1.0 + 2 * 12.0 / 1)  # c_(b) of (3, 2, 1): 1
+    assert split.work_s == pytest.approx((4 + 6) / 3 + 12.0 / 1)
+    assert split.work_s >= colocated.work_s and split.chain_s >= colocated.chain_s
+    assert colocated.chain_s == pytest.approx(1.0 + 2 * 12.0 / 4)
+
+
+def test_the_token_ceiling_counts_the_largest_groups_it_may_deliver() -> None:
+    """Two batches of one group among the first three: the two largest of those."""
+    costs = [GroupCost(1, 1, 300), GroupCost(1, 1, 100), GroupCost(1, 1, 200),
+             GroupCost(1, 1, 900)]
+    b = steps_lower_bound(costs, steps=2, batch_groups=1, cap=2, train_gpu_s=0.0, gpus=2)
+    assert b.max_trained_tokens == 500
+    assert b.tokens_per_gpu_s_ceiling == pytest.approx(500 / (2 * b.makespan_s))
+
+
 @pytest.mark.parametrize(("kwargs", "match"), [
     ({"steps": 0}, "must be >= 1"),
     ({"cap": 1}, "cap"),
     ({"train_gpu_s": -1.0}, "train_gpu_s"),
     ({"steps": 9}, "needs its first"),
+    ({"train_gpus": 4}, "train_gpus"),
 ])
 def test_bad_arguments_are_refused(kwargs: dict[str, float], match: str) -> None:
     args: dict[str, float] = {"steps": 2, "batch_groups": 2, "cap": 2, "train_gpu_s": 1.0,

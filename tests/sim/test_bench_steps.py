@@ -26,6 +26,10 @@ def test_a_tiny_multi_step_bench(tmp_path: Path) -> None:
         assert r["makespan_s"] >= w["lower_bounds"][r["mode"]]["makespan_s"] * (1 - 1e-9)
         assert r["lower_bound_s"] == w["lower_bounds"][r["mode"]]["makespan_s"]
         assert r["staleness_max"] <= 1
+        # No run trains more tokens per GPU-second than its mode's ceiling.
+        ceiling = w["summary"]["per_mode"][r["mode"]]["ceiling_tokens_per_gpu_s"]
+        assert r["trained_tokens_per_gpu_s"] <= ceiling * (1 + 1e-9)
+        assert ceiling == w["lower_bounds"][r["mode"]]["tokens_per_gpu_s_ceiling"]
     s = w["summary"]
     best = max((r for r in rows if r["policy"] != "treadle"),
                key=lambda r: r["trained_tokens_per_gpu_s"])
@@ -36,5 +40,8 @@ def test_a_tiny_multi_step_bench(tmp_path: Path) -> None:
     assert s["treadle_best_over_best_tp_tuned"] == (
         ours["trained_tokens_per_gpu_s"] / best["trained_tokens_per_gpu_s"])
     assert [r["mode"] for r in w["prompt_history"]["treadle_without"]] == ["sync", "partial"]
+    assert s["ceiling_over_best_tp_tuned"] == max(
+        m["ceiling_tokens_per_gpu_s"] for m in s["per_mode"].values()
+    ) / best["trained_tokens_per_gpu_s"]
     markdown = out.with_suffix(".md").read_text()
     assert f"| {best['policy']} ({best['mode']}) |" in markdown

@@ -38,6 +38,21 @@ K training steps of at least W/G seconds each run one after another:
 
     T ≥ c_(b) + K·W / G.
 
+**Split GPUs** (asynchronous: the trainer on G_t GPUs of its own, the rollout on
+the other G_r = G − G_t): the K batches' groups are generated on G_r GPUs before
+the K-th training step starts, and that step takes W/G_t; the training steps take
+W/G_t each, one after another, the first after a batch is complete:
+
+    T ≥ W_min / G_r + W / G_t,        T ≥ c_(b) + K·W / G_t.
+
+These replace the colocated terms, which they never undercut ((K·W + W_min)/G is
+a weighted mean of K·W/G_t and W_min/G_r, each of which the split terms exceed).
+
+**Tokens.** A delivered group is one of the first L, each at most once, so K
+batches train on at most the K·b largest groups' output tokens among them
+(`max_trained_tokens`); over G GPUs and the bound, no schedule trains more tokens
+per GPU-second than `max_trained_tokens / (G · T_bound)` (`tokens_per_gpu_s_ceiling`).
+
 The bound is the larger. Limits: it ignores the staleness bound (which only
 restricts schedules), queueing, KV capacity and the split's balance, so it is not
 attainable in general, and is only as true as the cost model. A trace's groups of
@@ -58,33 +73,46 @@ class GroupCost:
 
     work_gpu_s: float
     critical_path_s: float
+    output_tokens: int  # the members' output tokens (what training on the group counts)
 
 
 @dataclass(frozen=True, slots=True)
 class StepsBound:
     """The bound and its two terms (seconds)."""
 
-    work_s: float  # (K·W + W_min) / G
-    chain_s: float  # c_(b) + K·W / G
+    work_s: float  # (K·W + W_min) / G; split: W_min / G_r + W / G_t
+    chain_s: float  # c_(b) + K·W / G; split: c_(b) + K·W / G_t
     groups_considered: int  # L: the stream prefix a delivered group comes from
+    max_trained_tokens: int  # the K·b largest groups' output tokens among the first L
+    gpus: int  # G, the trainer's included
 
     @property
     def makespan_s(self) -> float:
         return max(self.work_s, self.chain_s)
 
+    @property
+    def tokens_per_gpu_s_ceiling(self) -> float:
+        """The most trained tokens per GPU-second any schedule reaches."""
+        return self.max_trained_tokens / (self.gpus * self.makespan_s) \
+            if self.makespan_s > 0 else float("inf")
+
 
 def steps_lower_bound(group_costs: Sequence[GroupCost], *, steps: int, batch_groups: int,
-                      cap: int, train_gpu_s: float, gpus: int) -> StepsBound:
+                      cap: int, train_gpu_s: float, gpus: int,
+                      train_gpus: int = 0) -> StepsBound:
     """The bound for `steps` batches of `batch_groups` groups (see the module
-    docstring). `group_costs` is the stream in launch order and must hold at least
-    its first L = (steps − 1)·batch_groups + cap groups. ValueError on a
-    non-positive count, `cap` < `batch_groups`, a negative `train_gpu_s` or too
-    short a stream."""
+    docstring); `train_gpus` > 0: the trainer's own GPUs (split), 0: colocated on
+    all. `group_costs` is the stream in launch order and must hold at least its
+    first L = (steps − 1)·batch_groups + cap groups. ValueError on a non-positive
+    count, `cap` < `batch_groups`, a negative `train_gpu_s`, `train_gpus` outside
+    [0, gpus) or too short a stream."""
     if steps < 1 or batch_groups < 1 or gpus < 1:
         raise ValueError(f"steps ({steps}), batch_groups ({batch_groups}) and gpus ({gpus}) "
                          "must be >= 1")
     if cap < batch_groups:
         raise ValueError(f"cap ({cap}) must be at least a batch ({batch_groups} groups)")
+    if not 0 <= train_gpus < gpus:
+        raise ValueError(f"train_gpus ({train_gpus}) must be in [0, {gpus})")
     if not train_gpu_s >= 0:
         raise ValueError(f"train_gpu_s must be >= 0, got {train_gpu_s}")
     considered = (steps - 1) * batch_groups + cap
@@ -94,6 +122,12 @@ def steps_lower_bound(group_costs: Sequence[GroupCost], *, steps: int, batch_gro
     prefix = group_costs[:considered]
     least_work = sum(heapq.nsmallest(steps * batch_groups, (g.work_gpu_s for g in prefix)))
     first_batch = heapq.nsmallest(batch_groups, (g.critical_path_s for g in prefix))[-1]
+    most_tokens = sum(heapq.nlargest(steps * batch_groups, (g.output_tokens for g in prefix)))
     train = steps * train_gpu_s
-    return StepsBound(work_s=(train + least_work) / gpus,
-                      chain_s=first_batch + train / gpus, groups_considered=considered)
+    if train_gpus:
+        work_s = least_work / (gpus - train_gpus) + train_gpu_s / train_gpus
+        chain_s = first_batch + train / train_gpus
+    else:
+        work_s, chain_s = (train + least_work) / gpus, first_batch + train / gpus
+    return StepsBound(work_s=work_s, chain_s=chain_s, groups_considered=considered,
+                      max_trained_tokens=most_tokens, gpus=gpus)

@@ -76,12 +76,15 @@ def epoch_source(workload: str | Workload, prompts: int, group_size: int, seed: 
 
 
 def stream_costs(stream: PromptStream, groups: int, cost: CostModel) -> list[GroupCost]:
-    """The least work and critical path of the stream's first `groups` groups."""
+    """The least work, critical path and output tokens of the stream's first
+    `groups` groups."""
     out = []
     for i in range(groups):
-        costs = [trajectory_cost(s, cost) for s in stream.group(i).specs]
+        specs = stream.group(i).specs
+        costs = [trajectory_cost(s, cost) for s in specs]
         out.append(GroupCost(sum(c.work_gpu_s for c in costs),
-                             max(c.critical_path_s for c in costs)))
+                             max(c.critical_path_s for c in costs),
+                             sum(s.output_tokens for s in specs)))
     return out
 
 
@@ -123,7 +126,8 @@ class StepsPlan:
                                        + widest, self.cost)
         return steps_lower_bound(self._costs, steps=config.steps,
                                  batch_groups=config.batch_groups, cap=config.cap,
-                                 train_gpu_s=config.train_s * self.gpus, gpus=self.gpus)
+                                 train_gpu_s=config.train_s * self.gpus, gpus=self.gpus,
+                                 train_gpus=config.train_gpus)
 
 
 def simulate_steps(spec: PolicySpec | str, stream: PromptStream, cost: CostModel, gpus: int,
