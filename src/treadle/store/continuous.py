@@ -53,7 +53,7 @@ def launch(conn: sqlite3.Connection, job_id: str, group_id: str,
                      (job_id, group_id, pos, len(planned)))
     except sqlite3.IntegrityError:
         raise StoreConflict(f"job {job_id!r}: group {group_id!r} exists") from None
-    _add(conn, job_id, planned)
+    rows.add_planned(conn, job_id, planned)
     if close:
         conn.execute("UPDATE jobs SET open = 0 WHERE job_id = ?", (job_id,))
     rows.event(conn, job_id, None, "group_launched", {"group_id": group_id, "pos": pos}, now)
@@ -75,20 +75,6 @@ def launched(conn: sqlite3.Connection, job_id: str) -> tuple[int, int, int]:
                             (job_id,)).fetchone()
     return int(n), int(taken), int(n) - int(taken)
 
-
-def _add(conn: sqlite3.Connection, job_id: str, planned: Sequence[PlannedTrajectory]) -> None:
-    pos = conn.execute("SELECT coalesce(max(pos), -1) + 1 FROM trajectories WHERE job_id = ?",
-                       (job_id,)).fetchone()[0]
-    try:
-        conn.executemany(
-            "INSERT INTO trajectories (job_id, trajectory_id, pos, group_id, task_id, "
-            "repetition, status) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            ((job_id, p.trajectory_id, pos + i, p.group_id, p.task_id, p.repetition,
-              TrajectoryStatus.PENDING.value) for i, p in enumerate(planned)))
-    except sqlite3.IntegrityError:
-        raise StoreConflict(f"job {job_id!r}: a trajectory id is taken") from None
-    conn.execute("UPDATE jobs SET planned = planned + ?, n_pending = n_pending + ? "
-                 "WHERE job_id = ?", (len(planned), len(planned), job_id))
 
 
 def member_finished(conn: sqlite3.Connection, job_id: str, t: Trajectory) -> None:
@@ -195,7 +181,7 @@ def restart(conn: sqlite3.Connection, job_id: str, trajectory_id: str,
         return None
     if (new.group_id, new.repetition) != (group_id, repetition):
         raise StoreConflict(f"{new.trajectory_id!r} is not a restart of {trajectory_id!r}")
-    _add(conn, job_id, [new])  # first: the job must not complete in between
+    rows.add_planned(conn, job_id, [new])  # first: the job must not complete in between
     conn.execute("UPDATE trajectories SET superseded = 1 WHERE job_id = ? AND "
                  "trajectory_id = ?", (job_id, trajectory_id))
     if seq is None:

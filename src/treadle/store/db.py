@@ -160,18 +160,7 @@ class Store:
             info = rows.job_info(self._conn, job_id)
             if info.status.terminal:
                 raise StoreConflict(f"job {job_id!r} is {info.status.value}: nothing can join it")
-            pos = self._conn.execute("SELECT coalesce(max(pos), -1) + 1 FROM trajectories "
-                                     "WHERE job_id = ?", (job_id,)).fetchone()[0]
-            try:
-                self._conn.executemany(
-                    "INSERT INTO trajectories (job_id, trajectory_id, pos, group_id, task_id, "
-                    "repetition, status) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    ((job_id, p.trajectory_id, pos + i, p.group_id, p.task_id, p.repetition,
-                      TrajectoryStatus.PENDING.value) for i, p in enumerate(planned)))
-            except sqlite3.IntegrityError:
-                raise StoreConflict(f"job {job_id!r}: a trajectory id is taken") from None
-            self._conn.execute("UPDATE jobs SET planned = planned + ?, n_pending = n_pending + ? "
-                               "WHERE job_id = ?", (len(planned), len(planned), job_id))
+            rows.add_planned(self._conn, job_id, planned)
             rows.event(self._conn, job_id, None, "planned_more", {"added": len(planned)}, now)
             return rows.job_info(self._conn, job_id)
 

@@ -22,11 +22,11 @@ import functools
 import json
 import sqlite3
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from treadle.store.errors import NotFound
-from treadle.store.jobs import JobInfo, JobStatus, TrajectoryState
+from treadle.store.errors import NotFound, StoreConflict
+from treadle.store.jobs import JobInfo, JobStatus, PlannedTrajectory, TrajectoryState
 from treadle.store.record import dumps_record, trajectory_to_record
 from treadle.types import FailureStage, GroupKey, Timings, Trajectory, TrajectoryStatus
 
@@ -173,3 +173,21 @@ def state(row: tuple[Any, ...]) -> TrajectoryState:
     tid, group_id, task_id, repetition, status, attempts, seq = row
     return TrajectoryState(tid, group_id, task_id, int(repetition), TrajectoryStatus(status),
                            int(attempts), None if seq is None else int(seq))
+
+
+def add_planned(conn: sqlite3.Connection, job_id: str,
+                planned: Sequence[PlannedTrajectory]) -> None:
+    """Append `planned` to the job's trajectories, pending, after its last one;
+    StoreConflict if a trajectory id is taken (the caller's transaction rolls back)."""
+    pos = conn.execute("SELECT coalesce(max(pos), -1) + 1 FROM trajectories WHERE job_id = ?",
+                       (job_id,)).fetchone()[0]
+    try:
+        conn.executemany(
+            "INSERT INTO trajectories (job_id, trajectory_id, pos, group_id, task_id, "
+            "repetition, status) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            ((job_id, p.trajectory_id, pos + i, p.group_id, p.task_id, p.repetition,
+              TrajectoryStatus.PENDING.value) for i, p in enumerate(planned)))
+    except sqlite3.IntegrityError:
+        raise StoreConflict(f"job {job_id!r}: a trajectory id is taken") from None
+    conn.execute("UPDATE jobs SET planned = planned + ?, n_pending = n_pending + ? "
+                 "WHERE job_id = ?", (len(planned), len(planned), job_id))
