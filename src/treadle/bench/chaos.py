@@ -28,7 +28,21 @@ Afterwards, with the network clean, every invariant is checked and counted:
 All of them must be 0 (and integrity "ok"). The report also counts the faults
 injected by kind and the GPU work redone: tokens the engines sampled (their
 `vllm:generation_tokens_total`, read every half second and before each kill) beyond
-those delivered in the trajectories (the cancelled job's and the lost attempts').
+those delivered in the trajectories (`tokens.regenerated`: the cancelled job's and
+the lost attempts'). What restarts cost, beside it:
+
+- `in_flight_at_restarts`: at each kill of the service, the tokens a crash then
+  throws away, read just before it: the service's sampled but not yet journaled
+  (`treadle_tokens_unjournaled`) and the engines' requests still running
+  (`treadle:generation_tokens_in_flight`);
+- `discarded_by_resumes`: journaled tokens a resume did not keep (the records'
+  `resumed`; all of them with `--resume-from prompt`);
+- `regenerated_by_restart`: with restarts the only faults (`--kinds` of kills only,
+  one job: nothing cancelled) every regenerated token is theirs, so it is
+  `regenerated`, measured apart from the two above; otherwise what restarts threw
+  away, `in_flight_at_restarts + discarded_by_resumes`.
+
+Turn-level resume's promise is `regenerated_by_restart <= in_flight_at_restarts`.
 Same seed, same schedule of faults; their effects depend on timing.
 """
 
@@ -61,6 +75,8 @@ from treadle.reports import log, write_report
 Log = Callable[[str], None]
 PROCESS_FAULTS = ("service_kill", "service_pause", "engine_kill", "engine_pause",
                   "kill_after_submit", "kill_after_cancel", "kill_during_update")
+# Faults after which every regenerated token is a restart's (with nothing cancelled).
+_RESTARTS = frozenset({"service_kill", "kill_after_submit", "kill_during_update"})
 _TOKEN = "chaos-token"
 _EXTRA_TRAJECTORIES = 16  # of each job a fault submits
 _UNEXPECTED = re.compile(r"Traceback|\bERROR\b")
@@ -83,6 +99,13 @@ class ChaosConfig:
     fault_gap_s: float = 2.0  # mean real seconds between two process faults
     proxy_fault_share: float = 0.3  # of the readers' connections
     deadline_s: float = 600.0  # readers not done by then are hung
+    kinds: tuple[str, ...] = PROCESS_FAULTS  # the process faults drawn from
+    resume_from: str = "turn"  # the service's --resume-from
+
+    @property
+    def restarts_only(self) -> bool:
+        """Every fault is a restart and no job is cancelled (module docstring)."""
+        return set(self.kinds) <= _RESTARTS and self.jobs == 1
 
 
 def run_chaos(config: ChaosConfig, work: Path, say: Log = log) -> dict[str, Any]:
@@ -93,7 +116,8 @@ def run_chaos(config: ChaosConfig, work: Path, say: Log = log) -> dict[str, Any]
     logging.getLogger("treadle.client").setLevel(logging.ERROR)
     service = ServiceProcess(work / "chaos.db", work / "service.log", _TOKEN,
                              ["--emulate", str(config.gpus), "--time-scale",
-                              str(config.time_scale), "--policy", config.policy])
+                              str(config.time_scale), "--policy", config.policy,
+                              "--resume-from", config.resume_from])
     service.start()
     injected: collections.Counter[str] = collections.Counter()
     tokens = _TokenMeter(service)
@@ -116,7 +140,7 @@ def run_chaos(config: ChaosConfig, work: Path, say: Log = log) -> dict[str, Any]
         say(f"chaos: {len(jobs)} jobs x {config.trajectories}, {len(readers)} readers, "
             f"{config.faults} process faults (seed {config.seed})")
         schedule = [(rng.expovariate(1.0 / config.fault_gap_s), kind)
-                    for kind in _kinds(config.faults, rng)]
+                    for kind in _kinds(config.faults, config.kinds, rng)]
         for n, (gap, kind) in enumerate(schedule):
             time.sleep(gap)  # the schedule's own spacing, not a wait for an event
             extra = _inject(kind, service, tokens, rng, cancelled, config,
@@ -144,19 +168,20 @@ def run_chaos(config: ChaosConfig, work: Path, say: Log = log) -> dict[str, Any]
                         "connections": connections,
                         "hang_ups": sum(h.count for h in hang_ups),
                         "service_starts": service.starts}
-    report["tokens"] = tokens.summary(report.pop("delivered_tokens"))
+    report["tokens"] = tokens.summary(report.pop("delivered_tokens"),
+                                      report.pop("discarded_tokens"), config.restarts_only)
     report["config"] = asdict(config)
     report["wall_s"] = round(time.monotonic() - started, 1)
     report["ok"] = _ok(report)
     return report
 
 
-def _kinds(n: int, rng: random.Random) -> list[str]:
-    """`n` process faults: every kind once per round of len(PROCESS_FAULTS), in a
-    seeded order, so that a run of at least that many faults has each kind."""
+def _kinds(n: int, kinds: tuple[str, ...], rng: random.Random) -> list[str]:
+    """`n` process faults: every kind once per round of len(kinds), in a seeded
+    order, so that a run of at least that many faults has each kind."""
     out: list[str] = []
     while len(out) < n:
-        round_ = list(PROCESS_FAULTS)
+        round_ = list(kinds)
         rng.shuffle(round_)
         out += round_
     return out[:n]
@@ -229,6 +254,7 @@ def _inject(kind: str, service: ServiceProcess, tokens: _TokenMeter, rng: random
             version = rng.randrange(1, 1 << 20)
             threading.Thread(target=_update, args=(service.url, version), daemon=True).start()
         tokens.read()
+        tokens.at_kill()
         service.kill()
         time.sleep(rng.uniform(0.0, 2.0))  # down for a while, then back on its database
         service.start()
@@ -261,6 +287,7 @@ class _TokenMeter:
     def __init__(self, service: ServiceProcess) -> None:
         self.service = service
         self.last: dict[str, float] = {}
+        self.in_flight = 0  # tokens in flight at the service's kills (`at_kill`)
         self._lock = threading.Lock()
 
     def run(self, stop: threading.Event) -> None:
@@ -281,10 +308,30 @@ class _TokenMeter:
                     with self._lock:
                         self.last[url] = max(value, self.last.get(url, 0.0))
 
-    def summary(self, delivered: int) -> dict[str, int]:
+    def at_kill(self) -> None:
+        """Count what a kill of the service now throws away (module docstring)."""
+        headers = {"authorization": f"Bearer {_TOKEN}"}
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            urls = [e["url"] for e in httpx.get(f"{self.service.url}/v1/engines",
+                                                headers=headers, timeout=2).json()]
+            texts = [httpx.get(f"{self.service.url}/metrics", headers=headers,
+                               timeout=2).text]
+            for url in urls:
+                with contextlib.suppress(httpx.HTTPError):
+                    texts.append(httpx.get(f"{url}/metrics", timeout=2).text)
+            self.in_flight += int(sum(
+                float(line.rsplit(" ", 1)[1]) for text in texts for line in text.splitlines()
+                if line.startswith(("treadle_tokens_unjournaled ",
+                                    "treadle:generation_tokens_in_flight"))))
+
+    def summary(self, delivered: int, discarded: int,
+                restarts_only: bool) -> dict[str, int | bool]:
         generated = int(sum(self.last.values()))
-        return {"generated": generated, "delivered": delivered,
-                "regenerated": max(0, generated - delivered)}
+        regenerated = max(0, generated - delivered)
+        return {"generated": generated, "delivered": delivered, "regenerated": regenerated,
+                "in_flight_at_restarts": self.in_flight, "discarded_by_resumes": discarded,
+                "regenerated_by_restart": regenerated if restarts_only
+                else self.in_flight + discarded, "restarts_only": restarts_only}
 
 
 def _check(config: ChaosConfig, service: ServiceProcess, jobs: list[str],
@@ -293,7 +340,7 @@ def _check(config: ChaosConfig, service: ServiceProcess, jobs: list[str],
     lost = duplicated = unstable = misclassified = 0
     errors: collections.Counter[str] = collections.Counter()
     not_ended = 0
-    delivered_tokens = 0
+    delivered_tokens = discarded_tokens = 0
     reader_errors = [r.error for r in readers if isinstance(r, Follower) and r.error]
     headers = {"authorization": f"Bearer {_TOKEN}"}
     with httpx.Client(base_url=service.url, headers=headers, timeout=60) as http:
@@ -314,6 +361,7 @@ def _check(config: ChaosConfig, service: ServiceProcess, jobs: list[str],
             records = [json.loads(x)["trajectory"] for x in lines.values()]
             for t in records:
                 delivered_tokens += int(t.get("output_tokens") or 0)
+                discarded_tokens += sum(p["discarded_tokens"] for p in t["resumed"])
                 stage = t.get("failure_stage")
                 if t["status"] == "error":
                     errors[str(stage)] += 1
@@ -338,7 +386,7 @@ def _check(config: ChaosConfig, service: ServiceProcess, jobs: list[str],
             "duplicated": duplicated, "unstable": unstable, "misclassified": misclassified,
             "hung": hung_readers + not_ended + int(active), "reader_errors": reader_errors,
             "errors_by_stage": dict(errors), "job_views": views,
-            "delivered_tokens": delivered_tokens}
+            "delivered_tokens": delivered_tokens, "discarded_tokens": discarded_tokens}
 
 
 def _against_the_store(db: Path, final: dict[str, dict[int, bytes]]) -> int:
@@ -391,6 +439,12 @@ def add_chaos_bench_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
         p.add_argument(f"--{name.replace('_', '-')}", type=float,
                        default=getattr(defaults, name))
     p.add_argument("--policy", default=defaults.policy)
+    p.add_argument("--kinds", default=",".join(defaults.kinds),
+                   help="the process faults drawn from, comma-separated (default: all: "
+                        f"{', '.join(PROCESS_FAULTS)})")
+    p.add_argument("--resume-from", choices=("turn", "prompt"), default=defaults.resume_from,
+                   help="the service's --resume-from (prompt: how restarts cost before "
+                        "turn journals)")
     p.add_argument("--keep", type=Path, default=None, metavar="DIR",
                    help="run in DIR and keep its database and service log")
     p.add_argument("--json", action="store_true", help="print the JSON report")
@@ -405,11 +459,15 @@ def run_chaos_bench(args: argparse.Namespace) -> int:
 
     if args.jobs < 1 or args.trajectories < 16 or args.trajectories % 16 or args.gpus < 1:
         raise UsageError("--jobs >= 1, --trajectories a multiple of 16, --gpus >= 1")
+    kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+    if not kinds or set(kinds) - set(PROCESS_FAULTS):
+        raise UsageError(f"--kinds: some of {', '.join(PROCESS_FAULTS)}, got {args.kinds!r}")
     config = ChaosConfig(seed=args.seed, jobs=args.jobs, trajectories=args.trajectories,
                          gpus=args.gpus, time_scale=args.time_scale, policy=args.policy,
                          followers=args.followers, hang_ups=args.hang_ups,
                          faults=args.faults, fault_gap_s=args.fault_gap_s,
-                         deadline_s=args.deadline_s)
+                         deadline_s=args.deadline_s, kinds=kinds,
+                         resume_from=args.resume_from)
     if args.keep is not None:
         args.keep.mkdir(parents=True, exist_ok=True)
         report = run_chaos(config, args.keep)
