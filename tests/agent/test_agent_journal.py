@@ -195,8 +195,8 @@ def test_the_journal_keeps_a_resumed_attempts_new_turns_only(tok: HFTokenizer) -
     run(tok, SCRIPT[1:], journal=again, bodies=[first.entries[0].dumps()])
     assert [e.index for e in again.entries] == [1, 2]
     # Only the live replies are news (the final one's turn is never journaled).
-    assert again.sampled_tokens == [t.output_tokens for t in first_turns(first)][1:] + [
-        len(tok.encode(SCRIPT[3]))]
+    live = [t.output_tokens for t in first_turns(first)][1:]
+    assert again.sampled_tokens == [*live, len(tok.encode(SCRIPT[3]))]
     assert [(e.output, [(c.name, c.arguments, c.result.output) for c in e.calls])
             for e in again.entries] == \
         [(e.output, [(c.name, c.arguments, c.result.output) for c in e.calls])

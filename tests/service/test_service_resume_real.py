@@ -16,13 +16,13 @@ from typing import Any
 
 import httpx
 import pytest
-from vllm_server import serve_vllm
 
 from treadle.agent.journal import JournaledTurn
 from treadle.bench.faults import ServiceProcess
 from treadle.envs.registry import get_suite
 from treadle.store import NotFound, Store
 from treadle.train.transcripts import heldout_tasks
+from vllm_server import serve_vllm
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
               pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")]

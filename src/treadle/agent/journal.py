@@ -62,13 +62,9 @@ class JournaledTurn:
         return len(self.output.output_ids)
 
     def dumps(self) -> str:
-        o = self.output
         return json.dumps({
             "index": self.index,
-            "output": {"ids": o.output_ids, "logprobs": o.logprobs,
-                       "versions": o.policy_versions, "finish_reason": o.finish_reason,
-                       "engine_id": o.engine_id, "queued_s": o.queued_s,
-                       "generating_s": o.generating_s},
+            "output": dump_output(self.output),
             "calls": [{"name": c.name, "arguments": c.arguments, "output": c.result.output,
                        "error": c.result.error, "latency_s": c.result.latency_s,
                        "final_answer": c.result.final_answer, "done": c.result.done}
@@ -82,10 +78,7 @@ class JournaledTurn:
     def loads(cls, body: str) -> JournaledTurn:
         """ValueError (or KeyError, TypeError) for a body `dumps` did not write."""
         d = json.loads(body)
-        o = d["output"]
-        output = TurnOutput(list(o["ids"]), [float(x) for x in o["logprobs"]],
-                            list(o["versions"]), o["finish_reason"], o["engine_id"],
-                            float(o["queued_s"]), float(o["generating_s"]))
+        output = load_output(d["output"])
         calls = tuple(ToolRecord(f"call_{i}", c["name"], dict(c["arguments"]), ToolResult(
             c["output"], c["error"], float(c["latency_s"]), c["final_answer"], bool(c["done"])))
             for i, c in enumerate(d["calls"]))
@@ -94,6 +87,20 @@ class JournaledTurn:
                                                     float(t["latency_s"]),
                                                     int(t["output_tokens"]), t["error"])
         return cls(int(d["index"]), output, calls, tool_call)
+
+
+def dump_output(o: TurnOutput) -> dict[str, Any]:
+    """A runner's reply as journal bodies hold it (JSON-able)."""
+    return {"ids": o.output_ids, "logprobs": o.logprobs, "versions": o.policy_versions,
+            "finish_reason": o.finish_reason, "engine_id": o.engine_id,
+            "queued_s": o.queued_s, "generating_s": o.generating_s}
+
+
+def load_output(o: dict[str, Any]) -> TurnOutput:
+    """`dump_output`'s reply back (KeyError, ValueError, TypeError if it is not one)."""
+    return TurnOutput(list(o["ids"]), [float(x) for x in o["logprobs"]], list(o["versions"]),
+                      o["finish_reason"], o["engine_id"], float(o["queued_s"]),
+                      float(o["generating_s"]))
 
 
 class TurnJournal(Protocol):
@@ -165,7 +172,7 @@ def plan_resume(turns: Sequence[str], resumes: Sequence[str], *, attempt: int,
                 if replay_of is not None and replay_of(c.name) is ToolReplay.RERUN)
     point = ResumePoint(attempt, len(kept), rerun, len(turns) - len(kept),
                         tokens - sum(t.tokens for t in kept), reason)
-    return Resume(tuple(kept), (*(_point(b) for b in resumes), point))
+    return Resume(tuple(kept), (*load_points(resumes), point))
 
 
 def resume_body(point: ResumePoint) -> str:
@@ -177,10 +184,15 @@ def resume_body(point: ResumePoint) -> str:
                       separators=(",", ":"))
 
 
-def _point(body: str) -> ResumePoint:
-    d: dict[str, Any] = json.loads(body)
-    return ResumePoint(int(d["attempt"]), int(d["turn"]), int(d["rerun_calls"]),
-                       int(d["discarded_turns"]), int(d["discarded_tokens"]), str(d["reason"]))
+def load_points(bodies: Sequence[str]) -> tuple[ResumePoint, ...]:
+    """Resumes as `resume_body` wrote them, back."""
+    out = []
+    for body in bodies:
+        d: dict[str, Any] = json.loads(body)
+        out.append(ResumePoint(int(d["attempt"]), int(d["turn"]), int(d["rerun_calls"]),
+                               int(d["discarded_turns"]), int(d["discarded_tokens"]),
+                               str(d["reason"])))
+    return tuple(out)
 
 
 class ReplayingRunner:
@@ -223,4 +235,5 @@ class ReplayingRunner:
 
 
 __all__ = ["FROM_PROMPT", "JournaledTurn", "ReplayOf", "ReplayingRunner", "Resume",
-           "ResumePlan", "TurnJournal", "plan_resume", "resume_body"]
+           "ResumePlan", "TurnJournal", "dump_output", "load_output", "load_points",
+           "plan_resume", "resume_body"]

@@ -51,6 +51,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import dataclasses
 import json
 import logging
 import random
@@ -67,6 +68,8 @@ from typing import Any
 import httpx
 
 from treadle.bench.chaos_readers import PATIENT, Follower, HangUps, RawReader
+from treadle.bench.chaos_tokens import TOKEN as _TOKEN
+from treadle.bench.chaos_tokens import TokenMeter
 from treadle.bench.faults import FaultyProxy, ServiceProcess
 from treadle.client import RolloutClient, replay_tasks
 from treadle.client.errors import ServiceError, ServiceUnavailable
@@ -77,7 +80,6 @@ PROCESS_FAULTS = ("service_kill", "service_pause", "engine_kill", "engine_pause"
                   "kill_after_submit", "kill_after_cancel", "kill_during_update")
 # Faults after which every regenerated token is a restart's (with nothing cancelled).
 _RESTARTS = frozenset({"service_kill", "kill_after_submit", "kill_during_update"})
-_TOKEN = "chaos-token"
 _EXTRA_TRAJECTORIES = 16  # of each job a fault submits
 _UNEXPECTED = re.compile(r"Traceback|\bERROR\b")
 
@@ -120,7 +122,7 @@ def run_chaos(config: ChaosConfig, work: Path, say: Log = log) -> dict[str, Any]
                               "--resume-from", config.resume_from])
     service.start()
     injected: collections.Counter[str] = collections.Counter()
-    tokens = _TokenMeter(service)
+    tokens = TokenMeter(service)
     stop = threading.Event()
     jobs = [f"chaos-{config.seed}-{k}" for k in range(config.jobs)]
     cancelled = {jobs[-1]} if config.jobs > 1 else set()
@@ -227,7 +229,7 @@ def _cancel(url: str, jobs: set[str]) -> None:
                     break
 
 
-def _inject(kind: str, service: ServiceProcess, tokens: _TokenMeter, rng: random.Random,
+def _inject(kind: str, service: ServiceProcess, tokens: TokenMeter, rng: random.Random,
             cancelled: set[str], config: ChaosConfig, new_job: str) -> str | None:
     """Carry out one process fault; the id of a job it submitted, if it did."""
     submitted = None
@@ -253,9 +255,8 @@ def _inject(kind: str, service: ServiceProcess, tokens: _TokenMeter, rng: random
         elif kind == "kill_during_update":
             version = rng.randrange(1, 1 << 20)
             threading.Thread(target=_update, args=(service.url, version), daemon=True).start()
-        tokens.read()
-        tokens.at_kill()
-        service.kill()
+        with tokens.killing():
+            service.kill()
         time.sleep(rng.uniform(0.0, 2.0))  # down for a while, then back on its database
         service.start()
     return submitted
@@ -279,59 +280,6 @@ def _update(url: str, version: int) -> None:
         httpx.post(f"{url}/v1/weights/update", json={"weights_path": "/tmp",
                                                      "policy_version": version},
                    headers={"authorization": f"Bearer {_TOKEN}"}, timeout=60)
-
-
-class _TokenMeter:
-    """The engines' sampled-token counters, the latest reading of each (by URL)."""
-
-    def __init__(self, service: ServiceProcess) -> None:
-        self.service = service
-        self.last: dict[str, float] = {}
-        self.in_flight = 0  # tokens in flight at the service's kills (`at_kill`)
-        self._lock = threading.Lock()
-
-    def run(self, stop: threading.Event) -> None:
-        while not stop.wait(0.5):
-            self.read()
-
-    def read(self) -> None:
-        headers = {"authorization": f"Bearer {_TOKEN}"}
-        with contextlib.suppress(httpx.HTTPError, ValueError):
-            engines = httpx.get(f"{self.service.url}/v1/engines", headers=headers,
-                                timeout=2).json()
-            for engine in engines:
-                url = engine["url"]
-                with contextlib.suppress(httpx.HTTPError, ValueError):
-                    text = httpx.get(f"{url}/metrics", timeout=2).text
-                    value = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                                if line.startswith("vllm:generation_tokens_total"))
-                    with self._lock:
-                        self.last[url] = max(value, self.last.get(url, 0.0))
-
-    def at_kill(self) -> None:
-        """Count what a kill of the service now throws away (module docstring)."""
-        headers = {"authorization": f"Bearer {_TOKEN}"}
-        with contextlib.suppress(httpx.HTTPError, ValueError):
-            urls = [e["url"] for e in httpx.get(f"{self.service.url}/v1/engines",
-                                                headers=headers, timeout=2).json()]
-            texts = [httpx.get(f"{self.service.url}/metrics", headers=headers,
-                               timeout=2).text]
-            for url in urls:
-                with contextlib.suppress(httpx.HTTPError):
-                    texts.append(httpx.get(f"{url}/metrics", timeout=2).text)
-            self.in_flight += int(sum(
-                float(line.rsplit(" ", 1)[1]) for text in texts for line in text.splitlines()
-                if line.startswith(("treadle_tokens_unjournaled ",
-                                    "treadle:generation_tokens_in_flight"))))
-
-    def summary(self, delivered: int, discarded: int,
-                restarts_only: bool) -> dict[str, int | bool]:
-        generated = int(sum(self.last.values()))
-        regenerated = max(0, generated - delivered)
-        return {"generated": generated, "delivered": delivered, "regenerated": regenerated,
-                "in_flight_at_restarts": self.in_flight, "discarded_by_resumes": discarded,
-                "regenerated_by_restart": regenerated if restarts_only
-                else self.in_flight + discarded, "restarts_only": restarts_only}
 
 
 def _check(config: ChaosConfig, service: ServiceProcess, jobs: list[str],
@@ -442,9 +390,10 @@ def add_chaos_bench_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--kinds", default=",".join(defaults.kinds),
                    help="the process faults drawn from, comma-separated (default: all: "
                         f"{', '.join(PROCESS_FAULTS)})")
-    p.add_argument("--resume-from", choices=("turn", "prompt"), default=defaults.resume_from,
+    p.add_argument("--resume-from", choices=("turn", "prompt", "both"),
+                   default=defaults.resume_from,
                    help="the service's --resume-from (prompt: how restarts cost before "
-                        "turn journals)")
+                        "turn journals; both: the two side by side, same seed)")
     p.add_argument("--keep", type=Path, default=None, metavar="DIR",
                    help="run in DIR and keep its database and service log")
     p.add_argument("--json", action="store_true", help="print the JSON report")
@@ -462,18 +411,23 @@ def run_chaos_bench(args: argparse.Namespace) -> int:
     kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
     if not kinds or set(kinds) - set(PROCESS_FAULTS):
         raise UsageError(f"--kinds: some of {', '.join(PROCESS_FAULTS)}, got {args.kinds!r}")
+    modes = ("turn", "prompt") if args.resume_from == "both" else (args.resume_from,)
     config = ChaosConfig(seed=args.seed, jobs=args.jobs, trajectories=args.trajectories,
                          gpus=args.gpus, time_scale=args.time_scale, policy=args.policy,
                          followers=args.followers, hang_ups=args.hang_ups,
                          faults=args.faults, fault_gap_s=args.fault_gap_s,
-                         deadline_s=args.deadline_s, kinds=kinds,
-                         resume_from=args.resume_from)
-    if args.keep is not None:
-        args.keep.mkdir(parents=True, exist_ok=True)
-        report = run_chaos(config, args.keep)
-    else:
-        with tempfile.TemporaryDirectory(prefix="treadle-chaos-") as work:
-            report = run_chaos(config, Path(work))
+                         deadline_s=args.deadline_s, kinds=kinds)
+    reports = {}
+    with contextlib.ExitStack() as stack:
+        root = args.keep or Path(stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="treadle-chaos-")))
+        for mode in modes:
+            work = root / mode if len(modes) > 1 else root
+            work.mkdir(parents=True, exist_ok=True)
+            reports[mode] = run_chaos(dataclasses.replace(config, resume_from=mode), work)
+    report = reports[modes[0]] if len(modes) == 1 else {
+        "arms": reports, "ok": all(r["ok"] for r in reports.values()),
+        "tokens": {mode: r["tokens"] for mode, r in reports.items()}}
     write_report(report, args.out, name="bench chaos", echo=args.json)
     return 0 if report["ok"] else 1
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from typing import Protocol
 
 from treadle.agent.tokenizer import Tokenizer
@@ -23,6 +24,7 @@ from treadle.service.journal import JournalWriter
 from treadle.service.judging import Judging
 from treadle.service.planning import HarnessWork, ReplayWork, SuiteWork, Work
 from treadle.service.sandboxes import SuitePools
+from treadle.store.jobs import TrajectoryState
 from treadle.types import FailureStage, GroupKey, Trajectory, TrajectoryStatus
 
 log = logging.getLogger(__name__)
@@ -37,6 +39,12 @@ class HarnessRunner(Protocol):
 
     def job_cancelled(self, job_id: str) -> None:
         """The job was cancelled: its open sessions end now (stored already)."""
+        ...
+
+    async def restore(self, job_id: str, states: Sequence[TrajectoryState]
+                      ) -> list[TrajectoryState]:
+        """Open again the job's sessions a restart interrupted (`states`); the ones it
+        could not."""
         ...
 
 

@@ -140,10 +140,14 @@ class Rollouts:
                 if request.continuous is not None:
                     continue  # resumed by its own runner (service.continuous)
                 if isinstance(request.tasks, SessionTasks):
-                    # The sessions that were open died with the process: they end as
-                    # errors; untaken ones stay pending.
-                    await self._interrupted(info.job_id, [
-                        s for s in await self.store.unfinished(info.job_id) if s.attempts])
+                    # The sessions that were open are opened again from their journals
+                    # (their harnesses continue); those that cannot be end as errors.
+                    # Untaken ones stay pending.
+                    started = [s for s in await self.store.unfinished(info.job_id)
+                               if s.attempts]
+                    await self._interrupted(info.job_id, started if self.harnesses is None
+                                            else await self.harnesses.restore(info.job_id,
+                                                                              started))
                     recovered.append(info.job_id)
                     continue
                 # Planning can be long (a suite's tasks, a big trace): off the loop,

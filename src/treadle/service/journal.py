@@ -34,15 +34,18 @@ from treadle.agent.journal import JournaledTurn, Resume, ResumePlan, plan_resume
 from treadle.envs.tools.base import ToolReplay
 from treadle.service.metrics import Metrics
 from treadle.store.aio import AsyncStore
-from treadle.store.journal import JournalRow
+from treadle.store.journal import TURN, JournalRow
 
 
 @dataclass(frozen=True, slots=True)
-class _Turn:
+class _Row:
     job_id: str
     trajectory_id: str
     attempt: int
-    entry: JournaledTurn
+    n: int  # turn index (0 for a spec)
+    tokens: int  # sampled tokens of the turn
+    kind: str  # TURN | SPEC
+    body: Callable[[], str]  # its JSON, rendered on the store's thread
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +73,7 @@ class AttemptJournal:
     def turn(self, entry: JournaledTurn) -> None:
         self._writer.unjournaled -= self._pending
         self._pending = 0
-        self._writer.add(_Turn(*self._key, entry))
+        self._writer.add(_Row(*self._key, entry.index, entry.tokens, TURN, entry.dumps))
 
     def ended(self) -> None:
         self._writer.unjournaled -= self._pending
@@ -87,7 +90,7 @@ class JournalWriter:
         self.interval_s = interval_s  # how long a batch may gather
         self.batch = batch  # written at once past this many
         self.from_prompt = from_prompt  # restarts keep no turn (module docstring)
-        self._ops: list[_Turn | _Resumed] = []
+        self._ops: list[_Row | _Resumed] = []
         # Tokens sampled that a crash now would throw away: live replies whose turn is
         # not complete, and complete turns not written yet (`treadle_tokens_unjournaled`).
         self.unjournaled = 0
@@ -110,16 +113,27 @@ class JournalWriter:
         def plan(replay_of: Callable[[str], ToolReplay] | None) -> Resume:
             resume = plan_resume(journaled.turns, journaled.resumes, attempt=attempt,
                                  replay_of=replay_of, from_prompt=self.from_prompt)
-            self.add(_Resumed(job_id, trajectory_id, resume))
-            self.metrics.resumes["turn" if resume.point.turn else "prompt"] += 1
-            self.metrics.resume_discarded_tokens += resume.point.discarded_tokens
+            self.resumed(job_id, trajectory_id, resume)
             return resume
         return plan
 
-    def add(self, op: _Turn | _Resumed) -> None:
+    def row(self, job_id: str, trajectory_id: str, attempt: int, n: int, tokens: int,
+            kind: str, body: Callable[[], str]) -> None:
+        """Journal a row of another kind of body (a gateway session's spec and calls:
+        `service.session_journal`); `body` is rendered on the store's thread."""
+        self.add(_Row(job_id, trajectory_id, attempt, n, tokens, kind, body))
+
+    def resumed(self, job_id: str, trajectory_id: str, resume: Resume) -> None:
+        """Record a resume planned elsewhere (a gateway session opened again)."""
+        self.add(_Resumed(job_id, trajectory_id, resume))
+
+    def add(self, op: _Row | _Resumed) -> None:
+        if isinstance(op, _Resumed):
+            self.metrics.resumes["turn" if op.resume.point.turn else "prompt"] += 1
+            self.metrics.resume_discarded_tokens += op.resume.point.discarded_tokens
         self._ops.append(op)
-        if isinstance(op, _Turn):
-            self.unjournaled += op.entry.tokens
+        if isinstance(op, _Row):
+            self.unjournaled += op.tokens
         self._waiting.set()
         if len(self._ops) >= self.batch:
             self._full.set()
@@ -152,19 +166,18 @@ class JournalWriter:
         if ops:
             started = time.perf_counter()
             written = await self.store.call(self._write, ops)
-            self.unjournaled -= sum(op.entry.tokens for op in ops if isinstance(op, _Turn))
+            self.unjournaled -= sum(op.tokens for op in ops if isinstance(op, _Row))
             self.metrics.journal_flushes.observe(time.perf_counter() - started)
             self.metrics.journal_turns += written
 
-    def _write(self, ops: list[_Turn | _Resumed]) -> int:
-        """On the store's thread: the ops in order, consecutive turns in one call."""
+    def _write(self, ops: list[_Row | _Resumed]) -> int:
+        """On the store's thread: the ops in order, consecutive rows in one call."""
         written = 0
         turns: list[JournalRow] = []
         for op in [*ops, None]:
-            if isinstance(op, _Turn):
-                e = op.entry
-                turns.append(JournalRow(op.job_id, op.trajectory_id, op.attempt, e.index,
-                                        e.tokens, e.dumps()))
+            if isinstance(op, _Row):
+                turns.append(JournalRow(op.job_id, op.trajectory_id, op.attempt, op.n,
+                                        op.tokens, op.body(), op.kind))
                 continue
             if turns:
                 written += self.store.store.journal_turns(turns)

@@ -56,6 +56,7 @@ from treadle.service.outbox import Outbox
 from treadle.service.planning import Planner
 from treadle.service.sandboxes import SuitePools
 from treadle.service.schemas import EngineRequest
+from treadle.service.session_journal import SessionJournal
 from treadle.service.weight_schemas import WeightsView
 from treadle.store.aio import AsyncStore
 from treadle.store.db import Store
@@ -302,11 +303,12 @@ def build_service(config: ServiceConfig) -> Service:
                      engine_wait_s=config.engine_wait_s, engine_ids="f")
     frozen.policy_version = config.frozen_policy_version
     session_keys = SessionKeys()
+    journal = JournalWriter(store, metrics, from_prompt=config.resume_from == "prompt")
     gateway = Gateway(runtime, store, outbox, sandboxes, tokenizer,
                       default_format=config.chat_format, max_sessions=config.max_sessions,
                       grace_s=config.session_grace_s, harnesses=config.harnesses,
-                      url=config.public_url, keys=session_keys, frozen=frozen)
-    journal = JournalWriter(store, metrics, from_prompt=config.resume_from == "prompt")
+                      url=config.public_url, keys=session_keys, frozen=frozen,
+                      journal=SessionJournal(journal, store))
     attempts = Attempts(runtime, sandboxes, Judging(runtime, frozen, tokenizer), journal,
                         tokenizer=tokenizer, harnesses=gateway)
     rollouts = Rollouts(runtime, store, planner, outbox, attempts, harnesses=gateway,

@@ -1,9 +1,11 @@
 """The turn journal: each unfinished trajectory's completed turns, so a restart
 resumes it from its last turn instead of its prompt.
 
-A row is one completed turn of one attempt (`kind` "turn", `n` its index) or one
-resume (`kind` "resume", `n` the attempt that resumed), its body JSON the caller's
-(`treadle.agent.journal` says what a turn holds); the store does not read bodies.
+A row is one completed turn of one attempt (`kind` "turn", `n` its index), one
+resume (`kind` "resume", `n` the attempt that resumed) or what a gateway session is
+(`kind` "spec", `n` 0: its spec, to open it again), its body JSON the caller's
+(`treadle.agent.journal` and `treadle.service.gateway_journal` say what they hold);
+the store does not read bodies.
 The statements run inside the transaction of the `Store` call that uses them.
 
 Contracts:
@@ -24,7 +26,7 @@ import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-TURN, RESUME = "turn", "resume"  # row kinds
+TURN, RESUME, SPEC = "turn", "resume", "spec"  # row kinds
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +39,7 @@ class JournalRow:
     turn: int  # its index in the trajectory, from 0
     tokens: int  # tokens it sampled (kept on the row: counted without parsing bodies)
     body: str  # JSON
+    kind: str = TURN  # TURN, or SPEC (`turn` 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +49,7 @@ class Journaled:
     turns: tuple[str, ...]  # bodies, turn 0 first (dense: a gap ends the list)
     resumes: tuple[str, ...]  # bodies, oldest first
     tokens: int  # sampled tokens of `turns`
+    spec: str | None = None  # a gateway session's spec body
 
 
 def append(conn: sqlite3.Connection, rows: Sequence[JournalRow]) -> int:
@@ -56,7 +60,7 @@ def append(conn: sqlite3.Connection, rows: Sequence[JournalRow]) -> int:
             "INSERT OR REPLACE INTO journal (job_id, trajectory_id, kind, n, tokens, body) "
             "SELECT ?, ?, ?, ?, ?, ? FROM trajectories WHERE job_id = ? AND "
             "trajectory_id = ? AND seq IS NULL AND attempts = ?",
-            (r.job_id, r.trajectory_id, TURN, r.turn, r.tokens, r.body, r.job_id,
+            (r.job_id, r.trajectory_id, r.kind, r.turn, r.tokens, r.body, r.job_id,
              r.trajectory_id, r.attempt + 1)).rowcount
     return written
 
@@ -71,7 +75,9 @@ def read(conn: sqlite3.Connection, job_id: str, trajectory_id: str) -> Journaled
         if kind == TURN and n == len(turns):  # a turn after a gap was never reached
             turns.append(body)
             tokens += int(sampled)
-    return Journaled(tuple(turns), tuple(b for k, _, _, b in rows if k == RESUME), tokens)
+    spec = next((b for k, _, _, b in rows if k == SPEC), None)
+    return Journaled(tuple(turns), tuple(b for k, _, _, b in rows if k == RESUME), tokens,
+                     spec)
 
 
 def resume(conn: sqlite3.Connection, job_id: str, trajectory_id: str, attempt: int,
