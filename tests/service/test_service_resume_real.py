@@ -45,7 +45,7 @@ def test_a_kill_9_of_a_real_vllm_job_resumes_each_trajectory_from_its_last_turn(
         tmp_path: Path, trained_checkpoint: Path) -> None:
     suite = get_suite("math")
     records = [suite.task_to_record(t) for t in heldout_tasks(TASKS)]
-    with serve_vllm(trained_checkpoint, tmp_path / "vllm") as server:
+    with serve_vllm(trained_checkpoint, tmp_path) as server:
         service = ServiceProcess(tmp_path / "s.db", tmp_path / "s.log", TOKEN, [
             "--engine", server.url, "--served-model", server.model,
             "--tokenizer", str(trained_checkpoint), "--sandbox", "bwrap",
