@@ -248,6 +248,7 @@ class Gateway:
         for js in await self.journal.interrupted(job_id, states):
             spec = js.spec
             runtime = self.frozen if spec.engine_pool == "frozen" else None
+            session = None
             try:
                 attempt = await self.store.start(job_id, spec.trajectory_id)
                 if attempt is None:  # (finished meanwhile: nothing to open)
@@ -255,11 +256,14 @@ class Gateway:
                     continue
                 session = self.sessions.create(spec, runtime,
                                                replay=[out for _, out in js.calls])
-                self._jobs[spec.trajectory_id] = job_id
                 await self.journal.replay(session, js, attempt)
             except Exception as e:  # it ends as a session the restart ended
                 log.warning("session %s could not be opened again: %s", spec.session_id, e)
+                if session is not None:
+                    session.finish(TrajectoryStatus.ERROR, f"runtime: {e}", FailureStage.RUNTIME)
+                    self.sessions.forget(spec.session_id)
                 continue
+            self._jobs[spec.trajectory_id] = job_id
             self.keys.restore(spec.session_id, js.key_digest, js.owner)
             reopened.add(spec.trajectory_id)
         return [s for s in states if s.trajectory_id not in reopened]
