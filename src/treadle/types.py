@@ -234,6 +234,19 @@ class Judgement:
         return self.status is JudgementStatus.FAILED and not self.optional
 
 
+@dataclass(frozen=True, slots=True)
+class ResumePoint:
+    """Where one attempt of a trajectory took over from the attempt a restart ended
+    (`treadle.agent.journal`): the record's `resumed`, one per restart it survived."""
+
+    attempt: int  # the attempt that resumed (`Trajectory.attempt` then)
+    turn: int  # completed turns it kept (0: it ran again from the prompt)
+    rerun_calls: int = 0  # recorded tool calls run again to rebuild its sandbox
+    discarded_turns: int = 0  # journaled turns it could not keep
+    discarded_tokens: int = 0  # the tokens they had sampled
+    reason: str = ""  # why it kept no more (empty: it kept every journaled turn)
+
+
 @dataclass(slots=True)
 class Trajectory:
     """One agent episode for one task sample."""
@@ -269,6 +282,9 @@ class Trajectory:
     # judged parts in [0, 1]); None where a judge gave no verdict. Empty: no rubric.
     rewards: dict[str, float | None] = field(default_factory=dict)
     judgements: list[Judgement] = field(default_factory=list)  # the judged dimensions'
+    # The restarts it survived, oldest first: where each attempt resumed (empty: it
+    # ran once, or records before version 6).
+    resumed: list[ResumePoint] = field(default_factory=list)
 
     @property
     def flagged(self) -> bool:

@@ -36,6 +36,10 @@ def _assert_clean(report: dict[str, Any], config: ChaosConfig) -> None:
         assert set(faults["process"]) == set(PROCESS_FAULTS)
     assert sum(faults["network"].values()) > 0 and faults["hang_ups"] > 0
     assert faults["service_starts"] > 1  # it was killed and came back
+    # What the restarts cost: the turns in flight, nothing journaled (a replayed
+    # trajectory calls no tool that could not be brought back).
+    tokens = report["tokens"]
+    assert tokens["in_flight_at_restarts"] > 0 and tokens["discarded_by_resumes"] == 0
 
 
 def test_a_ci_sized_run_loses_duplicates_and_hangs_nothing(tmp_path: Path) -> None:

@@ -148,7 +148,7 @@ def test_a_version_1_record_from_an_older_service_reads_with_the_defaults() -> N
     record = _wire(traj("a", "g", 0, 1.0))
     record["version"] = 1
     for key in ("parent_id", "children", "trainable", "metadata", "reward_source",
-                "policy_span", "kv_across_updates", "rewards", "judgements"):
+                "policy_span", "kv_across_updates", "rewards", "judgements", "resumed"):
         del record[key]
     for seg in record["segments"]:
         del seg["start_turn"], seg["start_reason"]

@@ -300,7 +300,8 @@ def test_cancelling_a_job_cuts_its_sessions_call_and_the_service_goes_on(
             gw.http.close()
 
 
-def test_a_restart_fails_the_open_sessions_and_keeps_the_untaken_ones(tmp_path: Path) -> None:
+def test_a_restart_reopens_the_open_sessions_and_keeps_the_untaken_ones(
+        tmp_path: Path) -> None:
     tok = build_tokenizer(tmp_path / "tok")
     fake = FakeVLLMServer()
     with fake.serve() as engine:
@@ -310,21 +311,34 @@ def test_a_restart_fails_the_open_sessions_and_keeps_the_untaken_ones(tmp_path: 
             job = gw.http.post("/v1/jobs", json={"tasks": {"sessions": 1},
                                                  "samples_per_task": 2, "job_id": "r1"})
             assert job.status_code == 201, job.text
-            info, _ = gw.session(job_id="r1")
+            info, client = gw.session(job_id="r1")
+            gw.reply("before")
+            messages: list[Any] = [{"role": "user", "content": "hi"}]
+            client.chat.completions.create(model="policy", messages=messages)
             gw.http.close()
         with running_service(config) as url:  # the same store, a new process's memory
             gw = Gateway(url, fake, tok)
-            assert gw.http.get(f"/v1/sessions/{info['session_id']}").status_code == 404
-            second, client = gw.session(job_id="r1")
+            # The open session is open again, where it was; the untaken one is free.
+            assert gw.http.get(f"/v1/sessions/{info['session_id']}").json()["turns"] == 1
+            second, other = gw.session(job_id="r1")
             assert second["trajectory_id"] == "r1/0/1"
+            gw.reply("after")
+            # (This test's service comes back on another port; a deployment's on its own.)
+            client = openai.OpenAI(base_url=f"{url}/v1/sessions/{info['session_id']}/openai/v1",
+                                   api_key=TOKEN, max_retries=0)
+            client.chat.completions.create(model="policy", messages=[
+                *messages, {"role": "assistant", "content": "before"},
+                {"role": "user", "content": "and?"}])
             gw.reply("served")  # a session with no call served would be no trajectory
-            client.chat.completions.create(model="policy",
-                                           messages=[{"role": "user", "content": "hi"}])
-            gw.http.post(f"/v1/sessions/{second['session_id']}/end", json={"reward": 1.0})
+            other.chat.completions.create(model="policy", messages=messages)
+            for session in (info, second):
+                gw.http.post(f"/v1/sessions/{session['session_id']}/end", json={"reward": 1.0})
             got = {t.trajectory_id: t for t in gw.trajectories("r1")}
             gw.http.close()
-    assert got["r1/0/0"].status is TrajectoryStatus.ERROR
-    assert got["r1/0/0"].failure_stage is FailureStage.RUNTIME
+    first = got["r1/0/0"]
+    assert (first.status, first.reward, first.attempt) == (TrajectoryStatus.COMPLETED, 1.0, 1)
+    assert [p.turn for p in first.resumed] == [1] and len(first.turns) == 2
+    assert len(fake.requests) == 3  # its first call was not sent again
     assert got["r1/0/1"].reward == 1.0
 
 

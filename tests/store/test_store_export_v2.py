@@ -40,7 +40,7 @@ def test_parquet_round_trips_the_v2_columns(tmp_path: Path) -> None:
     assert [t for _, t in read_parquet(path)] == originals
     table = pq.read_table(path)
     assert table.schema.equals(parquet_schema(), check_metadata=False)
-    assert table.schema.metadata[b"treadle.record_version"] == b"5"
+    assert table.schema.metadata[b"treadle.record_version"] == b"6"
     schema = table.schema
     assert schema.field("segment_start_turn").type == pa.int32()
     assert schema.field("segment_start_turn").nullable
@@ -96,7 +96,7 @@ def test_exports_of_a_store_holding_a_v1_record(tmp_path: Path) -> None:
         assert export_jsonl(store, "old", tmp_path / "out.jsonl") == 2
         lines = (tmp_path / "out.jsonl").read_text(encoding="utf-8").splitlines()
         # JSONL writes the records as stored: the old one stays version 1.
-        assert [json.loads(line)["version"] for line in lines] == [5, 1]
+        assert [json.loads(line)["version"] for line in lines] == [6, 1]
         assert [trajectory_from_record(json.loads(line)) for line in lines] == expected
         # Parquet upgrades it: every row is version 3, the old one with the defaults.
         assert export_parquet(store, "old", tmp_path / "out.parquet") == 2

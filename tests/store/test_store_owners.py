@@ -91,7 +91,7 @@ def test_a_version_2_file_gains_owners_and_keys(tmp_path: Path) -> None:
     conn.execute("INSERT INTO job_specs (job_id, spec) VALUES ('old', '{}')")
     conn.close()
     with Store(path, clock=FakeClock()) as store:
-        assert SCHEMA_VERSION == 4
+        assert SCHEMA_VERSION == 5
         assert store.job("old").owner is None and store.trainer_keys() == []
         assert store.create_job("new", {}, plan(1, 1, "new"), owner="r").owner == "r"
     raw = sqlite3.connect(path)

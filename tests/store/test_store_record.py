@@ -139,7 +139,7 @@ def _delete(key: str) -> Callable[[dict[str, Any]], None]:
 BAD_RECORDS: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("missing field", _delete("status"), "missing field(s) 'status'"),
     ("unknown field", _set(["statsu"], "completed"), "unknown field(s) 'statsu'"),
-    ("wrong version", _set(["version"], 6), "version: 6 is not a record version"),
+    ("wrong version", _set(["version"], 7), "version: 7 is not a record version"),
     ("bool version", _set(["version"], True), "version: True is not a record version"),
     ("empty id", _set(["trajectory_id"], ""), "trajectory_id: must be a non-empty string"),
     ("id not a string", _set(["trajectory_id"], 7), "trajectory_id: must be a non-empty"),

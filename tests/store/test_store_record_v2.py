@@ -30,7 +30,7 @@ from treadle.types import (
 def test_v2_round_trip_keeps_every_new_field() -> None:
     for t in (parent(), frozen_child(0), frozen_child(1)):
         record = trajectory_to_record(t)
-        assert record["version"] == RECORD_VERSION == 5
+        assert record["version"] == RECORD_VERSION == 6
         back = loads_record(dumps_record(record))
         assert back == t and trajectory_from_record(record) == t
         assert dumps_record(trajectory_to_record(back)) == dumps_record(record)
@@ -51,7 +51,7 @@ def test_v2_record_layout() -> None:
     # The new fields sit between the trajectory's counts and its turns, as documented.
     assert keys[keys.index("output_tokens") + 1:keys.index("turns")] == \
         ["parent_id", "children", "trainable", "metadata",
-         "policy_span", "kv_across_updates"]  # (the last two: v4)
+         "policy_span", "kv_across_updates", "resumed"]  # (v4, v4, v6)
     assert list(record["segments"][1]) == [*SEGMENT_FIELDS, *SEGMENT_META]
     assert SEGMENT_FIELDS == ("prompt_ids", "response_ids", "loss_mask", "logprobs",
                               "policy_versions")
@@ -77,7 +77,7 @@ def test_a_v1_record_reads_with_the_defaults() -> None:
     assert loads_record(json.dumps(v1_record())) == t
     # Written again it is a current record, which reads back the same.
     again = trajectory_to_record(t)
-    assert again["version"] == 5 and trajectory_from_record(again) == t
+    assert again["version"] == 6 and trajectory_from_record(again) == t
 
 
 def test_a_v1_record_may_not_have_v2_fields() -> None:
@@ -94,9 +94,9 @@ def test_a_v1_record_may_not_have_v2_fields() -> None:
 
 def test_an_unknown_version_is_refused_before_its_fields() -> None:
     record = trajectory_to_record(parent())
-    record.update(version=6, subagent_tree={})
-    with pytest.raises(RecordError, match=r"version: 6 is not a record version this treadle "
-                                          r"reads \(it reads 1, 2, 3, 4 and 5\)"):
+    record.update(version=7, subagent_tree={})
+    with pytest.raises(RecordError, match=r"version: 7 is not a record version this treadle "
+                                          r"reads \(it reads 1, 2, 3, 4, 5 and 6\)"):
         trajectory_from_record(record)
     del record["version"], record["subagent_tree"]
     with pytest.raises(RecordError, match="record: missing field\\(s\\) 'version'"):

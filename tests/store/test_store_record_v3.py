@@ -22,7 +22,7 @@ def test_every_source_round_trips_and_sits_after_the_reward() -> None:
         if source is RewardSource.RUBRIC:  # a rubric's reward comes with its vector
             t.rewards = {"correct": t.reward}
         record = to_record(t)
-        assert record["version"] == 5
+        assert record["version"] == 6
         assert record["reward_source"] == (None if source is None else source.value)
         keys = list(record)
         assert keys[keys.index("reward") + 1] == "reward_source"
@@ -34,7 +34,7 @@ def test_a_v2_record_reads_without_a_source_and_may_not_have_one() -> None:
     t.reward_source = RewardSource.VERIFIER
     record = to_record(t)
     del record["reward_source"], record["policy_span"], record["kv_across_updates"]
-    del record["rewards"], record["judgements"]
+    del record["rewards"], record["judgements"], record["resumed"]
     record["version"] = 2
     back = trajectory_from_record(record)
     assert back.reward_source is None and back.reward == 1.0

@@ -27,7 +27,7 @@ def _across_an_update() -> Trajectory:
 def test_the_span_and_the_kv_choice_round_trip() -> None:
     t = _across_an_update()
     record = to_record(t)
-    assert record["version"] == 5
+    assert record["version"] == 6
     assert record["policy_span"] == [2, 3] and record["kv_across_updates"] == "keep"
     assert loads_record(dumps_record(record)) == t
     # A frozen sub-agent sampled its tokens too (mask 0): its turns give its span.
@@ -49,7 +49,7 @@ def test_a_v3_record_reads_with_kv_recomputed_and_may_not_have_the_fields() -> N
     t = _across_an_update()
     record = to_record(t)
     del record["policy_span"], record["kv_across_updates"], record["rewards"]
-    del record["judgements"]
+    del record["judgements"], record["resumed"]
     record["version"] = 3
     back = trajectory_from_record(record)
     assert back.kv_across_updates is KVAcrossUpdates.RECOMPUTE

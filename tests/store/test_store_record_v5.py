@@ -38,7 +38,7 @@ def judged(*, failed: bool = False, optional: bool = False) -> Trajectory:
 def test_the_reward_vector_round_trips(kind: str) -> None:
     t = judged(failed=kind != "judged", optional=kind == "optional failed")
     record = to_record(t)
-    assert record["version"] == 5 and record["rewards"] == t.rewards
+    assert record["version"] == 6 and record["rewards"] == t.rewards
     assert record["judgements"][0]["status"] == t.judgements[0].status.value
     assert loads_record(dumps_record(record)) == t
     assert t.flagged == (kind == "flagged")
@@ -66,7 +66,7 @@ def test_a_flagged_trajectory_has_no_reward_and_values_match_the_vector() -> Non
 
 def test_a_v4_record_reads_without_a_vector() -> None:
     record = to_record(parent())
-    del record["rewards"], record["judgements"]
+    del record["rewards"], record["judgements"], record["resumed"]
     record["version"] = 4
     back = trajectory_from_record(record)
     assert back.rewards == {} and back.judgements == [] and not back.flagged

@@ -59,11 +59,13 @@ from treadle.agent.chat import DEFAULT_FORMAT, CallError, Message, ParsedReply, 
 from treadle.agent.chat import chat_format as _chat_format
 from treadle.agent.context import Begun
 from treadle.agent.conversation import Conversation
+from treadle.agent.journal import JournaledTurn, ReplayingRunner, Resume, TurnJournal
 from treadle.agent.runner import DEFAULT_SAMPLING, Sampling, TurnOutput, TurnRunner
 from treadle.agent.tokenizer import Tokenizer
 from treadle.clock import MONOTONIC, Clock
 from treadle.engines.errors import EngineError
 from treadle.envs.base import Episode
+from treadle.envs.tools.base import ToolRecord
 from treadle.errors import TreadleError
 from treadle.types import (
     FailureStage,
@@ -111,19 +113,27 @@ class _Stop(Exception):
 async def run_agent(episode: Episode, tokenizer: Tokenizer, runner: TurnRunner, *,
                     traj_id: str, key: GroupKey, limits: AgentLimits = AgentLimits(),
                     sampling: Sampling = DEFAULT_SAMPLING, chat_format: str = DEFAULT_FORMAT,
-                    clock: Clock = MONOTONIC) -> Trajectory:
+                    clock: Clock = MONOTONIC, journal: TurnJournal | None = None,
+                    resume: Resume | None = None) -> Trajectory:
     """Run the episode to its end and score it; see the module docstring.
 
     `episode` must be started (its initial observation, if any, is shown after the
     task's prompt). `chat_format` names the model family's format (`agent.chat`;
     ValueError for an unknown one). The deadline, the tool gaps and the start and
-    finish times are on `clock` (the runtime passes its own). Returns the trajectory;
-    raises only `CancelledError`.
+    finish times are on `clock` (the runtime passes its own). Each completed turn
+    goes to `journal`; `resume` (a restarted attempt's) replays the turns it keeps
+    first (`agent.journal`). Returns the trajectory; raises only `CancelledError`.
     """
     fmt = _chat_format(chat_format)
     task = episode.task
     traj = Trajectory(traj_id, key, task_id=task.task_id, status=TrajectoryStatus.RUNNING)
+    if resume is not None:
+        runner = ReplayingRunner(runner, [t.output for t in resume.turns])
+        episode.replay(resume.calls)
+        traj.resumed = list(resume.resumed)
     conv = Conversation(traj, tokenizer, fmt, runner, clock)
+    journaling = None if journal is None else _Journaling(
+        journal, 0 if resume is None else len(resume.turns))
     deadline = None if limits.deadline_s is None else clock.now() + limits.deadline_s
     answers: list[str] = []  # each reply's text: the last one is scored
     try:
@@ -137,7 +147,7 @@ async def run_agent(episode: Episode, tokenizer: Tokenizer, runner: TurnRunner, 
         return conv.finish(TrajectoryStatus.ERROR, reason, FailureStage.INIT)
     stop = _Stop(TrajectoryStatus.RUNNING)
     try:
-        await _turns(episode, conv, prompt, limits, sampling, deadline, answers)
+        await _turns(episode, conv, prompt, limits, sampling, deadline, answers, journaling)
     except _Stop as s:
         stop = s
     except asyncio.CancelledError:
@@ -153,9 +163,23 @@ async def run_agent(episode: Episode, tokenizer: Tokenizer, runner: TurnRunner, 
     return conv.finish(stop.status, stop.reason, stop.stage)
 
 
+@dataclass(frozen=True, slots=True)
+class _Journaling:
+    journal: TurnJournal
+    replayed: int  # turns a resume replays (already in the journal)
+
+    def sampled(self, index: int, out: TurnOutput) -> None:
+        if index >= self.replayed:
+            self.journal.sampled(len(out.output_ids))
+
+    def turn(self, index: int, out: TurnOutput, calls: Sequence[ToolRecord]) -> None:
+        if index >= self.replayed:
+            self.journal.turn(JournaledTurn(index, out, tuple(calls)))
+
+
 async def _turns(episode: Episode, conv: Conversation, prompt: list[Message],
                  limits: AgentLimits, sampling: Sampling, deadline: float | None,
-                 answers: list[str]) -> None:
+                 answers: list[str], journaling: _Journaling | None) -> None:
     traj, clock, tools = conv.trajectory, conv.clock, episode.tool_specs
     begun = conv.begin(prompt, tools)
     if len(begun.prompt_ids) >= limits.max_total_tokens:
@@ -172,6 +196,8 @@ async def _turns(episode: Episode, conv: Conversation, prompt: list[Message],
             raise _Stop(TrajectoryStatus.ERROR, f"engine: {e}", FailureStage.ENGINE) from None
         reply = conv.fmt.reply(conv.decode(out.output_ids))
         turn = conv.record_reply(out, reply)
+        if journaling is not None:
+            journaling.sampled(index, out)
         answers.append(reply.text)
         cut = _cut_reason(out, budget, limits)
         if cut is not None or not reply.wants_tools:
@@ -180,6 +206,7 @@ async def _turns(episode: Episode, conv: Conversation, prompt: list[Message],
                 else _Stop(TrajectoryStatus.COMPLETED)
         conv.turn_finished(final=False)
         conv.tool_started()
+        first_call = len(episode.history)
         try:
             async with clock.timeout(_left(deadline, clock)):
                 results = await _call_tools(episode, reply, turn)
@@ -194,6 +221,8 @@ async def _turns(episode: Episode, conv: Conversation, prompt: list[Message],
             raise end
         begun = end
         conv.tool_finished(begun, final=False)
+        if journaling is not None:
+            journaling.turn(index, out, episode.history[first_call:])
 
 
 def _after_tools(episode: Episode, conv: Conversation, results: list[str],

@@ -28,7 +28,21 @@ Afterwards, with the network clean, every invariant is checked and counted:
 All of them must be 0 (and integrity "ok"). The report also counts the faults
 injected by kind and the GPU work redone: tokens the engines sampled (their
 `vllm:generation_tokens_total`, read every half second and before each kill) beyond
-those delivered in the trajectories (the cancelled job's and the lost attempts').
+those delivered in the trajectories (`tokens.regenerated`: the cancelled job's and
+the lost attempts'). What restarts cost, beside it:
+
+- `in_flight_at_restarts`: at each kill of the service, the tokens a crash then
+  throws away, read just before it: the service's sampled but not yet journaled
+  (`treadle_tokens_unjournaled`) and the engines' requests still running
+  (`treadle:generation_tokens_in_flight`);
+- `discarded_by_resumes`: journaled tokens a resume did not keep (the records'
+  `resumed`; all of them with `--resume-from prompt`);
+- `regenerated_by_restart`: with restarts the only faults (`--kinds` of kills only,
+  one job: nothing cancelled) every regenerated token is theirs, so it is
+  `regenerated`, measured apart from the two above; otherwise what restarts threw
+  away, `in_flight_at_restarts + discarded_by_resumes`.
+
+Turn-level resume's promise is `regenerated_by_restart <= in_flight_at_restarts`.
 Same seed, same schedule of faults; their effects depend on timing.
 """
 
@@ -37,6 +51,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import dataclasses
 import json
 import logging
 import random
@@ -53,6 +68,8 @@ from typing import Any
 import httpx
 
 from treadle.bench.chaos_readers import PATIENT, Follower, HangUps, RawReader
+from treadle.bench.chaos_tokens import TOKEN as _TOKEN
+from treadle.bench.chaos_tokens import TokenMeter
 from treadle.bench.faults import FaultyProxy, ServiceProcess
 from treadle.client import RolloutClient, replay_tasks
 from treadle.client.errors import ServiceError, ServiceUnavailable
@@ -61,7 +78,8 @@ from treadle.reports import log, write_report
 Log = Callable[[str], None]
 PROCESS_FAULTS = ("service_kill", "service_pause", "engine_kill", "engine_pause",
                   "kill_after_submit", "kill_after_cancel", "kill_during_update")
-_TOKEN = "chaos-token"
+# Faults after which every regenerated token is a restart's (with nothing cancelled).
+_RESTARTS = frozenset({"service_kill", "kill_after_submit", "kill_during_update"})
 _EXTRA_TRAJECTORIES = 16  # of each job a fault submits
 _UNEXPECTED = re.compile(r"Traceback|\bERROR\b")
 
@@ -83,6 +101,13 @@ class ChaosConfig:
     fault_gap_s: float = 2.0  # mean real seconds between two process faults
     proxy_fault_share: float = 0.3  # of the readers' connections
     deadline_s: float = 600.0  # readers not done by then are hung
+    kinds: tuple[str, ...] = PROCESS_FAULTS  # the process faults drawn from
+    resume_from: str = "turn"  # the service's --resume-from
+
+    @property
+    def restarts_only(self) -> bool:
+        """Every fault is a restart and no job is cancelled (module docstring)."""
+        return set(self.kinds) <= _RESTARTS and self.jobs == 1
 
 
 def run_chaos(config: ChaosConfig, work: Path, say: Log = log) -> dict[str, Any]:
@@ -93,10 +118,11 @@ def run_chaos(config: ChaosConfig, work: Path, say: Log = log) -> dict[str, Any]
     logging.getLogger("treadle.client").setLevel(logging.ERROR)
     service = ServiceProcess(work / "chaos.db", work / "service.log", _TOKEN,
                              ["--emulate", str(config.gpus), "--time-scale",
-                              str(config.time_scale), "--policy", config.policy])
+                              str(config.time_scale), "--policy", config.policy,
+                              "--resume-from", config.resume_from])
     service.start()
     injected: collections.Counter[str] = collections.Counter()
-    tokens = _TokenMeter(service)
+    tokens = TokenMeter(service)
     stop = threading.Event()
     jobs = [f"chaos-{config.seed}-{k}" for k in range(config.jobs)]
     cancelled = {jobs[-1]} if config.jobs > 1 else set()
@@ -116,7 +142,7 @@ def run_chaos(config: ChaosConfig, work: Path, say: Log = log) -> dict[str, Any]
         say(f"chaos: {len(jobs)} jobs x {config.trajectories}, {len(readers)} readers, "
             f"{config.faults} process faults (seed {config.seed})")
         schedule = [(rng.expovariate(1.0 / config.fault_gap_s), kind)
-                    for kind in _kinds(config.faults, rng)]
+                    for kind in _kinds(config.faults, config.kinds, rng)]
         for n, (gap, kind) in enumerate(schedule):
             time.sleep(gap)  # the schedule's own spacing, not a wait for an event
             extra = _inject(kind, service, tokens, rng, cancelled, config,
@@ -144,19 +170,20 @@ def run_chaos(config: ChaosConfig, work: Path, say: Log = log) -> dict[str, Any]
                         "connections": connections,
                         "hang_ups": sum(h.count for h in hang_ups),
                         "service_starts": service.starts}
-    report["tokens"] = tokens.summary(report.pop("delivered_tokens"))
+    report["tokens"] = tokens.summary(report.pop("delivered_tokens"),
+                                      report.pop("discarded_tokens"), config.restarts_only)
     report["config"] = asdict(config)
     report["wall_s"] = round(time.monotonic() - started, 1)
     report["ok"] = _ok(report)
     return report
 
 
-def _kinds(n: int, rng: random.Random) -> list[str]:
-    """`n` process faults: every kind once per round of len(PROCESS_FAULTS), in a
-    seeded order, so that a run of at least that many faults has each kind."""
+def _kinds(n: int, kinds: tuple[str, ...], rng: random.Random) -> list[str]:
+    """`n` process faults: every kind once per round of len(kinds), in a seeded
+    order, so that a run of at least that many faults has each kind."""
     out: list[str] = []
     while len(out) < n:
-        round_ = list(PROCESS_FAULTS)
+        round_ = list(kinds)
         rng.shuffle(round_)
         out += round_
     return out[:n]
@@ -202,7 +229,7 @@ def _cancel(url: str, jobs: set[str]) -> None:
                     break
 
 
-def _inject(kind: str, service: ServiceProcess, tokens: _TokenMeter, rng: random.Random,
+def _inject(kind: str, service: ServiceProcess, tokens: TokenMeter, rng: random.Random,
             cancelled: set[str], config: ChaosConfig, new_job: str) -> str | None:
     """Carry out one process fault; the id of a job it submitted, if it did."""
     submitted = None
@@ -228,8 +255,8 @@ def _inject(kind: str, service: ServiceProcess, tokens: _TokenMeter, rng: random
         elif kind == "kill_during_update":
             version = rng.randrange(1, 1 << 20)
             threading.Thread(target=_update, args=(service.url, version), daemon=True).start()
-        tokens.read()
-        service.kill()
+        with tokens.killing():
+            service.kill()
         time.sleep(rng.uniform(0.0, 2.0))  # down for a while, then back on its database
         service.start()
     return submitted
@@ -255,45 +282,13 @@ def _update(url: str, version: int) -> None:
                    headers={"authorization": f"Bearer {_TOKEN}"}, timeout=60)
 
 
-class _TokenMeter:
-    """The engines' sampled-token counters, the latest reading of each (by URL)."""
-
-    def __init__(self, service: ServiceProcess) -> None:
-        self.service = service
-        self.last: dict[str, float] = {}
-        self._lock = threading.Lock()
-
-    def run(self, stop: threading.Event) -> None:
-        while not stop.wait(0.5):
-            self.read()
-
-    def read(self) -> None:
-        headers = {"authorization": f"Bearer {_TOKEN}"}
-        with contextlib.suppress(httpx.HTTPError, ValueError):
-            engines = httpx.get(f"{self.service.url}/v1/engines", headers=headers,
-                                timeout=2).json()
-            for engine in engines:
-                url = engine["url"]
-                with contextlib.suppress(httpx.HTTPError, ValueError):
-                    text = httpx.get(f"{url}/metrics", timeout=2).text
-                    value = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                                if line.startswith("vllm:generation_tokens_total"))
-                    with self._lock:
-                        self.last[url] = max(value, self.last.get(url, 0.0))
-
-    def summary(self, delivered: int) -> dict[str, int]:
-        generated = int(sum(self.last.values()))
-        return {"generated": generated, "delivered": delivered,
-                "regenerated": max(0, generated - delivered)}
-
-
 def _check(config: ChaosConfig, service: ServiceProcess, jobs: list[str],
            cancelled: set[str], readers: list[Follower | RawReader],
            hung_readers: int) -> dict[str, Any]:
     lost = duplicated = unstable = misclassified = 0
     errors: collections.Counter[str] = collections.Counter()
     not_ended = 0
-    delivered_tokens = 0
+    delivered_tokens = discarded_tokens = 0
     reader_errors = [r.error for r in readers if isinstance(r, Follower) and r.error]
     headers = {"authorization": f"Bearer {_TOKEN}"}
     with httpx.Client(base_url=service.url, headers=headers, timeout=60) as http:
@@ -314,6 +309,7 @@ def _check(config: ChaosConfig, service: ServiceProcess, jobs: list[str],
             records = [json.loads(x)["trajectory"] for x in lines.values()]
             for t in records:
                 delivered_tokens += int(t.get("output_tokens") or 0)
+                discarded_tokens += sum(p["discarded_tokens"] for p in t["resumed"])
                 stage = t.get("failure_stage")
                 if t["status"] == "error":
                     errors[str(stage)] += 1
@@ -338,7 +334,7 @@ def _check(config: ChaosConfig, service: ServiceProcess, jobs: list[str],
             "duplicated": duplicated, "unstable": unstable, "misclassified": misclassified,
             "hung": hung_readers + not_ended + int(active), "reader_errors": reader_errors,
             "errors_by_stage": dict(errors), "job_views": views,
-            "delivered_tokens": delivered_tokens}
+            "delivered_tokens": delivered_tokens, "discarded_tokens": discarded_tokens}
 
 
 def _against_the_store(db: Path, final: dict[str, dict[int, bytes]]) -> int:
@@ -391,6 +387,13 @@ def add_chaos_bench_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
         p.add_argument(f"--{name.replace('_', '-')}", type=float,
                        default=getattr(defaults, name))
     p.add_argument("--policy", default=defaults.policy)
+    p.add_argument("--kinds", default=",".join(defaults.kinds),
+                   help="the process faults drawn from, comma-separated (default: all: "
+                        f"{', '.join(PROCESS_FAULTS)})")
+    p.add_argument("--resume-from", choices=("turn", "prompt", "both"),
+                   default=defaults.resume_from,
+                   help="the service's --resume-from (prompt: how restarts cost before "
+                        "turn journals; both: the two side by side, same seed)")
     p.add_argument("--keep", type=Path, default=None, metavar="DIR",
                    help="run in DIR and keep its database and service log")
     p.add_argument("--json", action="store_true", help="print the JSON report")
@@ -405,17 +408,26 @@ def run_chaos_bench(args: argparse.Namespace) -> int:
 
     if args.jobs < 1 or args.trajectories < 16 or args.trajectories % 16 or args.gpus < 1:
         raise UsageError("--jobs >= 1, --trajectories a multiple of 16, --gpus >= 1")
+    kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+    if not kinds or set(kinds) - set(PROCESS_FAULTS):
+        raise UsageError(f"--kinds: some of {', '.join(PROCESS_FAULTS)}, got {args.kinds!r}")
+    modes = ("turn", "prompt") if args.resume_from == "both" else (args.resume_from,)
     config = ChaosConfig(seed=args.seed, jobs=args.jobs, trajectories=args.trajectories,
                          gpus=args.gpus, time_scale=args.time_scale, policy=args.policy,
                          followers=args.followers, hang_ups=args.hang_ups,
                          faults=args.faults, fault_gap_s=args.fault_gap_s,
-                         deadline_s=args.deadline_s)
-    if args.keep is not None:
-        args.keep.mkdir(parents=True, exist_ok=True)
-        report = run_chaos(config, args.keep)
-    else:
-        with tempfile.TemporaryDirectory(prefix="treadle-chaos-") as work:
-            report = run_chaos(config, Path(work))
+                         deadline_s=args.deadline_s, kinds=kinds)
+    reports = {}
+    with contextlib.ExitStack() as stack:
+        root = args.keep or Path(stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="treadle-chaos-")))
+        for mode in modes:
+            work = root / mode if len(modes) > 1 else root
+            work.mkdir(parents=True, exist_ok=True)
+            reports[mode] = run_chaos(dataclasses.replace(config, resume_from=mode), work)
+    report = reports[modes[0]] if len(modes) == 1 else {
+        "arms": reports, "ok": all(r["ok"] for r in reports.values()),
+        "tokens": {mode: r["tokens"] for mode, r in reports.items()}}
     write_report(report, args.out, name="bench chaos", echo=args.json)
     return 0 if report["ok"] else 1
 

@@ -259,20 +259,27 @@ async def run_job(client: httpx.AsyncClient, job: str, body: dict[str, Any], n: 
             "stream_full": probes.stream_full.summary()}
 
 
-async def _scheduler_cpu_s(client: httpx.AsyncClient) -> float:
-    """The scheduler's CPU seconds so far (its decisions' histogram in /metrics)."""
-    text = (await client.get("/metrics")).text
-    for line in text.splitlines():
-        if line.startswith("treadle_scheduler_decision_seconds_sum "):
-            return float(line.split()[1])
-    return 0.0
+_COUNTERS = {"treadle_scheduler_decision_seconds_sum": "scheduler_cpu_s",
+             "treadle_journal_flush_seconds_sum": "journal_flush_s",
+             "treadle_journal_turns_total": "journal_turns"}
+
+
+async def _counters(client: httpx.AsyncClient) -> dict[str, float]:
+    """So far: the scheduler's CPU seconds (its decisions' histogram in /metrics), the
+    turn journal's seconds of writes on the store's thread and its turns written."""
+    found = dict.fromkeys(_COUNTERS.values(), 0.0)
+    for line in (await client.get("/metrics")).text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in _COUNTERS:
+            found[_COUNTERS[name]] = float(value)
+    return found
 
 
 # -- the report ----------------------------------------------------------------------------
 
 
 def _job_row(row: dict[str, Any], before: tuple[Any, ...], *, pid: int, engine_pids: list[int],
-             scheduler_cpu: float, sim_makespan_s: float, turns: int, trajectories: int,
+             counted: dict[str, float], sim_makespan_s: float, turns: int, trajectories: int,
              time_scale: float) -> dict[str, Any]:
     """`row` (from `run_job`) with the CPU, memory and simulator figures of the job."""
     wall = time.perf_counter() - before[0]
@@ -288,7 +295,11 @@ def _job_row(row: dict[str, Any], before: tuple[Any, ...], *, pid: int, engine_p
         "service_cpu_s": service_cpu,
         "service_cpu_pct_of_core": 100.0 * service_cpu / wall,
         "service_cpu_ms_per_turn": 1000.0 * service_cpu / turns,
-        "scheduler_cpu_s": scheduler_cpu,
+        "scheduler_cpu_s": counted["scheduler_cpu_s"],
+        # The turn journal's writes, on the store's thread (off the trajectories' path).
+        "journal_turns": int(counted["journal_turns"]),
+        "journal_ms_per_turn": 1000.0 * counted["journal_flush_s"]
+        / max(1.0, counted["journal_turns"]),
         "engines_cpu_s": engines_cpu,
         "engines_cpu_pct_of_core": 100.0 * engines_cpu / wall,
         "client_cpu_s": time.process_time() - before[3],
@@ -322,6 +333,8 @@ class _Arm:
                     r["service_cpu_pct_of_core"] for r in rows),
                 "service_cpu_ms_per_turn_median": statistics.median(
                     r["service_cpu_ms_per_turn"] for r in rows),
+                "journal_ms_per_turn_median": statistics.median(
+                    r["journal_ms_per_turn"] for r in rows),
                 "status_p99_ms_median": statistics.median(
                     r["status_route"].get("p99_ms", 0.0) for r in rows),
                 "submit_p99_ms_median": statistics.median(
@@ -385,16 +398,16 @@ def run_service_bench(*, trajectories: int, jobs: int, workload: str, policy: st
                     sim, _ = simulate(batch, spec, cost, engines)
                     turns = sum(len(t.turns) for t in batch.trajectories)
                     for arm, c in zip(arms, cs, strict=True):
-                        decisions = await _scheduler_cpu_s(c)
+                        counters = await _counters(c)
                         before = (time.perf_counter(), _cpu_s(arm.pid),
                                   _tree_cpu_s(arm.engine_pids), time.process_time(),
                                   _machine_ticks())
                         row = await run_job(c, job, body, trajectories,
                                             previous=f"bench-{k - 1}" if k else None,
                                             status_interval_s=status_interval_s)
-                        scheduler_cpu = await _scheduler_cpu_s(c) - decisions
+                        after = await _counters(c)
                         row = _job_row(row, before, pid=arm.pid, engine_pids=arm.engine_pids,
-                                       scheduler_cpu=scheduler_cpu,
+                                       counted={k: v - counters[k] for k, v in after.items()},
                                        sim_makespan_s=sim.makespan_s, turns=turns,
                                        trajectories=trajectories, time_scale=time_scale)
                         row = {"job": job, "engine_http": arm.engine_http, **row}

@@ -282,6 +282,11 @@ class EmulatedEngine:
         self.paused = None
         self._wake.set()
 
+    @property
+    def generating(self) -> int:
+        """Tokens sampled so far by requests not ended yet (what an abort would end)."""
+        return sum(len(seq.output) for seq in self._known.values())
+
     def load(self) -> EngineLoad:
         return EngineLoad(len(self._running), len(self._known) - len(self._running),
                           self._kv_used() / self.kv_capacity)

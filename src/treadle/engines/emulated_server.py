@@ -16,7 +16,8 @@ Endpoints (vLLM's shapes, so `VLLMEngine` drives it unchanged):
   its request (as in vLLM).
 - `GET /metrics`: `vllm:num_requests_running`, `vllm:num_requests_waiting`,
   `vllm:kv_cache_usage_perc`, `vllm:prefix_cache_queries_total`,
-  `vllm:prefix_cache_hits_total`, `vllm:generation_tokens_total`.
+  `vllm:prefix_cache_hits_total`, `vllm:generation_tokens_total`; and its own
+  `treadle:generation_tokens_in_flight` (tokens of requests still running).
 - `GET /health`, `GET /v1/models`; and, not in vLLM, `POST /abort_request
   {"request_id"}` ending a request with its tokens so far (its caller gets them).
 - vLLM's RL endpoints (`POST /pause?mode=abort|wait|keep`, `/resume`,
@@ -197,6 +198,10 @@ def create_app(engine: EmulatedEngine, served_model: str) -> FastAPI:
             f"vllm:prefix_cache_hits_total{label} {engine.prefix_hits}",
             "# TYPE vllm:generation_tokens_total counter",
             f"vllm:generation_tokens_total{label} {engine.generated}",
+            # The emulator's own: tokens of requests still running (not in the total
+            # until they end), what a client that dies now throws away.
+            "# TYPE treadle:generation_tokens_in_flight gauge",
+            f"treadle:generation_tokens_in_flight{label} {engine.generating}",
         ]
         return PlainTextResponse("\n".join(lines) + "\n")
 

@@ -29,17 +29,18 @@ Contracts:
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 from treadle.envs.errors import EnvConfigError, TaskFormatError
 from treadle.envs.records import read_jsonl, write_jsonl
-from treadle.envs.tools.base import Tool, ToolContext, ToolRecord, ToolResult
+from treadle.envs.tools.base import Tool, ToolContext, ToolRecord, ToolReplay, ToolResult
 from treadle.sandbox.base import Limits, Sandbox, SandboxBackend
 from treadle.sandbox.pool import SandboxPool
 from treadle.types import Task, ToolCall
@@ -138,6 +139,7 @@ class Episode:
                 raise EnvConfigError(f"suite {suite.name!r} offers two tools named {tool.name!r}")
             self.tools[tool.name] = tool
         self.initial_observation: str | None = None
+        self._replays: collections.deque[ToolRecord] = collections.deque()  # (`replay`)
         self._started = False
         self._closed = False
 
@@ -175,11 +177,28 @@ class Episode:
             self.initial_observation = await self.suite.setup(self.ctx)
         return self.initial_observation
 
+    def replay_of(self, name: str) -> ToolReplay:
+        """How a resume brings back a call of the tool `name` (`Tool.replay`); a name
+        the episode has no tool by was an error observation: nothing to bring back."""
+        tool = self.tools.get(name)
+        return ToolReplay.NONE if tool is None else tool.replay
+
+    def replay(self, calls: Sequence[ToolRecord]) -> None:
+        """The next `len(calls)` calls are a resumed trajectory's recorded ones
+        (`treadle.agent.journal`), in order: each answers its recorded result, after
+        running again, its new result dropped, where its tool is declared
+        `ToolReplay.RERUN` (to rebuild what it left in the sandbox or the state)."""
+        self._replays.extend(calls)
+
     async def call(self, name: str, arguments: Mapping[str, Any] | str) -> ToolResult:
-        """Run one tool call as the model wrote it (arguments as a dict or a JSON string)."""
+        """Run one tool call as the model wrote it (arguments as a dict or a JSON string).
+        A call that `replay` announced answers its recorded result; EnvConfigError if
+        it is not the call recorded (the journal and the reply disagree)."""
         if not self._started:
             await self.start()
         parsed, problem = _parse_arguments(arguments)
+        if self._replays:
+            return await self._replayed(name, parsed, problem is None)
         if self.ctx.done:
             result = ToolResult(error="the episode is over; no more tool calls are accepted")
         elif name not in self.tools:
@@ -194,6 +213,22 @@ class Episode:
             self.ctx.final_answer = result.final_answer
         if result.done:
             self.ctx.done = True
+        return result
+
+    async def _replayed(self, name: str, arguments: dict[str, Any], valid: bool) -> ToolResult:
+        recorded = self._replays.popleft()
+        if (recorded.name, recorded.arguments) != (name, arguments):
+            raise EnvConfigError(f"resume: call {len(self.ctx.history)} is {name!r}, the "
+                                 f"journal recorded {recorded.name!r} with other arguments")
+        tool = self.tools.get(name)
+        if valid and tool is not None and tool.replay is ToolReplay.RERUN:
+            await tool.call(arguments, self.ctx)
+        result = recorded.result
+        self.ctx.history.append(ToolRecord(f"call_{len(self.ctx.history)}", name, arguments,
+                                           result))
+        if result.final_answer is not None:
+            self.ctx.final_answer = result.final_answer
+        self.ctx.done = self.ctx.done or result.done
         return result
 
     async def score(self, final_message: str | None = None) -> RewardResult:

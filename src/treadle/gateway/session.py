@@ -59,7 +59,8 @@ from typing import Any
 
 from treadle.agent.chat import Message, ParsedReply, ToolChoice, chat_format
 from treadle.agent.conversation import Conversation
-from treadle.agent.runner import Sampling, TurnOutput
+from treadle.agent.journal import ReplayingRunner
+from treadle.agent.runner import Sampling, TurnOutput, TurnRunner
 from treadle.agent.tokenizer import Tokenizer
 from treadle.clock import Clock
 from treadle.engines.errors import EngineError, EngineRequestError
@@ -146,6 +147,7 @@ class CallResult:
     logprobs: list[float]  # one per kept id
     prompt_tokens: int  # the context the engine was sent
     turn: int  # the reply's turn index in the session
+    output: TurnOutput  # the runner's whole reply (what a journal keeps to replay it)
 
 
 class Session:
@@ -155,7 +157,7 @@ class Session:
     the running call gets its answer), the limits, forced prefixes, stop strings."""
 
     def __init__(self, spec: SessionSpec, runtime: Runtime, tokenizer: Tokenizer,
-                 clock: Clock) -> None:
+                 clock: Clock, *, replay: Sequence[TurnOutput] = ()) -> None:
         self.spec = spec
         self.fmt = chat_format(spec.chat_format)
         self.tokenizer = tokenizer
@@ -167,11 +169,14 @@ class Session:
             kv_across_updates=spec.kv_across_updates)
         # Timings on the runtime's clock (the scheduler's, modelled seconds with emulated
         # engines), as treadle's own trajectories have them; idleness on `clock`.
-        self.conversation = Conversation(
-            self.trajectory, tokenizer, self.fmt,
-            runtime.turns(spec.trajectory_id, spec.key.group_id, spec.kv_across_updates),
-            runtime.clock,
-            trainable=spec.trainable)
+        # A session opened again after a restart answers its first calls (the journal's,
+        # replayed by its owner) with their recorded replies (`agent.journal`).
+        runner: TurnRunner = runtime.turns(spec.trajectory_id, spec.key.group_id,
+                                           spec.kv_across_updates)
+        if replay:
+            runner = ReplayingRunner(runner, replay)
+        self.conversation = Conversation(self.trajectory, tokenizer, self.fmt, runner,
+                                         runtime.clock, trainable=spec.trainable)
         self.children: list[Session] = []
         self.reserved_children = 0  # child slots handed out (before their sessions exist)
         self.last_active = clock.now()  # creation, or the end of the last call
@@ -302,7 +307,7 @@ class Session:
         # call cut stopped where the model would have.
         finish = "length" if out.finish_reason == "length" and cut is None else (
             "tool_calls" if reply.calls else "stop")
-        return CallResult(reply, finish, ids, logprobs, len(begun.prompt_ids), turn)
+        return CallResult(reply, finish, ids, logprobs, len(begun.prompt_ids), turn, out)
 
     def _check_constraint(self, request: CallRequest) -> None:
         """InvalidRequest (naming response_format in full) for a constraint this

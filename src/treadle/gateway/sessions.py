@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from treadle.agent.runner import TurnOutput
 from treadle.agent.tokenizer import Tokenizer
 from treadle.clock import MONOTONIC, Clock
 from treadle.errors import ServiceBusy
@@ -62,13 +63,16 @@ class Sessions:
     def __len__(self) -> int:
         return len(self._open)
 
-    def create(self, spec: SessionSpec, runtime: Runtime | None = None) -> Session:
-        """A new open session whose calls `runtime` serves (default: this registry's);
+    def create(self, spec: SessionSpec, runtime: Runtime | None = None, *,
+               replay: Sequence[TurnOutput] = ()) -> Session:
+        """A new open session whose calls `runtime` serves (default: this registry's),
+        its first calls answered by `replay` (a session opened again after a restart);
         ValueError for an unknown chat format, `open_parent`'s errors for its parent,
         ServiceBusy when `max_sessions` are open."""
         self.check_room()
         parent = None if spec.parent_id is None else self.open_parent(spec.parent_id)
-        session = Session(spec, runtime or self.runtime, self.tokenizer, self._clock)
+        session = Session(spec, runtime or self.runtime, self.tokenizer, self._clock,
+                          replay=replay)
         self._open[spec.session_id] = session
         if parent is not None:
             parent.children.append(session)

@@ -17,11 +17,14 @@ simulates.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import random
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from treadle.agent.journal import JournaledTurn, TurnJournal
 from treadle.agent.runner import Sampling, TurnRunner
 from treadle.clock import Clock
 from treadle.engines.emulated import VOCAB
@@ -60,8 +63,13 @@ def _ids(rng: random.Random, n: int) -> list[int]:
     return [x % VOCAB for x in array("I", rng.randbytes(_WORD * n))]
 
 
-async def replay(spec: TrajectorySpec, turns: TurnRunner, clock: Clock) -> ReplayResult:
-    """Play `spec` through `turns`; raises what the runner raises (EngineError)."""
+async def replay(spec: TrajectorySpec, turns: TurnRunner, clock: Clock, *,
+                 resume: Sequence[JournaledTurn] = (),
+                 journal: TurnJournal | None = None) -> ReplayResult:
+    """Play `spec` through `turns`; raises what the runner raises (EngineError).
+    Each completed turn goes to `journal`; a restarted attempt's `resume` turns (the
+    journal's) are taken as they were, without an engine or a tool gap, and the
+    runner hears of the trajectory at its first live turn (`agent.journal`)."""
     seed = hashlib.blake2b(spec.traj_id.encode(), digest_size=8).digest()
     rng = random.Random(int.from_bytes(seed, "big"))
     context = _ids(rng, spec.prompt_tokens)
@@ -69,8 +77,19 @@ async def replay(spec: TrajectorySpec, turns: TurnRunner, clock: Clock) -> Repla
     records: list[Turn] = []
     try:
         for index, turn in enumerate(spec.turns):
+            if index < len(resume) and index < last:
+                kept = resume[index]
+                context += kept.output.output_ids
+                record = kept.output.turn(index)
+                record.tool_call = None if kept.tool_call is None else \
+                    dataclasses.replace(kept.tool_call)
+                records.append(record)
+                context += _ids(rng, turn.tool_output_tokens)
+                continue
             out = await turns.generate(context, turn.output_tokens, Sampling(), [])
             context += out.output_ids
+            if journal is not None:
+                journal.sampled(len(out.output_ids))
             record = out.turn(index)
             records.append(record)
             turns.turn_finished(len(out.output_ids), len(context), final=index == last)
@@ -83,6 +102,8 @@ async def replay(spec: TrajectorySpec, turns: TurnRunner, clock: Clock) -> Repla
             record.tool_call = ToolCall(REPLAY_TOOL, {}, max(0.0, clock.now() - started),
                                         turn.tool_output_tokens)
             turns.tool_finished(turn.tool_latency_s, turn.tool_output_tokens, final=False)
+            if journal is not None:
+                journal.turn(JournaledTurn(index, out, tool_call=record.tool_call))
     except BaseException as e:
         turns.ended(f"replay stopped: {type(e).__name__}")  # a no-op after the final event
         raise

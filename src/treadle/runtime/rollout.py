@@ -29,6 +29,7 @@ import logging
 from collections.abc import Callable
 
 from treadle.agent.chat import DEFAULT_FORMAT
+from treadle.agent.journal import ResumePlan, TurnJournal
 from treadle.agent.loop import AgentLimits, run_agent
 from treadle.agent.runner import Sampling
 from treadle.agent.tokenizer import Tokenizer
@@ -58,11 +59,15 @@ async def run_task(runtime: Runtime, suite: Suite, task: Task, *, traj_id: str, 
                    limits: AgentLimits | None = None, sampling: Sampling | None = None,
                    chat_format: str = DEFAULT_FORMAT, attempt: int = 0,
                    clock: Clock | None = None,
-                   kv: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE) -> Trajectory:
+                   kv: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE,
+                   journal: TurnJournal | None = None,
+                   resume: ResumePlan | None = None) -> Trajectory:
     """One suite task, start to end, on the runtime's engines (see the module docstring),
     its conversation in the chat format named `chat_format` (`agent.chat`). Its
     deadline and times are on `clock`, by default the runtime's; `kv`: what its calls
-    after a weight update do with KV cached before it (recorded)."""
+    after a weight update do with KV cached before it (recorded). Its completed turns
+    go to `journal`; a restarted attempt's `resume` is planned once its episode is up
+    (the episode's tools say which recorded calls can come back: `agent.journal`)."""
     clock = clock or runtime.clock
     turns = runtime.turns(traj_id, key.group_id, kv)
     try:
@@ -82,7 +87,8 @@ async def run_task(runtime: Runtime, suite: Suite, task: Task, *, traj_id: str, 
                 return traj
             traj = await run_agent(episode, tokenizer, turns, traj_id=traj_id, key=key,
                                    limits=limits or AgentLimits(), sampling=sampling or Sampling(),
-                                   chat_format=chat_format, clock=clock)
+                                   chat_format=chat_format, clock=clock, journal=journal,
+                                   resume=None if resume is None else resume(episode.replay_of))
             ran.append(traj)
         traj.attempt = attempt
         traj.kv_across_updates = kv
@@ -109,13 +115,21 @@ def _log_teardown_failure(traj_id: str, ran: list[Trajectory]) -> Callable[..., 
 
 async def replay_task(runtime: Runtime, spec: TrajectorySpec, *, traj_id: str, key: GroupKey,
                       task_id: str = "", attempt: int = 0,
-                      kv: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE) -> Trajectory:
-    """A workload trajectory's script, replayed on the runtime's engines."""
+                      kv: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE,
+                      journal: TurnJournal | None = None,
+                      resume: ResumePlan | None = None) -> Trajectory:
+    """A workload trajectory's script, replayed on the runtime's engines; `journal`
+    and `resume` as for `run_task` (a replay calls no tools)."""
     traj = Trajectory(traj_id, key, prompt_tokens=spec.prompt_tokens, task_id=task_id,
                       attempt=attempt, status=TrajectoryStatus.RUNNING, kv_across_updates=kv)
     traj.timings.started_at = runtime.clock.now()
+    planned = None if resume is None else resume(None)
+    if planned is not None:
+        traj.resumed = list(planned.resumed)
     try:
-        result = await replay(spec, runtime.turns(traj_id, key.group_id, kv), runtime.clock)
+        result = await replay(spec, runtime.turns(traj_id, key.group_id, kv), runtime.clock,
+                              resume=() if planned is None else planned.turns,
+                              journal=journal)
     except EngineError as e:
         traj.status, traj.failure_stage = TrajectoryStatus.ERROR, FailureStage.ENGINE
         traj.reason = f"engine: {e}"

@@ -128,6 +128,9 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--model", default="qwen3-14b", help="cost-model entry the policy plans with")
     p.add_argument("--gpu", default="h100", help="cost-model entry")
     p.add_argument("--max-live", type=int, default=4096, help="trajectories running at once")
+    p.add_argument("--resume-from", choices=("turn", "prompt"), default="turn",
+                   help="where a trajectory a restart interrupted starts again: its last "
+                        "journaled turn (default), or its prompt (to measure the difference)")
     p.add_argument("--data-root", action="append", default=[], metavar="DIR",
                    help="a directory whose files jobs may name in suite options such as "
                         "nemo_gym's rows_path (repeatable; default none: no file may be "
@@ -230,7 +233,8 @@ def run_serve(args: argparse.Namespace) -> int:
                                model=args.model, gpu=args.gpu, engines=engines,
                                emulate=args.emulate, time_scale=args.time_scale,
                                tokenizer=args.tokenizer or args.vllm, sandbox=sandbox,
-                               max_live=args.max_live, vllm_model=args.vllm,
+                               max_live=args.max_live, resume_from=args.resume_from,
+                               vllm_model=args.vllm,
                                sandbox_pool=pools,
                                vllm_engines=args.vllm_engines,
                                vllm_python=os.path.abspath(args.vllm_python),

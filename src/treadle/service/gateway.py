@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from treadle.agent.chat import DEFAULT_FORMAT, chat_format
 from treadle.agent.fingerprint import tokenizer_fingerprint
@@ -64,9 +65,10 @@ from treadle.service.schemas import (
     SessionTasks,
     SessionView,
 )
+from treadle.service.session_journal import SessionJournal
 from treadle.store.aio import AsyncStore
 from treadle.store.errors import NotFound, RecordError, StoreConflict
-from treadle.store.jobs import PlannedTrajectory
+from treadle.store.jobs import PlannedTrajectory, TrajectoryState
 from treadle.types import (
     FailureStage,
     GroupKey,
@@ -91,7 +93,7 @@ class Gateway:
                  max_sessions: int = 4096, grace_s: float = 300.0,
                  harnesses: Mapping[str, Harness] | None = None,
                  url: str | None = None, keys: SessionKeys,
-                 frozen: Runtime | None = None) -> None:
+                 frozen: Runtime | None = None, journal: SessionJournal | None = None) -> None:
         self.store = store
         self.outbox = outbox  # where ended sessions' trajectories go
         self.sandboxes = sandboxes  # the suites' pools (a harness run's verifier)
@@ -113,6 +115,8 @@ class Gateway:
         self._windows: dict[str, int | None] = {}  # engine id -> its context window
         self._jobs: dict[str, str] = {}  # trajectory id -> its job, for open sessions
         self._taken: dict[str, set[str]] = {}  # sessions job -> trajectory ids taken here
+        # Trainers' sessions journaled, to open them again after a restart (None: not).
+        self.journal = journal
 
     # -- sessions ---------------------------------------------------------------------
 
@@ -216,8 +220,53 @@ class Gateway:
             return "frozen", frozen
         return "policy", None
 
-    async def call(self, session_id: str, request: CallRequest) -> CallResult:
-        return await self._open().call(session_id, request)
+    def opened(self, session_id: str, owner: str | None, key: str) -> None:
+        """A session made through the API has its key: from now on it is journaled."""
+        if self.journal is not None:
+            self.journal.opened(self._open().get(session_id), owner, key)
+
+    async def call(self, session_id: str, request: CallRequest,
+                   body: Mapping[str, Any] | None = None) -> CallResult:
+        """Serve a call (`body`: the request as sent, journaled for a trainer's session)."""
+        sessions = self._open()
+        session = sessions.get(session_id)
+        result = await sessions.call(session_id, request)
+        if self.journal is not None and body is not None and \
+                session.spec.trajectory_id not in self._harnessed:
+            self.journal.called(session, body, result)
+        return result
+
+    async def restore(self, job_id: str, states: Sequence[TrajectoryState]
+                      ) -> list[TrajectoryState]:
+        """Open again the sessions among `states` (a job's, started before a restart)
+        that journaled themselves (`service.session_journal`), their calls replayed;
+        returns the others (a harness run's; one whose parent could not be opened),
+        which end as errors."""
+        if self.journal is None or self.sessions is None:
+            return list(states)
+        reopened: set[str] = set()
+        for js in await self.journal.interrupted(job_id, states):
+            spec = js.spec
+            runtime = self.frozen if spec.engine_pool == "frozen" else None
+            session = None
+            try:
+                attempt = await self.store.start(job_id, spec.trajectory_id)
+                if attempt is None:  # (finished meanwhile: nothing to open)
+                    reopened.add(spec.trajectory_id)
+                    continue
+                session = self.sessions.create(spec, runtime,
+                                               replay=[out for _, out in js.calls])
+                await self.journal.replay(session, js, attempt)
+            except Exception as e:  # it ends as a session the restart ended
+                log.warning("session %s could not be opened again: %s", spec.session_id, e)
+                if session is not None:
+                    session.finish(TrajectoryStatus.ERROR, f"runtime: {e}", FailureStage.RUNTIME)
+                    self.sessions.forget(spec.session_id)
+                continue
+            self._jobs[spec.trajectory_id] = job_id
+            self.keys.restore(spec.session_id, js.key_digest, js.owner)
+            reopened.add(spec.trajectory_id)
+        return [s for s in states if s.trajectory_id not in reopened]
 
     async def end(self, session_id: str, request: SessionEndRequest) -> SessionView:
         sessions = self._open()

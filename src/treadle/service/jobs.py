@@ -5,13 +5,14 @@
 what to run) and stored with its request in one transaction; then its trajectories
 wait in one queue for the process's slots (`max_live`), highest job priority first,
 then oldest job, then plan order. A started trajectory is marked in the store (its
-attempt counted), runs (`runtime.rollout`: sandbox, agent loop, reward, its rubric's
-judges; or a workload replay) and is stored with the next delivery number of its
-job, which is the order the NDJSON stream hands results out in.
+attempt counted), runs (`service.attempts`: sandbox, agent loop, reward, its rubric's
+judges; or a workload replay; its turns journaled) and is stored with the next
+delivery number of its job, which is the order the NDJSON stream hands results out in.
 
 Restart: `start()` asks the store to recover — trajectories that were running when
 the process died go back to pending — and queues every unfinished trajectory of
-every unfinished job again; their attempt count goes up. A result stored twice (a
+every unfinished job again; their attempt count goes up, and each resumes from its
+last journaled turn (`service.journal`). A result stored twice (a
 duplicate after a crash) keeps its first delivery, so nothing is delivered twice.
 Results live in the store, not here: memory holds only the queued and running work.
 
@@ -46,26 +47,20 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from treadle.agent.tokenizer import Tokenizer
 from treadle.errors import ServiceBusy, TreadleError
 from treadle.runtime.driver import Runtime
-from treadle.runtime.rollout import replay_task, run_task
+from treadle.service.attempts import Attempts, HarnessRunner
 from treadle.service.errors import RequestRefused
 from treadle.service.follow import follow_results, interrupted, not_started
-from treadle.service.judging import Judging
 from treadle.service.metrics import Metrics
 from treadle.service.outbox import Outbox
 from treadle.service.planning import (
-    HarnessWork,
     Planner,
-    ReplayWork,
-    SuiteWork,
     Work,
     planned_sessions,
 )
-from treadle.service.sandboxes import SuitePools
 from treadle.service.schemas import (
     JobRequest,
     RolloutRequest,
@@ -76,7 +71,7 @@ from treadle.service.versions import PolicyMismatch, PolicyWindow, ServedPolicy
 from treadle.store.aio import AsyncStore
 from treadle.store.errors import NotFound
 from treadle.store.jobs import Delivery, JobInfo, TrajectoryState
-from treadle.types import FailureStage, GroupKey, Trajectory, TrajectoryStatus
+from treadle.types import Trajectory
 
 log = logging.getLogger(__name__)
 POLICY_WINDOW = "policy_window"  # the event kind of a job's window (when not the default)
@@ -102,36 +97,21 @@ class _Job:
         return len(self.queue)
 
 
-class HarnessRunner(Protocol):
-    """Who runs a harness job's trajectories (the gateway), as the job runner sees it."""
-
-    async def run_harness(self, work: HarnessWork, attempt: int) -> Trajectory:
-        """One trajectory of a harness job, start to end; raises only CancelledError."""
-        ...
-
-    def job_cancelled(self, job_id: str) -> None:
-        """The job was cancelled: its open sessions end now (stored already)."""
-        ...
-
-
 class Rollouts:
     """Runs jobs on one `Runtime`, stores them in one store. See the module docstring.
 
-    `planner` resolves requests; `outbox` stores what finishes; `sandboxes` are the
-    suites' pools; `harnesses` runs harness jobs' trajectories (None: the service
-    runs none)."""
+    `planner` resolves requests; `outbox` stores what finishes; `attempts` runs each
+    start of a trajectory (`service.attempts`); `harnesses` hears of cancelled harness
+    jobs (None: the service runs none)."""
 
     def __init__(self, runtime: Runtime, store: AsyncStore, planner: Planner, outbox: Outbox,
-                 sandboxes: SuitePools, judging: Judging, *, tokenizer: Tokenizer | None,
-                 harnesses: HarnessRunner | None = None, max_live: int = 4096,
-                 max_queued: int = 262_144) -> None:
+                 attempts: Attempts, *, harnesses: HarnessRunner | None = None,
+                 max_live: int = 4096, max_queued: int = 262_144) -> None:
         self.runtime = runtime
         self.store = store
         self.planner = planner
         self.outbox = outbox
-        self.sandboxes = sandboxes
-        self.judging = judging  # scores a job's trajectories on its rubric
-        self.tokenizer = tokenizer
+        self.attempts = attempts
         self.harnesses = harnesses
         self.max_live = max_live  # trajectories running at once in this process
         self.max_queued = max_queued  # trajectories waiting for a slot, all jobs together
@@ -151,6 +131,7 @@ class Rollouts:
     async def start(self) -> list[str]:
         """Recover the store's unfinished jobs and queue their trajectories again;
         returns their ids. A job whose request can no longer be resolved is failed."""
+        self.attempts.start()
         recovered = []
         for info in await self.store.recover():
             try:
@@ -159,10 +140,14 @@ class Rollouts:
                 if request.continuous is not None:
                     continue  # resumed by its own runner (service.continuous)
                 if isinstance(request.tasks, SessionTasks):
-                    # The sessions that were open died with the process: they end as
-                    # errors; untaken ones stay pending.
-                    await self._interrupted(info.job_id, [
-                        s for s in await self.store.unfinished(info.job_id) if s.attempts])
+                    # The sessions that were open are opened again from their journals
+                    # (their harnesses continue); those that cannot be end as errors.
+                    # Untaken ones stay pending.
+                    started = [s for s in await self.store.unfinished(info.job_id)
+                               if s.attempts]
+                    await self._interrupted(info.job_id, started if self.harnesses is None
+                                            else await self.harnesses.restore(info.job_id,
+                                                                              started))
                     recovered.append(info.job_id)
                     continue
                 # Planning can be long (a suite's tasks, a big trace): off the loop,
@@ -194,7 +179,7 @@ class Rollouts:
         await asyncio.gather(*tasks, return_exceptions=True)
         # Dropped work's deliveries finish: they are results, not work to resume.
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.sandboxes.close()
+        await self.attempts.close()
 
     # -- jobs ---------------------------------------------------------------------------
 
@@ -422,7 +407,7 @@ class Rollouts:
         try:
             attempt = await self.store.start(work.job_id, tid)
             if attempt is not None:
-                traj = await self._trajectory(work, attempt)
+                traj = await self.attempts.run(work, attempt)
                 await self.deliver(work.job_id, traj)
         except asyncio.CancelledError:
             raise
@@ -442,35 +427,6 @@ class Rollouts:
             if not job.running and not job.queued:
                 del self._jobs[work.job_id]
         self._dispatch()
-
-    async def _trajectory(self, work: Work, attempt: int) -> Trajectory:
-        p = work.planned
-        key = GroupKey(p.group_id, p.repetition)
-        try:
-            match work:
-                case ReplayWork():
-                    return await replay_task(self.runtime, work.spec, traj_id=p.trajectory_id,
-                                             key=key, task_id=p.task_id, attempt=attempt,
-                                             kv=work.kv)
-                case HarnessWork():
-                    if self.harnesses is None:
-                        raise RuntimeError("this service runs no harness jobs")
-                    return await self.harnesses.run_harness(work, attempt)
-                case SuiteWork():
-                    if self.tokenizer is None:  # the planner refuses such jobs
-                        raise RuntimeError("this service has no tokenizer")
-                    return await self.judging.judged(work, await run_task(
-                        self.runtime, work.suite, work.task, traj_id=p.trajectory_id, key=key,
-                        tokenizer=self.tokenizer, sandboxes=self.sandboxes.pool(work.suite),
-                        limits=work.limits, sampling=work.sampling,
-                        chat_format=work.chat_format, attempt=attempt, kv=work.kv))
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:
-            log.exception("trajectory %s failed outside its agent loop", p.trajectory_id)
-            return Trajectory(p.trajectory_id, key, task_id=p.task_id, attempt=attempt,
-                              status=TrajectoryStatus.ERROR, failure_stage=FailureStage.RUNTIME,
-                              reason=f"runtime: {type(e).__name__}: {e}")
 
     async def _out_of_window(self, job_id: str, work: Sequence[Work], why: str) -> None:
         for w in work:

@@ -210,6 +210,13 @@ class SessionKeys:
         self._digests[session_id] = digest(key)
         return key
 
+    def restore(self, session_id: str, key_digest: bytes, owner: str | None) -> None:
+        """The key a session had before a restart opens it again (its digest was kept
+        in the session's journal)."""
+        self.revoke(session_id)
+        self._grants[key_digest] = SessionGrant(session_id, owner)
+        self._digests[session_id] = key_digest
+
     def revoke(self, session_id: str) -> None:
         """The session's key opens nothing from now on (no key: nothing to do)."""
         found = self._digests.pop(session_id, None)

@@ -17,6 +17,14 @@
     treadle_weight_update_timeouts_total    counter   updates past their timeout
     treadle_tokens_discarded_total          counter   tokens of trajectories restarted
                                                       as stale (continuous jobs)
+    treadle_journal_turns_total             counter   completed turns journaled
+    treadle_tokens_unjournaled              gauge     tokens sampled that a crash now
+                                                      would throw away (turns not kept)
+    treadle_journal_flush_seconds           histogram one batch of journal writes
+    treadle_resumes_total                   counter   attempts resumed after a restart,
+                                                      by from (turn | prompt)
+    treadle_resume_discarded_tokens_total   counter   journaled tokens a resume could
+                                                      not keep (sampled again)
 
 Rates (tokens/s) are what Prometheus computes from the counters. Histograms use
 fixed log-spaced buckets. Everything here is updated from the service's event loop.
@@ -78,6 +86,10 @@ class Metrics:
         self.update_calls: dict[str, int] = defaultdict(int)  # kept | aborted
         self.update_timeouts = 0
         self.tokens_discarded = 0  # sampled by trajectories restarted as stale
+        self.journal_turns = 0  # completed turns journaled (service.journal)
+        self.journal_flushes = Histogram(LATENCY_BUCKETS)  # seconds a batch of writes took
+        self.resumes: dict[str, int] = defaultdict(int)  # restarted attempts, by from
+        self.resume_discarded_tokens = 0  # journaled, not kept by a resume
 
     def weight_update(self, mode: str, held_s: float, kept: int, aborted: int) -> None:
         """One weight update that finished."""
@@ -86,7 +98,7 @@ class Metrics:
         self.update_calls["aborted"] += aborted
 
     def render(self, *, active: int, queued: int, engines: dict[str, int],
-               policy_version: int) -> str:
+               policy_version: int, unjournaled: int = 0) -> str:
         lines = [
             "# TYPE treadle_trajectories_active gauge", f"treadle_trajectories_active {active}",
             "# TYPE treadle_trajectories_queued gauge", f"treadle_trajectories_queued {queued}",
@@ -114,6 +126,15 @@ class Metrics:
             f"treadle_weight_update_timeouts_total {self.update_timeouts}",
             "# TYPE treadle_tokens_discarded_total counter",
             f"treadle_tokens_discarded_total {self.tokens_discarded}",
+            "# TYPE treadle_journal_turns_total counter",
+            f"treadle_journal_turns_total {self.journal_turns}",
+            "# TYPE treadle_tokens_unjournaled gauge",
+            f"treadle_tokens_unjournaled {unjournaled}",
+            *self.journal_flushes.lines("treadle_journal_flush_seconds"),
+            "# TYPE treadle_resumes_total counter",
+            *(f'treadle_resumes_total{{from="{k}"}} {n}' for k, n in sorted(self.resumes.items())),
+            "# TYPE treadle_resume_discarded_tokens_total counter",
+            f"treadle_resume_discarded_tokens_total {self.resume_discarded_tokens}",
         ]
         return "\n".join(lines) + "\n"
 

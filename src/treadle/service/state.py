@@ -19,6 +19,7 @@ import logging
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from treadle.agent.tokenizer import HFTokenizer
 from treadle.core.cost_model import CostModel
@@ -41,10 +42,12 @@ from treadle.sandbox.autoscale import Scaling
 from treadle.sandbox.base import SandboxBackend
 from treadle.sandbox.pool import PoolSettings
 from treadle.sandbox.remote import RemoteBackend
+from treadle.service.attempts import Attempts
 from treadle.service.continuous import ContinuousJobs
 from treadle.service.gateway import Gateway
 from treadle.service.job_records import JobRecords
 from treadle.service.jobs import Rollouts
+from treadle.service.journal import JournalWriter
 from treadle.service.judging import Judging
 from treadle.service.keys import FileKey, KeyRing, SessionKeys
 from treadle.service.metrics import Metrics
@@ -53,6 +56,7 @@ from treadle.service.outbox import Outbox
 from treadle.service.planning import Planner
 from treadle.service.sandboxes import SuitePools
 from treadle.service.schemas import EngineRequest
+from treadle.service.session_journal import SessionJournal
 from treadle.service.weight_schemas import WeightsView
 from treadle.store.aio import AsyncStore
 from treadle.store.db import Store
@@ -87,6 +91,10 @@ class ServiceConfig:
     sandbox_pool: PoolSettings = field(default_factory=lambda: PoolSettings(
         warm=2, max_live=64, create_rate_per_s=64.0, create_burst=16))
     max_live: int = 4096  # trajectories running at once
+    # Where a trajectory a restart interrupted starts again: its last journaled turn
+    # ("turn"), or its prompt ("prompt": to measure what the journal saves; its turns
+    # are journaled still, and the records count what was discarded).
+    resume_from: Literal["turn", "prompt"] = "turn"
     max_queued: int = 262_144  # trajectories waiting for a slot (a fuller submit is a 503)
     max_body_bytes: int = 64 << 20  # request body limit
     body_timeout_s: float = 60.0  # a request body must arrive within this (else a 408)
@@ -232,7 +240,8 @@ class Service:
         return m.render(active=self.rollouts.live, queued=self.rollouts.queued,
                         engines={s.label: s.calls for _, rt in self.pools()
                                  for s in rt.engines()},
-                        policy_version=self.runtime.policy_version)
+                        policy_version=self.runtime.policy_version,
+                        unjournaled=self.rollouts.attempts.journal.unjournaled)
 
     async def check_engine(self, engine: Engine, request: EngineRequest,
                            ) -> tuple[str, str] | None:
@@ -294,14 +303,16 @@ def build_service(config: ServiceConfig) -> Service:
                      engine_wait_s=config.engine_wait_s, engine_ids="f")
     frozen.policy_version = config.frozen_policy_version
     session_keys = SessionKeys()
+    journal = JournalWriter(store, metrics, from_prompt=config.resume_from == "prompt")
     gateway = Gateway(runtime, store, outbox, sandboxes, tokenizer,
                       default_format=config.chat_format, max_sessions=config.max_sessions,
                       grace_s=config.session_grace_s, harnesses=config.harnesses,
-                      url=config.public_url, keys=session_keys, frozen=frozen)
-    rollouts = Rollouts(runtime, store, planner, outbox, sandboxes,
-                        Judging(runtime, frozen, tokenizer), tokenizer=tokenizer,
-                        harnesses=gateway, max_live=config.max_live,
-                        max_queued=config.max_queued)
+                      url=config.public_url, keys=session_keys, frozen=frozen,
+                      journal=SessionJournal(journal, store))
+    attempts = Attempts(runtime, sandboxes, Judging(runtime, frozen, tokenizer), journal,
+                        tokenizer=tokenizer, harnesses=gateway)
+    rollouts = Rollouts(runtime, store, planner, outbox, attempts, harnesses=gateway,
+                        max_live=config.max_live, max_queued=config.max_queued)
     keys = KeyRing(config.token, store, session_keys, _open_sessions(gateway),
                    file_keys=config.trainer_keys)
     return Service(config, runtime, store, rollouts, gateway, keys, sandboxes,

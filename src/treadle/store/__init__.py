@@ -18,6 +18,7 @@ from treadle.store.jobs import (
     TrainerKey,
     TrajectoryState,
 )
+from treadle.store.journal import Journaled, JournalRow
 from treadle.store.record import (
     RECORD_VERSION,
     dumps_record,
@@ -34,6 +35,8 @@ __all__ = [
     "Finish",
     "JobInfo",
     "JobStatus",
+    "JournalRow",
+    "Journaled",
     "NotFound",
     "PlannedTrajectory",
     "RecordError",

@@ -40,6 +40,7 @@ from treadle.store.jobs import (
     TrainerKey,
     TrajectoryState,
 )
+from treadle.store.journal import Journaled, JournalRow
 from treadle.types import FailureStage, StaleChoice, Trajectory
 
 _P = ParamSpec("_P")
@@ -156,6 +157,16 @@ class AsyncStore:
 
     async def events(self, job_id: str, after: int = 0, limit: int = 100) -> list[Event]:
         return await self.call(self.store.events, job_id, after, limit)
+
+    async def journal_turns(self, turns: Sequence[JournalRow]) -> int:
+        return await self.call(self.store.journal_turns, turns)
+
+    async def journaled(self, job_id: str, trajectory_id: str) -> Journaled:
+        return await self.call(self.store.journaled, job_id, trajectory_id)
+
+    async def resume_journal(self, job_id: str, trajectory_id: str, attempt: int, kept: int,
+                             body: str) -> None:
+        await self.call(self.store.resume_journal, job_id, trajectory_id, attempt, kept, body)
 
     async def add_trainer_key(self, key_id: str, digest: str, trainer_run: str) -> TrainerKey:
         return await self.call(self.store.add_trainer_key, key_id, digest, trainer_run)

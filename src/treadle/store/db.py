@@ -27,6 +27,8 @@ Contracts:
 - Cancel and fail. `cancel` (status ABORTED) and `fail` (status ERROR) finish every
   unfinished trajectory of the job with a minimal record, delivered like any other,
   so a stream always ends with exactly `planned` results.
+- Turn journal: `journal_turns` keeps unfinished trajectories' completed turns,
+  `journaled` reads one's back after a restart (`treadle.store.journal`).
 - Continuous jobs (`create_job(..., continuous=True)`): the plan grows a GRPO group
   at a time and the trainer takes whole groups, each once, by a cursor; see
   `treadle.store.continuous`.
@@ -65,7 +67,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
-from treadle.store import continuous, rows
+from treadle.store import continuous, journal, rows
 from treadle.store.errors import NotFound, StoreConflict
 from treadle.store.jobs import (
     Delivery,
@@ -78,6 +80,7 @@ from treadle.store.jobs import (
     TrainerKey,
     TrajectoryState,
 )
+from treadle.store.journal import Journaled, JournalRow
 from treadle.store.record import dumps_record, trajectory_to_record
 from treadle.store.rows import STATE_COLUMNS
 from treadle.store.schema import migrate
@@ -231,6 +234,7 @@ class Store:
         A job already completed, cancelled or failed is left as it is."""
         now = self._clock()
         with self._write():
+            journal.forget(self._conn, job_id)
             return rows.end_job(self._conn, job_id, JobStatus.CANCELLED, reason, None, now)
 
     def fail(self, job_id: str, reason: str,
@@ -238,6 +242,7 @@ class Store:
         """Give a job up: every unfinished trajectory is finished as ERROR at `stage`."""
         now = self._clock()
         with self._write():
+            journal.forget(self._conn, job_id)
             return rows.end_job(self._conn, job_id, JobStatus.FAILED, reason, stage, now)
 
     def delete_job(self, job_id: str) -> None:
@@ -300,6 +305,7 @@ class Store:
             seq = rows.deliver(self._conn, job_id, t.trajectory_id, TrajectoryStatus(was),
                                t.status, t.reason, record_json, now)
             continuous.member_finished(self._conn, job_id, t)
+            journal.forget(self._conn, job_id, t.trajectory_id)
             return Finish(seq, duplicate=False)
 
     def results(self, job_id: str, after: int = 0, limit: int = 100) -> list[Delivery]:
@@ -413,27 +419,30 @@ class Store:
     def events(self, job_id: str, after: int = 0, limit: int = 100) -> list[Event]:
         """Up to `limit` of the job's events with id > `after`, oldest first."""
         with self._read():
-            rows.require_job(self._conn, job_id)
-            found = self._conn.execute(
-                "SELECT event_id, job_id, trajectory_id, kind, payload, at FROM events "
-                "WHERE job_id = ? AND event_id > ? ORDER BY event_id LIMIT ?",
-                (job_id, after, limit)).fetchall()
-        return [Event(int(r[0]), r[1], r[2], r[3], json.loads(r[4]), float(r[5]))
-                for r in found]
+            return rows.events(self._conn, job_id, after, limit)
 
     def merged_events(self, job_id: str, kinds: Sequence[str]) -> dict[str, dict[str, Any]]:
         """For each of `kinds`, the payloads of the job's events of that kind merged,
         later keys winning (kinds of few events a job: a trainer's metric reports)."""
         with self._read():
-            rows.require_job(self._conn, job_id)
-            found = self._conn.execute(
-                "SELECT kind, payload FROM events WHERE job_id = ? AND kind IN "
-                f"({', '.join('?' * len(kinds))}) ORDER BY event_id",
-                (job_id, *kinds)).fetchall()
-        merged: dict[str, dict[str, Any]] = {kind: {} for kind in kinds}
-        for kind, payload in found:
-            merged[kind].update(json.loads(payload))
-        return merged
+            return rows.merged_events(self._conn, job_id, kinds)
+
+    # -- the turn journal (treadle.store.journal) ---------------------------------------
+
+    def journal_turns(self, turns: Sequence[JournalRow]) -> int:
+        """Keep completed turns of live attempts in one transaction; returns how many
+        were written (those of finished trajectories or replaced attempts are not)."""
+        with self._write():
+            return journal.append(self._conn, turns)
+
+    def journaled(self, job_id: str, trajectory_id: str) -> Journaled:
+        with self._read():
+            return journal.read(self._conn, job_id, trajectory_id)
+
+    def resume_journal(self, job_id: str, trajectory_id: str, attempt: int, kept: int,
+                       body: str) -> None:
+        with self._write():
+            journal.resume(self._conn, job_id, trajectory_id, attempt, kept, body)
 
     # -- trainer keys -------------------------------------------------------------------
 

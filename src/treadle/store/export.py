@@ -32,6 +32,8 @@ in segment order. Columns:
     judgements_json  string   the record's "judgements" array as JSON
     flagged          bool     a required judged dimension has no verdict: unscored,
                               left out of training
+    resumed_json     string   the record's "resumed" array as JSON (the restarts it
+                              survived and where each resumed)
     segment_index    int32?   0-based; null for a trajectory without segments
     num_segments     int32    segments of the trajectory
     segment_start_turn    int32?   the turn whose context the segment begins
@@ -43,11 +45,12 @@ in segment order. Columns:
     logprobs         list<double>  (double, not float: the engine's values exactly)
     policy_versions  list<int64>
 
-Every row is of record version 5 (the file's ``treadle.record_version``): an older
+Every row is of record version 6 (the file's ``treadle.record_version``): an older
 record is read and written again first, so its new columns hold the defaults.
 `read_parquet` turns a file back into `Trajectory` objects (through the strict
 record reader), so an export can be checked against the store; a file written
-before version 5 (without `rewards`, `judgements_json` and `flagged`), version 4
+before version 6 (without `resumed_json`), version 5 (without `rewards`,
+`judgements_json` and `flagged` either), version 4
 (without `policy_span` and `kv_across_updates` either), version 3
 (without `reward_source` either) or version 2 (without the sub-agent and
 segment-start columns either) reads too.
@@ -89,6 +92,7 @@ _V2_COLUMNS = ("parent_id", "children", "trainable", "metadata_json", "segment_s
 _V3_COLUMNS = ("reward_source",)  # and before version 3
 _V4_COLUMNS = ("policy_span", "kv_across_updates")  # and before version 4
 _V5_COLUMNS = ("rewards", "judgements_json", "flagged")  # and before version 5
+_V6_COLUMNS = ("resumed_json",)  # and before version 6
 
 
 def export_jsonl(store: Store, job_id: str, path: str | os.PathLike[str],
@@ -139,6 +143,7 @@ def parquet_schema() -> pa.Schema:
         pa.field("rewards", pa.map_(pa.string(), f64), nullable=False),
         pa.field("judgements_json", pa.string(), nullable=False),
         pa.field("flagged", pa.bool_(), nullable=False),
+        pa.field("resumed_json", pa.string(), nullable=False),
         pa.field("segment_index", pa.int32()),
         pa.field("num_segments", pa.int32(), nullable=False),
         pa.field("segment_start_turn", pa.int32()),
@@ -231,6 +236,7 @@ def _add_rows(columns: dict[str, list[Any]], seq: int, record: Mapping[str, Any]
         "flagged": any(j["status"] == "failed" and not j["optional"]
                        for j in record["judgements"]),
         "num_segments": len(record["segments"]),
+        "resumed_json": _json(record["resumed"]),
     })
     for index, segment in enumerate(record["segments"] or [None]):
         for name, value in per_trajectory.items():
@@ -259,6 +265,7 @@ def _trajectory(rows: list[dict[str, Any]]) -> Trajectory:
     v3 = v2 and all(name in first for name in _V3_COLUMNS)
     v4 = v3 and all(name in first for name in _V4_COLUMNS)
     v5 = v4 and all(name in first for name in _V5_COLUMNS)
+    v6 = v5 and all(name in first for name in _V6_COLUMNS)
     segment_rows = sorted((r for r in rows if r["segment_index"] is not None),
                           key=lambda r: int(r["segment_index"]))
     segments = []
@@ -270,7 +277,8 @@ def _trajectory(rows: list[dict[str, Any]]) -> Trajectory:
         segments.append(segment)
     record: dict[str, Any] = {name: first[name] for name in _COPIED}
     record.update({
-        "version": RECORD_VERSION if v5 else 4 if v4 else 3 if v3 else 2 if v2 else 1,
+        "version": RECORD_VERSION if v6 else 5 if v5 else 4 if v4 else 3 if v3 else 2 if v2
+        else 1,
         "metrics": dict(first["metrics"]),
         "turns": json.loads(first["turns_json"]),
         "timings": {name: first[name] for name in TIMING_FIELDS},
@@ -287,4 +295,6 @@ def _trajectory(rows: list[dict[str, Any]]) -> Trajectory:
     if v5:
         record.update(rewards=dict(first["rewards"]),
                       judgements=json.loads(first["judgements_json"]))
+    if v6:
+        record.update(resumed=json.loads(first["resumed_json"]))
     return trajectory_from_record(record)

@@ -58,6 +58,11 @@ Record, version 5 (JSON types; ``?`` = may be null)::
     kv_across_updates string  (v4) recompute | keep (`KVAcrossUpdates`): what its
                               calls after a weight update did with the KV of its
                               context cached under the old weights
+    resumed          array    (v6) the restarts it survived, oldest first
+                              (`ResumePoint`): attempt, turn (completed turns kept;
+                              0: from the prompt), rerun_calls (recorded tool calls
+                              run again to rebuild its sandbox), discarded_turns and
+                              discarded_tokens (journaled but not kept), reason
     turns            array    one object per LLM turn, in order:
         index            int      0-based position
         output_tokens    int      tokens the model sampled in this turn
@@ -131,6 +136,7 @@ from treadle.types import (
     JsonSchemaConstraint,
     KVAcrossUpdates,
     OutputConstraint,
+    ResumePoint,
     RewardSource,
     Timings,
     TokenSegment,
@@ -140,8 +146,8 @@ from treadle.types import (
     Turn,
 )
 
-RECORD_VERSION = 5  # what the writer writes
-READ_VERSIONS = (1, 2, 3, 4, 5)  # what the reader reads
+RECORD_VERSION = 6  # what the writer writes
+READ_VERSIONS = (1, 2, 3, 4, 5, 6)  # what the reader reads
 
 _TOP_KEYS_V1 = frozenset({
     "version", "trajectory_id", "group_id", "repetition", "task_id", "status", "reason",
@@ -150,7 +156,10 @@ _TOP_KEYS_V1 = frozenset({
 _TOP_KEYS_V2 = _TOP_KEYS_V1 | {"parent_id", "children", "trainable", "metadata"}
 _TOP_KEYS_V3 = _TOP_KEYS_V2 | {"reward_source"}
 _TOP_KEYS_V4 = _TOP_KEYS_V3 | {"policy_span", "kv_across_updates"}
-_TOP_KEYS = _TOP_KEYS_V4 | {"rewards", "judgements"}
+_TOP_KEYS_V5 = _TOP_KEYS_V4 | {"rewards", "judgements"}
+_TOP_KEYS = _TOP_KEYS_V5 | {"resumed"}
+_RESUME_KEYS = frozenset({"attempt", "turn", "rerun_calls", "discarded_turns",
+                          "discarded_tokens", "reason"})
 _TURN_KEYS = frozenset({"index", "output_tokens", "engine_id", "queued_s", "generating_s",
                         "policy_version", "tool_call"})
 _TOOL_KEYS = frozenset({"name", "arguments", "latency_s", "output_tokens", "error"})
@@ -213,6 +222,7 @@ def trajectory_to_record(t: Trajectory) -> dict[str, Any]:
         "metadata": _metadata(t.metadata),
         "policy_span": None if (span := t.policy_span) is None else list(span),
         "kv_across_updates": t.kv_across_updates.value,
+        "resumed": [dataclasses.asdict(p) for p in t.resumed],
         "turns": [_turn_to_record(turn) for turn in t.turns],
         "segments": [{
             "prompt_ids": list(s.prompt_ids),
@@ -241,8 +251,8 @@ def trajectory_from_record(record: Mapping[str, Any]) -> Trajectory:
     if isinstance(record, Mapping) and "version" in record:
         version = _version(record["version"])
     v2 = version >= 2
-    r = Fields(record, "", {1: _TOP_KEYS_V1, 2: _TOP_KEYS_V2, 3: _TOP_KEYS_V3, 4: _TOP_KEYS_V4}.get(
-        version, _TOP_KEYS))
+    r = Fields(record, "", {1: _TOP_KEYS_V1, 2: _TOP_KEYS_V2, 3: _TOP_KEYS_V3, 4: _TOP_KEYS_V4,
+                         5: _TOP_KEYS_V5}.get(version, _TOP_KEYS))
     turns = [_turn_from_record(item, f"turns[{i}]")
              for i, item in enumerate(r.array("turns"))]
     segments = [_segment_from_record(item, f"segments[{i}]", v2)
@@ -283,6 +293,9 @@ def trajectory_from_record(record: Mapping[str, Any]) -> Trajectory:
                               f"that sampled its tokens ({derived})")
     if version >= 5:
         rewards_from_record(r, t)
+    if version >= 6:
+        t.resumed = [_resume_point(item, f"resumed[{i}]")
+                     for i, item in enumerate(r.array("resumed"))]
     _check_invariants(t)
     _check_links(t)
     if r.boolean("infra_failure") != t.infra_failure:
@@ -292,6 +305,13 @@ def trajectory_from_record(record: Mapping[str, Any]) -> Trajectory:
         raise RecordError(f"output_tokens: {record['output_tokens']} is not the sum of the "
                           f"turns' output_tokens ({t.output_tokens})")
     return t
+
+
+def _resume_point(value: Any, path: str) -> ResumePoint:
+    r = Fields(value, path, _RESUME_KEYS)
+    return ResumePoint(r.integer("attempt"), r.integer("turn"), r.integer("rerun_calls"),
+                       r.integer("discarded_turns"), r.integer("discarded_tokens"),
+                       r.text("reason"))
 
 
 def dumps_record(record: Mapping[str, Any]) -> str:

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from treadle.store.errors import NotFound, StoreConflict
-from treadle.store.jobs import JobInfo, JobStatus, PlannedTrajectory, TrajectoryState
+from treadle.store.jobs import Event, JobInfo, JobStatus, PlannedTrajectory, TrajectoryState
 from treadle.store.record import dumps_record, trajectory_to_record
 from treadle.types import FailureStage, GroupKey, Timings, Trajectory, TrajectoryStatus
 
@@ -191,3 +191,24 @@ def add_planned(conn: sqlite3.Connection, job_id: str,
         raise StoreConflict(f"job {job_id!r}: a trajectory id is taken") from None
     conn.execute("UPDATE jobs SET planned = planned + ?, n_pending = n_pending + ? "
                  "WHERE job_id = ?", (len(planned), len(planned), job_id))
+
+
+def events(conn: sqlite3.Connection, job_id: str, after: int, limit: int) -> list[Event]:
+    require_job(conn, job_id)
+    found = conn.execute(
+        "SELECT event_id, job_id, trajectory_id, kind, payload, at FROM events "
+        "WHERE job_id = ? AND event_id > ? ORDER BY event_id LIMIT ?",
+        (job_id, after, limit)).fetchall()
+    return [Event(int(r[0]), r[1], r[2], r[3], json.loads(r[4]), float(r[5])) for r in found]
+
+
+def merged_events(conn: sqlite3.Connection, job_id: str,
+                  kinds: Sequence[str]) -> dict[str, dict[str, Any]]:
+    require_job(conn, job_id)
+    found = conn.execute(
+        "SELECT kind, payload FROM events WHERE job_id = ? AND kind IN "
+        f"({', '.join('?' * len(kinds))}) ORDER BY event_id", (job_id, *kinds)).fetchall()
+    merged: dict[str, dict[str, Any]] = {kind: {} for kind in kinds}
+    for kind, payload in found:
+        merged[kind].update(json.loads(payload))
+    return merged

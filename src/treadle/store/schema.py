@@ -139,6 +139,19 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX job_groups_ready ON job_groups (job_id, taken, ready_seq)",
         "CREATE INDEX job_groups_by_take ON job_groups (job_id, take_id)",
     ),
+    # 5: the turn journal (`treadle.store.journal`): unfinished trajectories' completed
+    # turns and their resumes, so a restart resumes each from its last turn.
+    (
+        """CREATE TABLE journal (
+            job_id        TEXT NOT NULL REFERENCES jobs (job_id) ON DELETE CASCADE,
+            trajectory_id TEXT NOT NULL,
+            kind          TEXT NOT NULL,           -- "turn" | "resume"
+            n             INTEGER NOT NULL,        -- turn index | attempt index
+            tokens        INTEGER NOT NULL,        -- tokens the turn sampled
+            body          TEXT NOT NULL,           -- JSON (treadle.agent.journal)
+            PRIMARY KEY (job_id, trajectory_id, kind, n)
+        ) WITHOUT ROWID""",
+    ),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -40,7 +40,7 @@ from typing import Any, Protocol
 from treadle.envs.base import RewardResult, Suite
 from treadle.envs.errors import TaskFormatError
 from treadle.envs.records import check_keys, opt_str, req_str, rng_for
-from treadle.envs.tools.base import Tool, ToolContext, ToolInputError, ToolResult
+from treadle.envs.tools.base import Tool, ToolContext, ToolInputError, ToolReplay, ToolResult
 from treadle.types import Task
 
 _ENV = "gym_text.env"
@@ -60,6 +60,10 @@ class TextEnv(Protocol):
 
 class ActTool(Tool):
     """One `step` of the episode's env."""
+
+    # Resumed: the env is reset with the task's seed and stepped again with the same
+    # actions (an env whose steps follow from its seed and actions, as Gymnasium's do).
+    replay = ToolReplay.RERUN
 
     def __init__(self, name: str, description: str) -> None:
         self._name = name

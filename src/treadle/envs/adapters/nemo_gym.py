@@ -81,7 +81,14 @@ from treadle.envs.adapters.nemo_gym_wire import (
 from treadle.envs.base import RewardResult, Suite
 from treadle.envs.errors import EnvConfigError, ResourcesServerError, TaskFormatError
 from treadle.envs.records import rng_for, stable_id
-from treadle.envs.tools.base import DEFAULT_MAX_OUTPUT_CHARS, Tool, ToolContext, ToolResult, clip
+from treadle.envs.tools.base import (
+    DEFAULT_MAX_OUTPUT_CHARS,
+    Tool,
+    ToolContext,
+    ToolReplay,
+    ToolResult,
+    clip,
+)
 from treadle.types import Task
 
 log = logging.getLogger(__name__)
@@ -129,6 +136,10 @@ def _opener(ctx: ToolContext) -> urllib.request.OpenerDirector:
 
 class _ServerTool(Tool):
     """A tool of the resources server, described by a function spec."""
+
+    # An external server's state is out of treadle's reach: resuming keeps only the
+    # turns before its first call.
+    replay = ToolReplay.OPAQUE
 
     def __init__(self, suite: NemoGymSuite, name: str, description: str,
                  parameters: Mapping[str, Any] | None) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from treadle.envs.tools.base import Tool, ToolContext, ToolResult
+from treadle.envs.tools.base import Tool, ToolContext, ToolReplay, ToolResult
 
 
 class SubmitAnswerTool(Tool):
@@ -13,6 +13,8 @@ class SubmitAnswerTool(Tool):
     The answer is scored later by the suite's reward function, not here, so the
     observation says nothing about whether it is right.
     """
+
+    replay = ToolReplay.NONE  # resumed: an answer changes nothing a later call sees
 
     def __init__(self, hint: str = "the final answer only") -> None:
         self.hint = hint

@@ -26,11 +26,12 @@ lives in `ToolContext.state`.
 
 from __future__ import annotations
 
+import enum
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from treadle.envs.errors import EnvConfigError, EnvError
 from treadle.envs.tools._schema import check, function_spec
@@ -104,8 +105,28 @@ class ToolInputError(EnvError):
     an error observation. Never escapes `Tool.call`."""
 
 
+class ToolReplay(enum.Enum):
+    """What a trajectory resumed after a restart (`treadle.agent.journal`) does with
+    one of this tool's recorded calls, in a fresh episode: a tool's declaration."""
+
+    # The call leaves nothing behind (reading, searching, answering): its recorded
+    # result is all a resume needs; nothing runs again.
+    NONE = "none"
+    # Its effects (files written, a repo patched, an env stepped) are rebuilt by
+    # running the recorded call again, in order with the others; the model still sees
+    # the recorded result. For tools whose effects follow from their arguments.
+    RERUN = "rerun"
+    # Neither (state outside treadle's reach, an external server's): a resume keeps
+    # only the turns before this tool's first call.
+    OPAQUE = "opaque"
+
+
 class Tool(ABC):
     """A function the model may call. Subclasses define the schema and `invoke`."""
+
+    # How a resumed trajectory brings back this tool's calls; a tool that does not
+    # say is OPAQUE (resuming never guesses that a call was harmless).
+    replay: ClassVar[ToolReplay] = ToolReplay.OPAQUE
 
     @property
     @abstractmethod

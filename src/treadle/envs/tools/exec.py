@@ -14,7 +14,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from treadle.envs.tools.base import DEFAULT_MAX_OUTPUT_CHARS, Tool, ToolContext, ToolResult, clip
+from treadle.envs.tools.base import (
+    DEFAULT_MAX_OUTPUT_CHARS,
+    Tool,
+    ToolContext,
+    ToolReplay,
+    ToolResult,
+    clip,
+)
 from treadle.sandbox.base import ExecResult
 
 MAX_CODE_CHARS = 100_000  # one argv element must stay under the kernel's 128 KiB
@@ -57,6 +64,8 @@ class PythonTool(Tool):
     """Runs a Python program (`python3 -`, code on stdin) in the sandbox; with
     `session`, a cell of the sandbox's Python session (SandboxUnsupported from a
     sandbox that keeps none: a configuration error, not the model's)."""
+
+    replay = ToolReplay.RERUN  # resumed: its files and outputs follow from the code
 
     def __init__(self, *, timeout_s: float = 20.0, python: str = "python3",
                  max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
@@ -106,6 +115,8 @@ class PythonTool(Tool):
 
 class BashTool(Tool):
     """Runs one bash command line (`bash -c`) in the sandbox."""
+
+    replay = ToolReplay.RERUN  # resumed: its effects on the work dir follow from the command
 
     def __init__(self, *, timeout_s: float = 20.0,
                  max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS) -> None:

@@ -15,6 +15,7 @@ from treadle.envs.tools.base import (
     Tool,
     ToolContext,
     ToolInputError,
+    ToolReplay,
     ToolResult,
     clip,
 )
@@ -25,6 +26,8 @@ MAX_WRITE_CHARS = 1024 * 1024
 
 class ReadFileTool(Tool):
     """Returns a text file's content, optionally a range of lines."""
+
+    replay = ToolReplay.NONE  # resumed: reads only
 
     def __init__(self, *, max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS * 2) -> None:
         self.max_output_chars = max_output_chars
@@ -69,6 +72,8 @@ class ReadFileTool(Tool):
 
 class WriteFileTool(Tool):
     """Creates or replaces a file (parent directories are created)."""
+
+    replay = ToolReplay.RERUN  # resumed: the file is written again
 
     @property
     def name(self) -> str:

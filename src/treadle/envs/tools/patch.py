@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from treadle.envs.errors import EnvError
-from treadle.envs.tools.base import Tool, ToolContext, ToolInputError, ToolResult
+from treadle.envs.tools.base import Tool, ToolContext, ToolInputError, ToolReplay, ToolResult
 from treadle.errors import SandboxFileError
 from treadle.sandbox.base import Sandbox
 
@@ -222,6 +222,8 @@ async def _read(sandbox: Sandbox, path: str) -> str | None:
 
 class ApplyPatchTool(Tool):
     """Applies a unified diff (see the module docstring for what is accepted)."""
+
+    replay = ToolReplay.RERUN  # resumed: the patch is applied again, in order
 
     @property
     def name(self) -> str:

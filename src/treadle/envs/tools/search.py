@@ -18,7 +18,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from treadle.envs.tools.base import DEFAULT_MAX_OUTPUT_CHARS, Tool, ToolContext, ToolResult, clip
+from treadle.envs.tools.base import (
+    DEFAULT_MAX_OUTPUT_CHARS,
+    Tool,
+    ToolContext,
+    ToolReplay,
+    ToolResult,
+    clip,
+)
 
 _TOKEN = re.compile(r"[a-z0-9]+")
 STOPWORDS = frozenset((
@@ -93,6 +100,8 @@ def documents_from_records(records: Iterable[Mapping[str, Any]]) -> list[Documen
 
 class SearchTool(Tool):
     """Searches a fixed corpus; runs on the host (no code is executed)."""
+
+    replay = ToolReplay.NONE  # resumed: a search of a fixed corpus changes nothing
 
     def __init__(self, index: BM25Index | Sequence[Document], *, default_k: int = 5,
                  max_k: int = 10, max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS) -> None:

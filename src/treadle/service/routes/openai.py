@@ -74,7 +74,7 @@ async def answer(service: Service, session_id: str, raw: bytes) -> Response:
         except (ValueError, UnicodeDecodeError) as e:
             raise InvalidRequest(f"the body is not JSON: {str(e)[:200]}") from None
         call, options = wire.parse_chat(body)
-        result = await service.gateway.call(session_id, call)
+        result = await service.gateway.call(session_id, call, body)
     except GatewayError as e:
         return _error(e)
     except InputError as e:  # a service without a tokenizer, a refused field

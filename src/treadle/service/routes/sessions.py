@@ -42,6 +42,7 @@ async def create(body: SessionRequest, request: Request, caller: CallerDep,
     base = service.config.public_url or str(request.base_url)
     created = await service.gateway.create(body, base, owner=owner_of(caller))
     key = service.keys.grant_session(created.session_id, owner_of(caller))
+    service.gateway.opened(created.session_id, owner_of(caller), key)
     return SessionOpened(**created.model_dump(), api_key=key)
 
 

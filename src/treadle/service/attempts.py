@@ -1,0 +1,111 @@
+"""One attempt of one planned trajectory: what runs it, journaled turn by turn.
+
+`Attempts.run(work, attempt)` runs a job's trajectory once, by its kind of work: a
+suite task (`runtime.rollout.run_task`: sandbox, agent loop, reward, then its
+rubric's judges), a workload replay (`replay_task`), a harness run (the gateway's).
+Suite tasks and replays journal their completed turns (`service.journal`), and an
+attempt after a restart resumes from its last journaled turn; a harness run's
+sessions are the gateway's and start over. It returns the trajectory (a failure
+outside the agent loop is an error record, stage runtime) and raises only
+CancelledError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Protocol
+
+from treadle.agent.tokenizer import Tokenizer
+from treadle.runtime.driver import Runtime
+from treadle.runtime.rollout import replay_task, run_task
+from treadle.service.journal import JournalWriter
+from treadle.service.judging import Judging
+from treadle.service.planning import HarnessWork, ReplayWork, SuiteWork, Work
+from treadle.service.sandboxes import SuitePools
+from treadle.store.jobs import TrajectoryState
+from treadle.types import FailureStage, GroupKey, Trajectory, TrajectoryStatus
+
+log = logging.getLogger(__name__)
+
+
+class HarnessRunner(Protocol):
+    """Who runs a harness job's trajectories (the gateway), as the job runner sees it."""
+
+    async def run_harness(self, work: HarnessWork, attempt: int) -> Trajectory:
+        """One trajectory of a harness job, start to end; raises only CancelledError."""
+        ...
+
+    def job_cancelled(self, job_id: str) -> None:
+        """The job was cancelled: its open sessions end now (stored already)."""
+        ...
+
+    async def restore(self, job_id: str, states: Sequence[TrajectoryState]
+                      ) -> list[TrajectoryState]:
+        """Open again the job's sessions a restart interrupted (`states`); the ones it
+        could not."""
+        ...
+
+
+class Attempts:
+    """Runs attempts (module docstring) on `runtime`, with the suites' `sandboxes`,
+    the jobs' rubrics (`judging`) and the turn `journal`."""
+
+    def __init__(self, runtime: Runtime, sandboxes: SuitePools, judging: Judging,
+                 journal: JournalWriter, *, tokenizer: Tokenizer | None,
+                 harnesses: HarnessRunner | None = None) -> None:
+        self.runtime = runtime
+        self.sandboxes = sandboxes
+        self.judging = judging
+        self.journal = journal
+        self.tokenizer = tokenizer
+        self.harnesses = harnesses
+
+    def start(self) -> None:
+        self.journal.start()
+
+    async def close(self) -> None:
+        """Write the journal's last turns and close the sandbox pools (after the
+        attempts running here were cancelled)."""
+        await self.journal.close()
+        await self.sandboxes.close()
+
+    async def run(self, work: Work, attempt: int) -> Trajectory:
+        p = work.planned
+        key = GroupKey(p.group_id, p.repetition)
+        tid = p.trajectory_id
+        journal = self.journal.attempt(work.job_id, tid, attempt)
+        try:
+            match work:
+                case ReplayWork():
+                    return await replay_task(
+                        self.runtime, work.spec, traj_id=tid, key=key, task_id=p.task_id,
+                        attempt=attempt, kv=work.kv, journal=journal,
+                        resume=await self.journal.resume(work.job_id, tid, attempt))
+                case HarnessWork():
+                    if self.harnesses is None:
+                        raise RuntimeError("this service runs no harness jobs")
+                    return await self.harnesses.run_harness(work, attempt)
+                case SuiteWork():
+                    if self.tokenizer is None:  # the planner refuses such jobs
+                        raise RuntimeError("this service has no tokenizer")
+                    return await self.judging.judged(work, await run_task(
+                        self.runtime, work.suite, work.task, traj_id=tid, key=key,
+                        tokenizer=self.tokenizer, sandboxes=self.sandboxes.pool(work.suite),
+                        limits=work.limits, sampling=work.sampling,
+                        chat_format=work.chat_format, attempt=attempt, kv=work.kv,
+                        journal=journal,
+                        resume=await self.journal.resume(work.job_id, tid, attempt)))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.exception("trajectory %s failed outside its agent loop", tid)
+            return Trajectory(tid, key, task_id=p.task_id, attempt=attempt,
+                              status=TrajectoryStatus.ERROR, failure_stage=FailureStage.RUNTIME,
+                              reason=f"runtime: {type(e).__name__}: {e}")
+        finally:
+            journal.ended()
+
+
+__all__ = ["Attempts", "HarnessRunner"]

@@ -1,0 +1,106 @@
+"""The turn journal: each unfinished trajectory's completed turns, so a restart
+resumes it from its last turn instead of its prompt.
+
+A row is one completed turn of one attempt (`kind` "turn", `n` its index), one
+resume (`kind` "resume", `n` the attempt that resumed) or what a gateway session is
+(`kind` "spec", `n` 0: its spec, to open it again), its body JSON the caller's
+(`treadle.agent.journal` and `treadle.service.gateway_journal` say what they hold);
+the store does not read bodies.
+The statements run inside the transaction of the `Store` call that uses them.
+
+Contracts:
+
+- Only live work is journaled: `append` writes a row only while its trajectory is
+  unfinished and the attempt named is its latest (a late batch of a cancelled
+  trajectory, or of an attempt a restart has replaced, is dropped and counted out).
+- A finished trajectory has no journal: `Store.finish` deletes its rows, `cancel` and
+  `fail` their job's, in the same transaction (a crash between the two cannot leave
+  rows behind); deleting a job deletes its rows (foreign key).
+- `resume` records where an attempt took over and drops the turns it did not keep,
+  so a later resume never mixes turns of two different histories.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+TURN, RESUME, SPEC = "turn", "resume", "spec"  # row kinds
+
+
+@dataclass(frozen=True, slots=True)
+class JournalRow:
+    """One completed turn of one attempt, as the writer hands it to the store."""
+
+    job_id: str
+    trajectory_id: str
+    attempt: int  # the attempt index that ran it (`Store.start`'s answer)
+    turn: int  # its index in the trajectory, from 0
+    tokens: int  # tokens it sampled (kept on the row: counted without parsing bodies)
+    body: str  # JSON
+    kind: str = TURN  # TURN, or SPEC (`turn` 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Journaled:
+    """A trajectory's journal: its turns in order, and the resumes before this one."""
+
+    turns: tuple[str, ...]  # bodies, turn 0 first (dense: a gap ends the list)
+    resumes: tuple[str, ...]  # bodies, oldest first
+    tokens: int  # sampled tokens of `turns`
+    spec: str | None = None  # a gateway session's spec body
+
+
+def append(conn: sqlite3.Connection, rows: Sequence[JournalRow]) -> int:
+    """Write the rows of live attempts (module docstring); returns how many."""
+    written = 0
+    for r in rows:
+        written += conn.execute(
+            "INSERT OR REPLACE INTO journal (job_id, trajectory_id, kind, n, tokens, body) "
+            "SELECT ?, ?, ?, ?, ?, ? FROM trajectories WHERE job_id = ? AND "
+            "trajectory_id = ? AND seq IS NULL AND attempts = ?",
+            (r.job_id, r.trajectory_id, r.kind, r.turn, r.tokens, r.body, r.job_id,
+             r.trajectory_id, r.attempt + 1)).rowcount
+    return written
+
+
+def read(conn: sqlite3.Connection, job_id: str, trajectory_id: str) -> Journaled:
+    rows = conn.execute(
+        "SELECT kind, n, tokens, body FROM journal WHERE job_id = ? AND trajectory_id = ? "
+        "ORDER BY kind, n", (job_id, trajectory_id)).fetchall()
+    turns: list[str] = []
+    tokens = 0
+    for kind, n, sampled, body in rows:
+        if kind == TURN and n == len(turns):  # a turn after a gap was never reached
+            turns.append(body)
+            tokens += int(sampled)
+    spec = next((b for k, _, _, b in rows if k == SPEC), None)
+    return Journaled(tuple(turns), tuple(b for k, _, _, b in rows if k == RESUME), tokens,
+                     spec)
+
+
+def resume(conn: sqlite3.Connection, job_id: str, trajectory_id: str, attempt: int,
+           kept: int, body: str) -> None:
+    """Attempt `attempt` resumes with the first `kept` turns: the others are dropped,
+    and the resume (`body`) recorded."""
+    conn.execute("DELETE FROM journal WHERE job_id = ? AND trajectory_id = ? AND kind = ? "
+                 "AND n >= ?", (job_id, trajectory_id, TURN, kept))
+    conn.execute("INSERT OR REPLACE INTO journal (job_id, trajectory_id, kind, n, tokens, "
+                 "body) VALUES (?, ?, ?, ?, 0, ?)", (job_id, trajectory_id, RESUME, attempt,
+                                                     body))
+
+
+def forget(conn: sqlite3.Connection, job_id: str, trajectory_id: str | None = None) -> None:
+    """Delete the journal of one trajectory (finished), or of every trajectory of a job
+    (cancelled, failed)."""
+    if trajectory_id is None:
+        conn.execute("DELETE FROM journal WHERE job_id = ?", (job_id,))
+    else:
+        conn.execute("DELETE FROM journal WHERE job_id = ? AND trajectory_id = ?",
+                     (job_id, trajectory_id))
+
+
+def journaled_tokens(conn: sqlite3.Connection) -> int:
+    """Sampled tokens of every journaled turn (what a restart now would keep)."""
+    return int(conn.execute("SELECT coalesce(sum(tokens), 0) FROM journal").fetchone()[0])
