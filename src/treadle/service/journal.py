@@ -45,7 +45,7 @@ class _Row:
     n: int  # turn index (0 for a spec)
     tokens: int  # sampled tokens of the turn
     kind: str  # TURN | SPEC
-    body: Callable[[], str]  # its JSON, rendered on the store's thread
+    body: Callable[[], bytes]  # its encoding, done on the store's thread
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +73,7 @@ class AttemptJournal:
     def turn(self, entry: JournaledTurn) -> None:
         self._writer.unjournaled -= self._pending
         self._pending = 0
-        self._writer.add(_Row(*self._key, entry.index, entry.tokens, TURN, entry.dumps))
+        self._writer.add(_Row(*self._key, entry.index, entry.tokens, TURN, entry.encode))
 
     def ended(self) -> None:
         self._writer.unjournaled -= self._pending
@@ -118,7 +118,7 @@ class JournalWriter:
         return plan
 
     def row(self, job_id: str, trajectory_id: str, attempt: int, n: int, tokens: int,
-            kind: str, body: Callable[[], str]) -> None:
+            kind: str, body: Callable[[], bytes]) -> None:
         """Journal a row of another kind of body (a gateway session's spec and calls:
         `service.session_journal`); `body` is rendered on the store's thread."""
         self.add(_Row(job_id, trajectory_id, attempt, n, tokens, kind, body))
