@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ from treadle.envs.tools.base import ToolReplay
 from treadle.service.metrics import Metrics
 from treadle.store.aio import AsyncStore
 from treadle.store.journal import TURN, JournalRow
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +100,7 @@ class JournalWriter:
         self._waiting = asyncio.Event()
         self._full = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._closing = False
 
     def attempt(self, job_id: str, trajectory_id: str, attempt: int) -> AttemptJournal:
         return AttemptJournal(self, job_id, trajectory_id, attempt)
@@ -142,30 +146,36 @@ class JournalWriter:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def close(self) -> None:
-        """Stop, after writing every turn handed in."""
+        """Stop, after writing every turn handed in (a flush under way is not cut)."""
+        self._closing = True
+        self._waiting.set()
+        self._full.set()
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await self._task
             self._task = None
         await self._flush()
 
     async def _run(self) -> None:
-        while True:
+        while not self._closing:
             await self._waiting.wait()
             # Let a batch gather (a turn waits for nothing here: it was handed in).
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.interval_s):
                     await self._full.wait()
-            await self._flush()
+            try:
+                await self._flush()
+            except Exception:  # a batch lost costs its turns again after a restart, no more
+                log.exception("the turn journal could not write a batch")
 
     async def _flush(self) -> None:
         ops, self._ops = self._ops, []
         self._waiting.clear()
         self._full.clear()
         if ops:
-            written, took = await self.store.call(self._write, ops)
-            self.unjournaled -= sum(op.tokens for op in ops if isinstance(op, _Row))
+            try:
+                written, took = await self.store.call(self._write, ops)
+            finally:  # written, or lost: no longer waiting either way
+                self.unjournaled -= sum(op.tokens for op in ops if isinstance(op, _Row))
             self.metrics.journal_flushes.observe(took)
             self.metrics.journal_turns += written
 
