@@ -172,7 +172,7 @@ def test_a_resumed_trajectory_is_the_uninterrupted_one_and_asks_only_for_what_is
     # Every completed turn but the final one is journaled, each once, in order.
     assert [e.index for e in journal.entries] == [0, 1, 2]
     # The service died after two turns: the third (peek) and the answer run again.
-    bodies = [e.dumps() for e in journal.entries[:2]]
+    bodies = [e.encode() for e in journal.entries[:2]]
     resumed, runner, state = run(tok, SCRIPT[2:], bodies=bodies)
     _same_record(resumed, whole)
     # The replayed turns' tool seconds are the recorded ones.
@@ -192,7 +192,7 @@ def test_the_journal_keeps_a_resumed_attempts_new_turns_only(tok: HFTokenizer) -
     first = Journal()
     run(tok, SCRIPT, journal=first)
     again = Journal()
-    run(tok, SCRIPT[1:], journal=again, bodies=[first.entries[0].dumps()])
+    run(tok, SCRIPT[1:], journal=again, bodies=[first.entries[0].encode()])
     assert [e.index for e in again.entries] == [1, 2]
     # Only the live replies are news (the final one's turn is never journaled).
     live = [t.output_tokens for t in first_turns(first)][1:]
@@ -211,7 +211,7 @@ def test_an_opaque_call_ends_what_a_resume_keeps(tok: HFTokenizer) -> None:
     script = [call("bump"), call("remote"), call("bump"), call("submit_answer", answer="2")]
     journal = Journal()
     whole, _, _ = run(tok, script, journal=journal)
-    bodies = [e.dumps() for e in journal.entries]
+    bodies = [e.encode() for e in journal.entries]
     resumed, runner, state = run(tok, script[1:], bodies=bodies, attempt=2)
     point = resumed.resumed[-1]
     assert (point.attempt, point.turn, point.rerun_calls, point.discarded_turns) == (2, 1, 1, 2)
@@ -225,7 +225,7 @@ def test_resuming_from_the_prompt_keeps_nothing_and_says_what_it_discarded(
         tok: HFTokenizer) -> None:
     journal = Journal()
     whole, _, _ = run(tok, SCRIPT, journal=journal)
-    bodies = [e.dumps() for e in journal.entries]
+    bodies = [e.encode() for e in journal.entries]
     resumed, runner, _ = run(tok, SCRIPT, bodies=bodies, from_prompt=True)
     assert resumed.resumed == [ResumePoint(1, 0, 0, 3, sum(e.tokens for e in journal.entries),
                                            FROM_PROMPT)]
@@ -236,7 +236,8 @@ def test_resuming_from_the_prompt_keeps_nothing_and_says_what_it_discarded(
 def test_earlier_resumes_are_kept_and_a_bad_entry_ends_the_prefix() -> None:
     earlier = ResumePoint(1, 3, 1, 0, 0, "")
     good = JournaledTurn(0, FakeOutput.make(3))
-    resume = plan_resume([good.dumps(), "{not json", good.dumps()], [resume_body(earlier)],
+    resume = plan_resume([good.encode(), b"\xc1not msgpack", good.encode()],
+                         [resume_body(earlier)],
                          attempt=2, replay_of=None)
     assert resume.resumed[0] == earlier
     assert resume.point.turn == 1 and resume.point.discarded_turns == 2

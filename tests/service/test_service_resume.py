@@ -29,7 +29,7 @@ def _journal(db: Path) -> dict[str, list[JournaledTurn]]:
     """The unfinished trajectories' journaled turns, read from the dead service's file."""
     with Store(db) as store:
         ids = [s.trajectory_id for s in store.unfinished("r")]
-        return {tid: [JournaledTurn.loads(b) for b in store.journaled("r", tid).turns]
+        return {tid: [JournaledTurn.decode(b) for b in store.journaled("r", tid).turns]
                 for tid in ids}
 
 

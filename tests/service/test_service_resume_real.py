@@ -37,7 +37,7 @@ def _journal(db: Path) -> dict[str, list[JournaledTurn]]:
             ids = [s.trajectory_id for s in store.unfinished("m")]
         except NotFound:
             return {}
-        return {tid: [JournaledTurn.loads(b) for b in store.journaled("m", tid).turns]
+        return {tid: [JournaledTurn.decode(b) for b in store.journaled("m", tid).turns]
                 for tid in ids}
 
 

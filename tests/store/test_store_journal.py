@@ -19,7 +19,7 @@ def store() -> Store:
 
 
 def _row(tid: str, attempt: int, turn: int, tokens: int = 5) -> JournalRow:
-    return JournalRow("j", tid, attempt, turn, tokens, f'{{"turn":{turn},"attempt":{attempt}}}')
+    return JournalRow("j", tid, attempt, turn, tokens, f"{turn}@{attempt}".encode())
 
 
 def test_a_live_attempts_turns_read_back_in_order(store: Store) -> None:
@@ -30,7 +30,7 @@ def test_a_live_attempts_turns_read_back_in_order(store: Store) -> None:
     assert store.journal_turns([_row(tid, 0, 1), _row(tid, 0, 0), _row(tid, 0, 3)]) == 3
     got = store.journaled("j", tid)
     # Turn 3 follows a gap (turn 2 never reached the store): not part of the history.
-    assert got.turns == ('{"turn":0,"attempt":0}', '{"turn":1,"attempt":0}')
+    assert got.turns == (b"0@0", b"1@0")
     assert got.tokens == 10 and got.resumes == ()
     # Not started, or an attempt a restart has replaced: nothing is written.
     other = planned[1].trajectory_id
@@ -49,12 +49,11 @@ def test_a_resume_drops_the_turns_it_does_not_keep(store: Store) -> None:
     store.journal_turns([_row(tid, 0, n) for n in range(4)])
     store.recover()
     store.start("j", tid)
-    store.resume_journal("j", tid, 1, 2, '{"point":1}')
+    store.resume_journal("j", tid, 1, 2, b"point 1")
     store.journal_turns([_row(tid, 1, 2, tokens=7)])
     got = store.journaled("j", tid)
-    assert got.turns == ('{"turn":0,"attempt":0}', '{"turn":1,"attempt":0}',
-                         '{"turn":2,"attempt":1}')
-    assert got.resumes == ('{"point":1}',) and got.tokens == 17
+    assert got.turns == (b"0@0", b"1@0", b"2@1")
+    assert got.resumes == (b"point 1",) and got.tokens == 17
 
 
 @pytest.mark.parametrize("end", ["finish", "cancel", "fail"])

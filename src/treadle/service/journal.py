@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +37,8 @@ from treadle.service.metrics import Metrics
 from treadle.store.aio import AsyncStore
 from treadle.store.journal import TURN, JournalRow
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True, slots=True)
 class _Row:
@@ -45,7 +48,7 @@ class _Row:
     n: int  # turn index (0 for a spec)
     tokens: int  # sampled tokens of the turn
     kind: str  # TURN | SPEC
-    body: Callable[[], str]  # its JSON, rendered on the store's thread
+    body: Callable[[], bytes]  # its encoding, done on the store's thread
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +76,7 @@ class AttemptJournal:
     def turn(self, entry: JournaledTurn) -> None:
         self._writer.unjournaled -= self._pending
         self._pending = 0
-        self._writer.add(_Row(*self._key, entry.index, entry.tokens, TURN, entry.dumps))
+        self._writer.add(_Row(*self._key, entry.index, entry.tokens, TURN, entry.encode))
 
     def ended(self) -> None:
         self._writer.unjournaled -= self._pending
@@ -97,6 +100,7 @@ class JournalWriter:
         self._waiting = asyncio.Event()
         self._full = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._closing = False
 
     def attempt(self, job_id: str, trajectory_id: str, attempt: int) -> AttemptJournal:
         return AttemptJournal(self, job_id, trajectory_id, attempt)
@@ -118,7 +122,7 @@ class JournalWriter:
         return plan
 
     def row(self, job_id: str, trajectory_id: str, attempt: int, n: int, tokens: int,
-            kind: str, body: Callable[[], str]) -> None:
+            kind: str, body: Callable[[], bytes]) -> None:
         """Journal a row of another kind of body (a gateway session's spec and calls:
         `service.session_journal`); `body` is rendered on the store's thread."""
         self.add(_Row(job_id, trajectory_id, attempt, n, tokens, kind, body))
@@ -142,36 +146,44 @@ class JournalWriter:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def close(self) -> None:
-        """Stop, after writing every turn handed in."""
+        """Stop, after writing every turn handed in (a flush under way is not cut)."""
+        self._closing = True
+        self._waiting.set()
+        self._full.set()
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await self._task
             self._task = None
         await self._flush()
 
     async def _run(self) -> None:
-        while True:
+        while not self._closing:
             await self._waiting.wait()
             # Let a batch gather (a turn waits for nothing here: it was handed in).
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.interval_s):
                     await self._full.wait()
-            await self._flush()
+            try:
+                await self._flush()
+            except Exception:  # a batch lost costs its turns again after a restart, no more
+                log.exception("the turn journal could not write a batch")
 
     async def _flush(self) -> None:
         ops, self._ops = self._ops, []
         self._waiting.clear()
         self._full.clear()
         if ops:
-            started = time.perf_counter()
-            written = await self.store.call(self._write, ops)
-            self.unjournaled -= sum(op.tokens for op in ops if isinstance(op, _Row))
-            self.metrics.journal_flushes.observe(time.perf_counter() - started)
+            try:
+                written, took = await self.store.call(self._write, ops)
+            finally:  # written, or lost: no longer waiting either way
+                self.unjournaled -= sum(op.tokens for op in ops if isinstance(op, _Row))
+            self.metrics.journal_flushes.observe(took)
             self.metrics.journal_turns += written
 
-    def _write(self, ops: list[_Row | _Resumed]) -> int:
-        """On the store's thread: the ops in order, consecutive rows in one call."""
+    def _write(self, ops: list[_Row | _Resumed]) -> tuple[int, float]:
+        """On the store's thread: the ops in order, consecutive rows in one call; the
+        rows written and the seconds it took there (encoding and SQLite: the journal's
+        cost, without the wait for the thread)."""
+        started = time.perf_counter()
         written = 0
         turns: list[JournalRow] = []
         for op in [*ops, None]:
@@ -186,7 +198,7 @@ class JournalWriter:
                 point = op.resume.point
                 self.store.store.resume_journal(op.job_id, op.trajectory_id, point.attempt,
                                                 point.turn, resume_body(point))
-        return written
+        return written, time.perf_counter() - started
 
 
 __all__ = ["AttemptJournal", "JournalWriter"]

@@ -15,13 +15,20 @@ sessions (the harness died with the service) are not journaled: they end as befo
 from __future__ import annotations
 
 import functools
-import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from treadle.agent.journal import Resume, dump_output, load_output, load_points
+from treadle.agent.journal import (
+    BAD_BODY,
+    Resume,
+    decode,
+    dump_output,
+    encode,
+    load_output,
+    load_points,
+)
 from treadle.agent.runner import Sampling, TurnOutput
 from treadle.gateway import wire
 from treadle.gateway.session import CallResult, Session, SessionLimits, SessionSpec
@@ -82,7 +89,7 @@ class SessionJournal:
                     session.spec, session.owner, session.key_digest,
                     tuple(load_call(b) for b in journaled.turns),
                     load_points(journaled.resumes))
-            except (ValueError, KeyError, TypeError) as e:
+            except BAD_BODY as e:
                 log.warning("session of trajectory %s: its journal does not read: %s",
                             state.trajectory_id, e)
         ordered: list[JournaledSession] = []
@@ -107,9 +114,9 @@ class SessionJournal:
                             Resume((), tuple(traj.resumed)))
 
 
-def spec_body(spec: SessionSpec, owner: str | None, key_digest: bytes) -> str:
+def spec_body(spec: SessionSpec, owner: str | None, key_digest: bytes) -> bytes:
     s = spec
-    return json.dumps({
+    return encode({
         "session_id": s.session_id, "trajectory_id": s.trajectory_id, "job_id": s.job_id,
         "group_id": s.key.group_id, "repetition": s.key.repetition, "task_id": s.task_id,
         "sampling": [s.sampling.temperature, s.sampling.top_p, s.sampling.seed],
@@ -118,12 +125,12 @@ def spec_body(spec: SessionSpec, owner: str | None, key_digest: bytes) -> str:
         "metadata": dict(s.metadata), "parent_id": s.parent_id, "trainable": s.trainable,
         "chat_format": s.chat_format, "swept": s.swept, "engine_pool": s.engine_pool,
         "kv_across_updates": s.kv_across_updates.value, "owner": owner,
-        "key_digest": key_digest.hex()}, separators=(",", ":"))
+        "key_digest": key_digest})
 
 
-def load_spec(body: str) -> JournaledSession:
-    """`spec_body`'s session back (ValueError, KeyError or TypeError if it is not one)."""
-    d: dict[str, Any] = json.loads(body)
+def load_spec(body: bytes) -> JournaledSession:
+    """`spec_body`'s session back (one of `BAD_BODY` if it is not one)."""
+    d: dict[str, Any] = decode(body)
     temperature, top_p, seed = d["sampling"]
     max_turns, max_total, per_turn, idle = d["limits"]
     spec = SessionSpec(
@@ -134,17 +141,16 @@ def load_spec(body: str) -> JournaledSession:
         metadata=dict(d["metadata"]), parent_id=d["parent_id"], trainable=bool(d["trainable"]),
         chat_format=d["chat_format"], swept=bool(d["swept"]), engine_pool=d["engine_pool"],
         kv_across_updates=KVAcrossUpdates(d["kv_across_updates"]))
-    return JournaledSession(spec, d["owner"], bytes.fromhex(d["key_digest"]))
+    return JournaledSession(spec, d["owner"], bytes(d["key_digest"]))
 
 
-def call_body(request: Mapping[str, Any], output: TurnOutput) -> str:
-    return json.dumps({"request": request, "output": dump_output(output)},
-                      separators=(",", ":"))
+def call_body(request: Mapping[str, Any], output: TurnOutput) -> bytes:
+    return encode({"request": request, "output": dump_output(output)})
 
 
-def load_call(body: str) -> tuple[dict[str, Any], TurnOutput]:
+def load_call(body: bytes) -> tuple[dict[str, Any], TurnOutput]:
     """`call_body`'s (request, reply) back."""
-    d = json.loads(body)
+    d = decode(body)
     return dict(d["request"]), load_output(d["output"])
 
 

@@ -165,7 +165,7 @@ class AsyncStore:
         return await self.call(self.store.journaled, job_id, trajectory_id)
 
     async def resume_journal(self, job_id: str, trajectory_id: str, attempt: int, kept: int,
-                             body: str) -> None:
+                             body: bytes) -> None:
         await self.call(self.store.resume_journal, job_id, trajectory_id, attempt, kept, body)
 
     async def add_trainer_key(self, key_id: str, digest: str, trainer_run: str) -> TrainerKey:

@@ -440,7 +440,7 @@ class Store:
             return journal.read(self._conn, job_id, trajectory_id)
 
     def resume_journal(self, job_id: str, trajectory_id: str, attempt: int, kept: int,
-                       body: str) -> None:
+                       body: bytes) -> None:
         with self._write():
             journal.resume(self._conn, job_id, trajectory_id, attempt, kept, body)
 

@@ -3,9 +3,9 @@ resumes it from its last turn instead of its prompt.
 
 A row is one completed turn of one attempt (`kind` "turn", `n` its index), one
 resume (`kind` "resume", `n` the attempt that resumed) or what a gateway session is
-(`kind` "spec", `n` 0: its spec, to open it again), its body JSON the caller's
-(`treadle.agent.journal` and `treadle.service.gateway_journal` say what they hold);
-the store does not read bodies.
+(`kind` "spec", `n` 0: its spec, to open it again), its body bytes the caller's
+(MessagePack: `treadle.agent.journal` and `treadle.service.session_journal` say what
+they hold); the store does not read bodies.
 The statements run inside the transaction of the `Store` call that uses them.
 
 Contracts:
@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 TURN, RESUME, SPEC = "turn", "resume", "spec"  # row kinds
+_IN = 500  # ids per IN (...) list: under SQLite's default limit of 999 parameters
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +39,7 @@ class JournalRow:
     attempt: int  # the attempt index that ran it (`Store.start`'s answer)
     turn: int  # its index in the trajectory, from 0
     tokens: int  # tokens it sampled (kept on the row: counted without parsing bodies)
-    body: str  # JSON
+    body: bytes  # the caller's encoding
     kind: str = TURN  # TURN, or SPEC (`turn` 0)
 
 
@@ -46,30 +47,39 @@ class JournalRow:
 class Journaled:
     """A trajectory's journal: its turns in order, and the resumes before this one."""
 
-    turns: tuple[str, ...]  # bodies, turn 0 first (dense: a gap ends the list)
-    resumes: tuple[str, ...]  # bodies, oldest first
+    turns: tuple[bytes, ...]  # bodies, turn 0 first (dense: a gap ends the list)
+    resumes: tuple[bytes, ...]  # bodies, oldest first
     tokens: int  # sampled tokens of `turns`
-    spec: str | None = None  # a gateway session's spec body
+    spec: bytes | None = None  # a gateway session's spec body
 
 
 def append(conn: sqlite3.Connection, rows: Sequence[JournalRow]) -> int:
-    """Write the rows of live attempts (module docstring); returns how many."""
-    written = 0
+    """Write the rows of live attempts (module docstring); returns how many. One query
+    per job finds its live attempts, one statement writes the rows."""
+    live: dict[tuple[str, str], int] = {}
+    by_job: dict[str, set[str]] = {}
     for r in rows:
-        written += conn.execute(
-            "INSERT OR REPLACE INTO journal (job_id, trajectory_id, kind, n, tokens, body) "
-            "SELECT ?, ?, ?, ?, ?, ? FROM trajectories WHERE job_id = ? AND "
-            "trajectory_id = ? AND seq IS NULL AND attempts = ?",
-            (r.job_id, r.trajectory_id, r.kind, r.turn, r.tokens, r.body, r.job_id,
-             r.trajectory_id, r.attempt + 1)).rowcount
-    return written
+        by_job.setdefault(r.job_id, set()).add(r.trajectory_id)
+    for job_id, ids in by_job.items():
+        listed = sorted(ids)
+        for start in range(0, len(listed), _IN):
+            chunk = listed[start:start + _IN]
+            live.update(((job_id, tid), int(attempts)) for tid, attempts in conn.execute(
+                "SELECT trajectory_id, attempts FROM trajectories WHERE job_id = ? AND "
+                f"seq IS NULL AND trajectory_id IN ({', '.join('?' * len(chunk))})",
+                (job_id, *chunk)))
+    kept = [(r.job_id, r.trajectory_id, r.kind, r.turn, r.tokens, r.body) for r in rows
+            if live.get((r.job_id, r.trajectory_id)) == r.attempt + 1]
+    conn.executemany("INSERT OR REPLACE INTO journal (job_id, trajectory_id, kind, n, tokens, "
+                     "body) VALUES (?, ?, ?, ?, ?, ?)", kept)
+    return len(kept)
 
 
 def read(conn: sqlite3.Connection, job_id: str, trajectory_id: str) -> Journaled:
     rows = conn.execute(
         "SELECT kind, n, tokens, body FROM journal WHERE job_id = ? AND trajectory_id = ? "
         "ORDER BY kind, n", (job_id, trajectory_id)).fetchall()
-    turns: list[str] = []
+    turns: list[bytes] = []
     tokens = 0
     for kind, n, sampled, body in rows:
         if kind == TURN and n == len(turns):  # a turn after a gap was never reached
@@ -81,7 +91,7 @@ def read(conn: sqlite3.Connection, job_id: str, trajectory_id: str) -> Journaled
 
 
 def resume(conn: sqlite3.Connection, job_id: str, trajectory_id: str, attempt: int,
-           kept: int, body: str) -> None:
+           kept: int, body: bytes) -> None:
     """Attempt `attempt` resumes with the first `kept` turns: the others are dropped,
     and the resume (`body`) recorded."""
     conn.execute("DELETE FROM journal WHERE job_id = ? AND trajectory_id = ? AND kind = ? "

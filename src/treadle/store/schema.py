@@ -148,7 +148,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             kind          TEXT NOT NULL,           -- "turn" | "resume"
             n             INTEGER NOT NULL,        -- turn index | attempt index
             tokens        INTEGER NOT NULL,        -- tokens the turn sampled
-            body          TEXT NOT NULL,           -- JSON (treadle.agent.journal)
+            body          BLOB NOT NULL,           -- MessagePack (treadle.agent.journal)
             PRIMARY KEY (job_id, trajectory_id, kind, n)
         ) WITHOUT ROWID""",
     ),
