@@ -35,6 +35,7 @@ import pydantic
 from treadle.agent.chat import DEFAULT_FORMAT, FORMATS
 
 if TYPE_CHECKING:
+    from treadle.core.policies.progressive import Staleness
     from treadle.runtime.ray_launcher import RayCluster
     from treadle.runtime.ray_sandboxes import SandboxServers
     from treadle.sandbox.autoscale import Scaling
@@ -128,6 +129,12 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--model", default="qwen3-14b", help="cost-model entry the policy plans with")
     p.add_argument("--gpu", default="h100", help="cost-model entry")
     p.add_argument("--max-live", type=int, default=4096, help="trajectories running at once")
+    p.add_argument("--staleness", type=int, default=None, metavar="VERSIONS",
+                   help="asynchronous RL: the treadle policy runs older trajectories first "
+                        "across weight updates, for a bound of VERSIONS (docs/async.md)")
+    p.add_argument("--staleness-gate", action="store_true",
+                   help="with --staleness: start no trajectory that would go stale before "
+                        "it could finish")
     p.add_argument("--resume-from", choices=("turn", "prompt"), default="turn",
                    help="where a trajectory a restart interrupted starts again: its last "
                         "journaled turn (default), or its prompt (to measure the difference)")
@@ -234,6 +241,7 @@ def run_serve(args: argparse.Namespace) -> int:
                                emulate=args.emulate, time_scale=args.time_scale,
                                tokenizer=args.tokenizer or args.vllm, sandbox=sandbox,
                                max_live=args.max_live, resume_from=args.resume_from,
+                               staleness=_staleness(args),
                                vllm_model=args.vllm,
                                sandbox_pool=pools,
                                vllm_engines=args.vllm_engines,
@@ -309,6 +317,19 @@ def _sandbox_servers(args: argparse.Namespace) -> tuple[SandboxServers | None, S
     resources = tuple(_resource("--sandbox-server-resource", r)
                       for r in args.sandbox_server_resource)
     return SandboxServers(backend=args.sandbox, resources=resources), scaling
+
+
+def _staleness(args: argparse.Namespace) -> Staleness | None:
+    """`--staleness`, `--staleness-gate` (ValueError for a gate without a bound)."""
+    from treadle.core.policies.progressive import Staleness
+
+    if args.staleness is None:
+        if args.staleness_gate:
+            raise ValueError("--staleness-gate needs --staleness VERSIONS")
+        return None
+    if args.staleness < 1 or args.policy != "treadle":
+        raise ValueError("--staleness: a number of versions >= 1, with --policy treadle")
+    return Staleness(args.staleness, finish_first=True, gate=args.staleness_gate)
 
 
 def _resource(flag: str, spec: str) -> tuple[str, float]:

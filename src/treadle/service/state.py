@@ -24,6 +24,7 @@ from typing import Literal
 from treadle.agent.tokenizer import HFTokenizer
 from treadle.core.cost_model import CostModel
 from treadle.core.policies import build_policy, parse_policy
+from treadle.core.policies.progressive import Staleness
 from treadle.engines.base import Engine
 from treadle.errors import TreadleError
 from treadle.gateway.harness import Harness
@@ -95,6 +96,11 @@ class ServiceConfig:
     # ("turn"), or its prompt ("prompt": to measure what the journal saves; its turns
     # are journaled still, and the records count what was discarded).
     resume_from: Literal["turn", "prompt"] = "turn"
+    # How the `treadle` policy weighs staleness across weight updates (asynchronous
+    # RL: `core.policies.progressive.Staleness`): older trajectories first, and with
+    # its gate none started that would go stale before it could finish. None: not at
+    # all (each job's own `max_staleness` still bounds what it delivers as fresh).
+    staleness: Staleness | None = None
     max_queued: int = 262_144  # trajectories waiting for a slot (a fuller submit is a 503)
     max_body_bytes: int = 64 << 20  # request body limit
     body_timeout_s: float = 60.0  # a request body must arrive within this (else a 408)
@@ -265,7 +271,8 @@ class Service:
 def build_service(config: ServiceConfig) -> Service:
     """The parts, not started (the app's lifespan starts them)."""
     cost = CostModel.named(config.model, config.gpu)
-    scheduler = build_policy(parse_policy(config.policy), cost, batch_size=1024)
+    scheduler = build_policy(parse_policy(config.policy), cost, batch_size=1024,
+                             staleness=config.staleness)
     if config.emulate and config.vllm_model:
         raise ValueError("emulate and vllm_model exclude each other: one kind of engine")
     if config.time_scale != 1.0 and (config.vllm_model or any(
