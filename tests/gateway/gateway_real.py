@@ -21,7 +21,7 @@ from treadle.service import state
 from treadle.service.schemas import EngineRequest
 from treadle.service.state import ServiceConfig
 from treadle.types import Trajectory
-from vllm_server import RecordingEngine, serve_vllm
+from vllm_server import RecordingEngine, VLLMServer, serve_vllm
 
 TOKEN = "gw-real"
 LIMITS = {"max_total_tokens": 1024, "max_tokens_per_turn": 200, "max_turns": 6}
@@ -32,6 +32,7 @@ class Served:
     url: str
     engine: RecordingEngine  # every call the service made to vLLM, with vLLM's reply
     http: httpx.Client
+    vllm: VLLMServer  # the vLLM server itself (another service may use it too)
 
     def session(self, **body: Any) -> dict[str, Any]:
         created = self.http.post("/v1/sessions", json={"limits": LIMITS, **body})
@@ -69,7 +70,7 @@ def serving(trained_checkpoint: Path, work: Path) -> Iterator[Served]:
             url = stack.enter_context(running_service(config))
         http = stack.enter_context(httpx.Client(
             base_url=url, headers={"authorization": f"Bearer {TOKEN}"}, timeout=120))
-        yield Served(url, recorded[0], http)
+        yield Served(url, recorded[0], http, server)
 
 
 def assert_token_exact(traj: Trajectory, engine: RecordingEngine) -> int:

@@ -4,7 +4,9 @@ tool, which runs in bwrap) is killed with SIGKILL once trajectories have journal
 turns, and started again on the same store and the same engine. Every trajectory is
 delivered once; each that had journaled turns resumes from its last one, and its
 record up to there is the journal's token for token (ids, logprobs, versions, mask),
-its python calls run again in a fresh sandbox to rebuild it."""
+its python calls run again in a fresh sandbox to rebuild it. The vLLM server is the
+session's (`served`, shared with the gateway tests on real vLLM); the service here is
+a `treadle serve` process of its own, to be killed."""
 
 from __future__ import annotations
 
@@ -17,12 +19,12 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.gateway_real import Served
 from treadle.agent.journal import JournaledTurn
 from treadle.bench.faults import ServiceProcess
 from treadle.envs.registry import get_suite
 from treadle.store import NotFound, Store
 from treadle.train.transcripts import heldout_tasks
-from vllm_server import serve_vllm
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
               pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")]
@@ -42,36 +44,34 @@ def _journal(db: Path) -> dict[str, list[JournaledTurn]]:
 
 
 def test_a_kill_9_of_a_real_vllm_job_resumes_each_trajectory_from_its_last_turn(
-        tmp_path: Path, trained_checkpoint: Path) -> None:
+        tmp_path: Path, trained_checkpoint: Path, served: Served) -> None:
     suite = get_suite("math")
     records = [suite.task_to_record(t) for t in heldout_tasks(TASKS)]
-    with serve_vllm(trained_checkpoint, tmp_path) as server:
-        service = ServiceProcess(tmp_path / "s.db", tmp_path / "s.log", TOKEN, [
-            "--engine", server.url, "--served-model", server.model,
-            "--tokenizer", str(trained_checkpoint), "--sandbox", "bwrap",
-            "--policy", "verl"])
-        service.start()
-        try:
-            r = httpx.post(f"{service.url}/v1/jobs", headers=AUTH, timeout=30, json={
-                "job_id": "m", "tasks": {"suite": "math", "tasks": records},
-                "samples_per_task": SAMPLES, "sampling": {"temperature": 1.0, "seed": 7},
-                "limits": {"max_turns": 4, "max_total_tokens": 1024}})
-            assert r.status_code == 201, r.text
-            deadline = time.monotonic() + 300  # a bound for a hang
-            while sum(len(t) for t in _journal(service.db).values()) < 3:
-                assert time.monotonic() < deadline, "no turn was journaled"
-                time.sleep(0.1)
-        finally:
-            service.kill()
-        journal = {tid: turns for tid, turns in _journal(service.db).items() if turns}
-        service.start()
-        try:
-            with httpx.stream("GET", f"{service.url}/v1/jobs/m/trajectories", headers=AUTH,
-                              params={"follow": "true"}, timeout=600) as stream:
-                got: list[dict[str, Any]] = [json.loads(line)["trajectory"]
-                                             for line in stream.iter_lines() if line]
-        finally:
-            service.stop()
+    service = ServiceProcess(tmp_path / "s.db", tmp_path / "s.log", TOKEN, [
+        "--engine", served.vllm.url, "--served-model", served.vllm.model,
+        "--tokenizer", str(trained_checkpoint), "--sandbox", "bwrap", "--policy", "verl"])
+    service.start()
+    try:
+        r = httpx.post(f"{service.url}/v1/jobs", headers=AUTH, timeout=30, json={
+            "job_id": "m", "tasks": {"suite": "math", "tasks": records},
+            "samples_per_task": SAMPLES, "sampling": {"temperature": 1.0, "seed": 7},
+            "limits": {"max_turns": 4, "max_total_tokens": 1024}})
+        assert r.status_code == 201, r.text
+        deadline = time.monotonic() + 300  # a bound for a hang
+        while sum(len(t) for t in _journal(service.db).values()) < 3:
+            assert time.monotonic() < deadline, "no turn was journaled"
+            time.sleep(0.1)
+    finally:
+        service.kill()
+    journal = {tid: turns for tid, turns in _journal(service.db).items() if turns}
+    service.start()
+    try:
+        with httpx.stream("GET", f"{service.url}/v1/jobs/m/trajectories", headers=AUTH,
+                          params={"follow": "true"}, timeout=600) as stream:
+            got: list[dict[str, Any]] = [json.loads(line)["trajectory"]
+                                         for line in stream.iter_lines() if line]
+    finally:
+        service.stop()
     assert len(got) == TASKS * SAMPLES
     assert len({t["trajectory_id"] for t in got}) == TASKS * SAMPLES
     assert not [t for t in got if t["status"] == "error"], "an infrastructure failure"
