@@ -42,6 +42,16 @@ def _sim_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--timeline", metavar="FILE.html",
                    help="write a per-engine Gantt chart of the last policy's run")
+    j = p.add_argument_group("judging (docs/rewards.md)")
+    j.add_argument("--judge", metavar="MODE",
+                   help="judge every trajectory once: shared (the scheduler's judge class "
+                        "on the same engines, as trajectories finish), after (on the same "
+                        "engines once the rollout phase ends) or dedicated:G (a judge pool "
+                        "of G GPUs); reports rollout_makespan_s and judged_makespan_s")
+    j.add_argument("--judge-context", type=int, default=8192,
+                   help="most tokens of a trajectory a judge call reads (default 8192)")
+    j.add_argument("--judge-output", default="64,256", metavar="LO,HI",
+                   help="a judge reply's tokens, drawn uniformly (default 64,256)")
     m = p.add_argument_group("several RL steps (docs/sim-steps.md)")
     m.add_argument("--steps", type=int, default=1,
                    help="RL steps: rollouts and training steps (default 1: one rollout step)")
@@ -90,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     from treadle.bench.chaos import add_chaos_bench_parser
     from treadle.bench.control_plane import add_control_plane_parser
     from treadle.bench.gateway import add_gateway_bench_parser
+    from treadle.bench.judge import add_judge_bench_parser
     from treadle.bench.live import add_live_bench_parser
     from treadle.bench.sandbox import add_bench_parser
     from treadle.bench.service import add_service_bench_parser
@@ -106,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_gateway_bench_parser(bench_sub)
     add_service_bench_parser(bench_sub)
     add_control_plane_parser(bench_sub)
+    add_judge_bench_parser(bench_sub)
     add_sandbox_parser(sub)
     add_server_parser(sub)
     add_engine_parser(sub)
@@ -127,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command in ("sandbox", "sandbox-server", "engine", "serve", "keys", "run",
                             "train", "demo") or (
                 args.command == "bench" and args.bench in ("sandbox", "live", "service", "chaos",
-                                                    "gateway", "control-plane")):
+                                                    "gateway", "control-plane", "judge")):
             result: int = args.func(args)
             return result
         if args.command == "bench" and args.steps > 1:
@@ -157,6 +169,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _sim(args: argparse.Namespace) -> int:
+    if args.judge is not None:
+        if args.steps != 1 or args.mode is not None or args.timeline:
+            raise UsageError("--judge is for one rollout step, without --timeline")
+        return _sim_judge(args)
     if args.steps != 1 or args.mode is not None:
         return _sim_steps(args)
     from treadle.core.cost_model import CostModel
@@ -199,6 +215,63 @@ def _sim(args: argparse.Namespace) -> int:
     else:
         print(format_table(rows))
     return 0
+
+
+def _sim_judge(args: argparse.Namespace) -> int:
+    """`treadle sim --judge MODE`: every policy, each trajectory judged once."""
+    from dataclasses import asdict
+
+    from treadle.core.cost_model import CostModel
+    from treadle.core.policies import parse_policy
+    from treadle.sim.judging import JudgeSizes, parse_judge, simulate_judged
+
+    try:
+        cost = CostModel.named(args.model, args.gpu)
+        specs = [parse_policy(p) for p in args.policies.split(",") if p.strip()]
+        setup = parse_judge(args.judge)
+        out = [int(v) for v in args.judge_output.split(",")]
+        if len(out) != 2:
+            raise ValueError(f"--judge-output takes LO,HI, got {args.judge_output}")
+        sizes = JudgeSizes(args.judge_context, output_tokens=(out[0], out[1]))
+    except (KeyError, ValueError) as exc:
+        raise UsageError(str(exc).strip("'\"")) from exc
+    if not specs:
+        raise UsageError("--policies is empty")
+    if args.gpus < 1:
+        raise UsageError(f"--gpus must be >= 1, got {args.gpus}")
+    workload = load_workload(args.workload, args.trajectories, args.seed,
+                             cost.model.max_context)
+    history = _history(args, len(workload.trajectories), cost.model.max_context)
+    rows = []
+    for spec in specs:
+        _log(f"simulating {spec.label} on {workload.name} ({len(workload.trajectories)} "
+             f"trajectories, {args.gpus} GPUs), judged {setup.label}")
+        try:
+            rows.append(simulate_judged(workload, spec, cost, args.gpus, setup, sizes=sizes,
+                                        history=history, seed=args.seed)[0])
+        except ValueError as exc:
+            raise UsageError(str(exc)) from exc
+    if args.json:
+        print(json.dumps({"workload": workload.name, "gpus": args.gpus, "model": args.model,
+                          "gpu": args.gpu, "trajectories": len(workload.trajectories),
+                          "judge": setup.label, "judge_sizes": asdict(sizes),
+                          "results": [asdict(r) for r in rows]}, indent=2))
+    else:
+        print(format_judge_table(rows))
+    return 0
+
+
+def format_judge_table(rows: Sequence[Any]) -> str:
+    header = ("policy", "judge", "alone_s", "rollout_s", "judged_s", "judged/rollout",
+              "overhead", "verdict p50/max s", "layout")
+    lines = [header]
+    for r in rows:
+        layout = f"{r.layout} | {r.judge_layout}" if r.judge_gpus else r.layout
+        lines.append((r.policy, r.judge, f"{r.rollout_alone_makespan_s:.1f}",
+                      f"{r.rollout_makespan_s:.1f}", f"{r.judged_makespan_s:.1f}",
+                      f"{r.judged_over_rollout:.3f}", f"{r.overhead:+.1%}",
+                      f"{r.judge_latency_p50_s:.1f}/{r.judge_latency_max_s:.1f}", layout))
+    return _columns(lines)
 
 
 def _history(args: argparse.Namespace, trajectories: int,

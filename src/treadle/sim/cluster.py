@@ -193,10 +193,10 @@ class Cluster:
 
     # -- trajectories -------------------------------------------------------------------
 
-    def _arrive(self, spec: TrajectorySpec) -> Callable[[], None]:
+    def _arrive(self, spec: TrajectorySpec, judge: bool = False) -> Callable[[], None]:
         def fire() -> None:
-            self._trace("arrive", spec.traj_id, "")
-            self._emit(TrajectoryArrived(spec.traj_id, spec.group_id, spec.prompt_tokens))
+            self._trace("judge" if judge else "arrive", spec.traj_id, "")
+            self._emit(TrajectoryArrived(spec.traj_id, spec.group_id, spec.prompt_tokens, judge))
         return fire
 
     def _turn_done(self, eng: SimEngine, tid: str) -> None:
@@ -246,15 +246,16 @@ class Cluster:
         """sha256 of the event trace so far."""
         return self._hash.hexdigest()
 
-    def launch(self, spec: TrajectorySpec) -> None:
-        """A new trajectory arrives now; its id must be new to this cluster."""
+    def launch(self, spec: TrajectorySpec, *, judge: bool = False) -> None:
+        """A new trajectory arrives now (with `judge`: a judge's call, of the
+        scheduler's judge class); its id must be new to this cluster."""
         if spec.traj_id in self.trajs:
             raise ValueError(f"trajectory {spec.traj_id!r} was launched already")
         self.trajs[spec.traj_id] = SimTrajectory(spec, context=spec.prompt_tokens,
                                                  new_tokens=spec.prompt_tokens,
                                                  ready_at=self.kernel.now)
         self._unfinished += 1
-        self._arrive(spec)()
+        self._arrive(spec, judge)()
 
     def sampled(self, tid: str) -> float:
         """Output tokens the trajectory has sampled so far (a running turn's too)."""

@@ -21,7 +21,7 @@ from treadle.core.predictor import Outcome
 from treadle.core.scheduler import TrajectoryScheduler
 from treadle.sim.cluster import Cluster, SimResult
 from treadle.sim.layout_scoring import SimulatedScorer, expected_batch
-from treadle.workloads import Workload
+from treadle.workloads import TrajectorySpec, Workload
 from treadle.workloads.load import generate_named
 
 MAX_BATCH = 1024  # engine max_num_seqs (vLLM's default on 80 GB+ GPUs)
@@ -49,10 +49,14 @@ class PolicyReport:
     trace_digest: str  # sha256 of the event trace
 
 
+def outcome_of(t: TrajectorySpec) -> Outcome:
+    """The outcome the trajectory's script leads to."""
+    return Outcome(t.group_id, t.prompt_tokens, t.output_tokens, t.num_turns, t.tool_time_s,
+                   sum(turn.tool_output_tokens for turn in t.turns))
+
+
 def outcomes(workload: Workload) -> list[Outcome]:
-    return [Outcome(t.group_id, t.prompt_tokens, t.output_tokens, t.num_turns, t.tool_time_s,
-                    sum(turn.tool_output_tokens for turn in t.turns))
-            for t in workload.trajectories]
+    return [outcome_of(t) for t in workload.trajectories]
 
 
 def treadle_scorer(cost: CostModel, gpus: int, history: Sequence[Outcome],

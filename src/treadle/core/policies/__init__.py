@@ -97,8 +97,11 @@ def build_policy(spec: PolicySpec, cost: CostModel, *, batch_size: int,
     if truth is None:
         raise ValueError("oracle needs the true outcomes of the batch")
     true_lengths = sorted((float(o.output_tokens) for o in truth.values()), reverse=True)
+    # `truth` may hold judge calls too (a simulated run that judges), whose estimator
+    # is another view of it.
     policy: Progressive = Treadle(cost, TruthEstimator(truth), prior_lengths=true_lengths,
                                   typical_context=typical_context(list(truth.values())),
-                                  max_batch=max_batch, layout=layout)
+                                  max_batch=max_batch, layout=layout,
+                                  judge_estimator=TruthEstimator(truth))
     policy.name = "oracle"
     return policy

@@ -216,8 +216,10 @@ class Treadle(Progressive):
                  prior_lengths: Sequence[float], typical_context: float,
                  max_batch: int = 1024, layout: Sequence[int] | None = None,
                  layout_scorer: LayoutScorer | None = None, replan_s: float = 15.0,
-                 staleness: Staleness | None = None) -> None:
-        super().__init__(cost, estimator, replan_s=replan_s, staleness=staleness)
+                 staleness: Staleness | None = None,
+                 judge_estimator: WorkEstimator | None = None) -> None:
+        super().__init__(cost, estimator, replan_s=replan_s, staleness=staleness,
+                         judge_estimator=judge_estimator)
         self.prior_lengths = list(prior_lengths)
         self.typical_context = typical_context
         self.max_batch = max_batch
