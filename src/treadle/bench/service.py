@@ -4,9 +4,8 @@ trajectories, measured from a client over HTTP.
     treadle bench service --trajectories 2000 --jobs 3 --workload search --engines 8 \\
         --time-scale 0.1 --json --out benchmarks/service.json
 
-`--engine-http httpx,wire` measures the engine clients' HTTP stacks side by side:
-a service per stack (`TREADLE_ENGINE_HTTP`), their jobs alternating, one report
-each under `arms`.
+`--engine-http httpx,wire` measures the engine clients' HTTP stacks side by side: a
+service per stack (`TREADLE_ENGINE_HTTP`), their jobs alternating, one report each.
 
 The service runs as its own process (`treadle serve --emulate N --time-scale X`, a
 fresh SQLite file, a token), so its CPU and memory are its own; the emulated
