@@ -18,7 +18,6 @@ from treadle.agent.journal import (
     FROM_PROMPT,
     JournaledTurn,
     ReplayingRunner,
-    Resume,
     plan_resume,
     resume_body,
 )
@@ -287,4 +286,3 @@ def test_a_replaying_runner_forwards_the_end_and_the_first_live_turn() -> None:
 
     asyncio.run(go())
     assert inner.heard == ["generate", "turn", "ended"] and runner.policy_version == 7
-    assert isinstance(Resume((), (ResumePoint(1, 0),)).point, ResumePoint)

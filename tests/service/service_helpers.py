@@ -4,7 +4,8 @@ its own `treadle serve` process: `treadle.bench.faults.ServiceProcess`)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import uvicorn
@@ -46,3 +47,16 @@ def service_schema(config: ServiceConfig) -> dict[str, Any]:
     finally:
         service.store.store.close()
     return schema
+
+
+def until(condition: Callable[[], bool], hopeless: Callable[[], str | None]) -> None:
+    """Wait until `condition` holds, a state another process brings about (rows in its
+    store: no event crosses the process boundary, so it is looked at again and again).
+    No deadline decides: `hopeless` names what would keep it from ever holding (the
+    job ended, the process died), checked at every look, and fails the test at once; a
+    hang is pytest-timeout's."""
+    while not condition():
+        why = hopeless()
+        assert why is None, why
+        time.sleep(0.02)  # between two looks, not a wait for the state
+

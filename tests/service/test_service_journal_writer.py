@@ -5,6 +5,7 @@ it does not keep; a batch the store fails is logged and the writer goes on."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import pytest
@@ -79,10 +80,12 @@ def test_a_batch_the_store_fails_is_logged_and_the_writer_goes_on(
         await astore.start("j", "j/t")
         real = astore.store.journal_turns
         calls = []
+        tried = threading.Event()  # the first batch has been tried
 
         def flaky(rows: Any) -> int:
             calls.append(len(rows))
             if len(calls) == 1:
+                tried.set()
                 raise OSError("disk full")
             return real(rows)
 
@@ -91,8 +94,7 @@ def test_a_batch_the_store_fails_is_logged_and_the_writer_goes_on(
         writer.start()
         journal = writer.attempt("j", "j/t", 0)
         journal.turn(_turn(0))
-        while not calls:  # the first batch has been tried
-            await asyncio.sleep(0)
+        await asyncio.to_thread(tried.wait)
         journal.turn(_turn(1))
         await writer.close()
         return await astore.journaled("j", "j/t")

@@ -9,12 +9,12 @@ scripted engine (`FakeVLLMServer`, outside the service's process group), in a
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from service_helpers import until
 
 from agent.agent_helpers import build_tokenizer
 from engines.engines_fakes import FakeVLLMServer
@@ -53,13 +53,13 @@ def test_a_session_continues_after_a_kill_9(tmp_path: Path) -> None:
                 messages += [{"role": "assistant",
                               "content": reply["choices"][0]["message"]["content"]},
                              {"role": "user", "content": "go on"}]
-            deadline = time.monotonic() + 60  # the journal's batch comes in milliseconds
-            while True:
+            def journaled() -> bool:
                 with Store(service.db) as store:
-                    if len(store.journaled(made["job_id"], made["trajectory_id"]).turns) == 2:
-                        break
-                assert time.monotonic() < deadline, "the calls were never journaled"
-                time.sleep(0.05)
+                    got = store.journaled(made["job_id"], made["trajectory_id"]).turns
+                return len(got) == 2
+
+            until(journaled, lambda: None if service.proc and service.proc.poll() is None
+                  else "the service died")
         finally:
             service.kill()
         service.start()

@@ -14,6 +14,7 @@ sessions (the harness died with the service) are not journaled: they end as befo
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Mapping, Sequence
@@ -84,11 +85,10 @@ class SessionJournal:
             if journaled.spec is None:
                 continue
             try:
-                session = load_spec(journaled.spec)
-                found[session.spec.session_id] = JournaledSession(
-                    session.spec, session.owner, session.key_digest,
-                    tuple(load_call(b) for b in journaled.turns),
-                    load_points(journaled.resumes))
+                session = dataclasses.replace(
+                    load_spec(journaled.spec), calls=tuple(load_call(b) for b in journaled.turns),
+                    resumed=load_points(journaled.resumes))
+                found[session.spec.session_id] = session
             except BAD_BODY as e:
                 log.warning("session of trajectory %s: its journal does not read: %s",
                             state.trajectory_id, e)

@@ -109,8 +109,3 @@ def forget(conn: sqlite3.Connection, job_id: str, trajectory_id: str | None = No
     else:
         conn.execute("DELETE FROM journal WHERE job_id = ? AND trajectory_id = ?",
                      (job_id, trajectory_id))
-
-
-def journaled_tokens(conn: sqlite3.Connection) -> int:
-    """Sampled tokens of every journaled turn (what a restart now would keep)."""
-    return int(conn.execute("SELECT coalesce(sum(tokens), 0) FROM journal").fetchone()[0])
