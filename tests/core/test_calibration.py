@@ -143,3 +143,37 @@ def test_calibration_script_knows_every_shape_it_plans() -> None:
                 cfg["head_dim"]) == (m.layers, m.hidden, m.kv_heads, m.head_dim)
     assert script.gpu_key("NVIDIA H200") == "h200"
     assert script.gpu_key("NVIDIA H100 80GB HBM3") == "h100"
+
+
+# -- the engine-free H200 measurements (benchmarks/h200-*.json) -------------------------
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def test_h200_engine_free_rows_follow_the_schema_and_say_what_they_measured() -> None:
+    doc = load_table(BENCHMARKS / "h200-decode.json")
+    check_schema(doc)
+    assert {r["gpu"] for r in doc["rows"]} == {"h200"}
+    for row in doc["rows"]:
+        # Not a vLLM step: each row says it is the GPU part alone.
+        assert "no engine" in row["conditions"] and "--engine torch" in row["source"]
+
+
+def test_compare_sets_the_measurements_beside_the_model() -> None:
+    script = _script()
+    decode = load_table(BENCHMARKS / "h200-decode.json")
+    lines = script.compare(decode)
+    assert len(lines) == len(decode["rows"])
+    first = decode["rows"][0]
+    cost = CostModel.named(first["model"], "h200")
+    whole = 1e3 * cost.step_time(1, first["batch"], first["batch"] * first["context_per_seq"])
+    assert f"whole step {whole:7.3f} ({first['step_ms'] / whole:.2f}x)" in lines[0]
+    prefill = json.loads((BENCHMARKS / "h200-prefill.json").read_text())
+    assert prefill["schema"] == script.PREFILL_SCHEMA and prefill["host_to_device_gbs"] > 0
+    row = prefill["rows"][0]
+    cost = CostModel.named(row["model"], "h200")
+    predicted = 1e3 * (cost.prefill_time(1, row["new_tokens"], row["cached_tokens"])
+                       - cost.params.step_overhead_s)
+    # The stored model figure is the model's prefill less its step overhead.
+    assert row["model_ms"] == pytest.approx(predicted, abs=1e-3)
+    assert f"({row['ms'] / row['model_ms']:.2f}x)" in script.compare(prefill)[0]
