@@ -52,6 +52,7 @@ class RecordingEngine(Engine):
     def __init__(self, inner: Engine) -> None:
         self.inner = inner
         self.calls: list[tuple[GenerateRequest, GenerateResult]] = []
+        self.updates: list[tuple[PauseMode, bool]] = []  # (mode, recompute_kept) each load
 
     @property
     def results(self) -> list[GenerateResult]:
@@ -73,8 +74,10 @@ class RecordingEngine(Engine):
         await self.inner.abort(request_id)
 
     async def update_weights(self, weights_path: str, version: int,
-                             mode: PauseMode = "drain") -> None:
-        await self.inner.update_weights(weights_path, version, mode)
+                             mode: PauseMode = "drain", *, recompute_kept: bool = True) -> None:
+        self.updates.append((mode, recompute_kept))
+        await self.inner.update_weights(weights_path, version, mode,
+                                        recompute_kept=recompute_kept)
 
     async def load(self) -> EngineLoad:
         return await self.inner.load()
@@ -98,13 +101,14 @@ def ensure_vllm() -> Path:
 
 @contextlib.contextmanager
 def serve_vllm(model_dir: Path, work: Path, *, model: str = MODEL,
-               extra_env: dict[str, str] | None = None) -> Iterator[VLLMServer]:
+               extra_env: dict[str, str] | None = None,
+               tokens_api: bool = False) -> Iterator[VLLMServer]:
     """vLLM serving `model_dir` until the block exits; pytest.fail with the log tail
     if it does not come up."""
     # The command line the service's launcher runs, plus eager mode (a faster start)
     # and /load (the requests in flight in its API server, which tests wait on).
     spec = VLLMProcess(model_dir=str(model_dir), served_name=model, python=str(ensure_vllm()),
-                       max_model_len=MAX_MODEL_LEN,
+                       max_model_len=MAX_MODEL_LEN, tokens_api=tokens_api,
                        extra_args=("--enforce-eager", "--enable-server-load-tracking"))
     port = free_port()
     log_path = work / f"vllm-{port}.log"

@@ -113,7 +113,7 @@ class FakeEngine(Engine):
         return EngineCapabilities(weight_updates=True)
 
     async def update_weights(self, weights_path: str, policy_version: int,
-                             mode: PauseMode = "drain") -> None:
+                             mode: PauseMode = "drain", *, recompute_kept: bool = True) -> None:
         if self.dead:
             raise EngineUnavailable(f"{self.name}: connection refused")
         self.loading_with_calls += bool(self._calls)

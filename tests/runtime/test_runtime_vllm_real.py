@@ -9,10 +9,12 @@ weights in transformers, fp32, on the whole context.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from treadle.agent.chat import IM_END, HermesFormat, prompt_messages
@@ -124,7 +126,8 @@ def dev_server(vllm_server: VLLMServer, tmp_path_factory: pytest.TempPathFactory
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
     model.save_pretrained(updated)
-    with serve_vllm(model_dir, work, extra_env={"VLLM_SERVER_DEV_MODE": "1"}) as server:
+    with serve_vllm(model_dir, work, extra_env={"VLLM_SERVER_DEV_MODE": "1"},
+                    tokens_api=True) as server:
         yield server, updated
 
 
@@ -226,3 +229,73 @@ def test_a_trajectory_across_a_keep_update_never_reuses_stale_kv(
     print(f"KV across a keep update: recomputed max |dlogp| {recomputed:.2e}, "
           f"kept {stale:.3f}")
     assert stale > 1e-2
+
+
+async def _generated_tokens(url: str) -> float:
+    """vLLM's count of tokens it has generated (`/metrics`)."""
+    async with httpx.AsyncClient() as client:
+        text = (await client.get(f"{url}/metrics")).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:generation_tokens_total"))
+
+
+async def _frozen_across_an_update(server: VLLMServer, weights: tuple[Path, Path],
+                                   kv: KVAcrossUpdates) -> tuple[list[int], Any, int]:
+    """One call frozen in vLLM by a "keep" update from `weights[0]` to `weights[1]`:
+    (prompt, its turn, tokens of the old weights). A call that ends (the model's end
+    token) before the update reaches it keeps nothing: tried again until one is kept
+    (the chance of that is the end token's within the first tokens)."""
+    tok = HFTokenizer(server.model_dir)
+    prompt = tok.encode(FMT.prompt(prompt_messages(LONG_TASK), []))
+    engine = RecordingEngine(VLLMEngine(server.url, server.model, tokens_api=True))
+    rt = Runtime(Slime(1, 1))
+    rt.register_engine(engine, max_batch=16, kv_capacity_tokens=16_384)
+    await rt.start()
+    try:
+        for attempt in itertools.count():
+            version = 30 + 2 * attempt
+            await rt.update_weights(str(weights[0]), version)
+            before = await _generated_tokens(server.url)
+            call = asyncio.ensure_future(rt.turns(f"k-{kv.value}-{attempt}", "g", kv).generate(
+                prompt, 400, Sampling(temperature=1.0, seed=attempt), []))
+            while await _generated_tokens(server.url) < before + 3 and not call.done():
+                await asyncio.sleep(0.01)  # polled: the engine's progress is the event
+            update = await rt.update_weights(str(weights[1]), version + 1, "keep")
+            out = await call
+            old = out.policy_versions.count(version)
+            if update.kept == 1 and 0 < old < len(out.output_ids):
+                assert out.policy_versions == [version] * old + [version + 1] * (
+                    len(out.output_ids) - old)
+                assert len(engine.calls) == attempt + 1  # frozen, never sent again
+                assert engine.updates[-1] == ("keep", kv is KVAcrossUpdates.RECOMPUTE)
+                return prompt, out, old
+    finally:
+        await rt.close()
+    raise AssertionError("unreachable")
+
+
+def test_keep_freezes_a_call_in_vllm_and_each_token_carries_the_weights_that_sampled_it(
+        dev_server: tuple[VLLMServer, Path]) -> None:
+    """A "keep" update in the middle of a call on vLLM's token API: the call is frozen,
+    not aborted (nothing sampled is lost), continues under the new weights, and its
+    tokens carry two versions. Recomputed (the default), the tokens after the update
+    have the new weights' logprobs over the whole context, and those before the old
+    weights'; kept, the new tokens were sampled over KV of the old weights (measured
+    gap, which must show, or the first half proves nothing)."""
+    server, updated = dev_server
+    weights = (server.model_dir, updated)
+    prompt, out, old = asyncio.run(asyncio.wait_for(_frozen_across_an_update(
+        server, weights, KVAcrossUpdates.RECOMPUTE), 300))
+    before = teacher_forced(weights[0], prompt, out.output_ids[:old])
+    assert max(abs(f - lp) for f, lp in zip(before, out.logprobs[:old], strict=True)) < 1e-3
+    after = teacher_forced(weights[1], prompt, out.output_ids)[old:]
+    recomputed = max(abs(f - lp) for f, lp in zip(after, out.logprobs[old:], strict=True))
+    assert recomputed < 1e-3, f"frozen call went on over stale KV: {recomputed:.2e}"
+
+    prompt, out, old = asyncio.run(asyncio.wait_for(_frozen_across_an_update(
+        server, weights, KVAcrossUpdates.KEEP), 300))
+    after = teacher_forced(weights[1], prompt, out.output_ids)[old:]
+    kept = max(abs(f - lp) for f, lp in zip(after, out.logprobs[old:], strict=True))
+    print(f"a call frozen across a keep update: recomputed max |dlogp| {recomputed:.2e}, "
+          f"kept {kept:.3f} ({old} of {len(out.output_ids)} tokens before it)")
+    assert kept > 1e-2

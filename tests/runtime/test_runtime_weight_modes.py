@@ -37,7 +37,8 @@ async def _first_tokens_out(model: EmulatedEngine, steps: int) -> None:
         await asyncio.sleep(0.005)
 
 
-def _keep_on_emulated(mode: str) -> tuple[Any, Any, RecordingEngine, EmulatedEngine]:
+def _keep_on_emulated(mode: str, kv: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE
+                      ) -> tuple[Any, Any, RecordingEngine, EmulatedEngine]:
     model = EmulatedEngine(COST, time_scale=0.5, seed=3, load_s=0.2)
 
     async def main(url: str, name: str) -> tuple[Any, Any, RecordingEngine]:
@@ -47,7 +48,7 @@ def _keep_on_emulated(mode: str) -> tuple[Any, Any, RecordingEngine, EmulatedEng
         await rt.start()
         try:
             task = asyncio.ensure_future(
-                rt.turns("t0", "g0").generate([1, 2, 3], 300, Sampling(seed=1), []))
+                rt.turns("t0", "g0", kv).generate([1, 2, 3], 300, Sampling(seed=1), []))
             await _first_tokens_out(model, 5)
             update = await rt.update_weights("/w/7", 7, mode, timeout_s=30.0)  # type: ignore[arg-type]
             assert not task.done()
@@ -71,6 +72,13 @@ def test_keep_continues_the_call_in_flight_under_the_new_weights() -> None:
     assert [(s.version, s.end - s.start) for s in result.version_spans] == [
         (None, old), ("7", 300 - old)]
     assert model.weight_version == "7"
+    # Its trajectory recomputes KV under new weights: the engine is told so.
+    assert engine.updates == [("keep", True)]
+
+
+def test_a_kept_call_of_a_trajectory_that_keeps_its_kv_is_not_recomputed() -> None:
+    update, _, engine, _ = _keep_on_emulated("keep", KVAcrossUpdates.KEEP)
+    assert update.kept == 1 and engine.updates == [("keep", False)]
 
 
 def test_abort_resumes_the_call_with_its_tokens_under_the_new_weights() -> None:

@@ -159,11 +159,14 @@ class Engine(ABC):
         return EngineCapabilities()
 
     async def update_weights(self, weights_path: str, version: int,
-                             mode: PauseMode = "drain") -> None:
+                             mode: PauseMode = "drain", *, recompute_kept: bool = True) -> None:
         """Load new weights from `weights_path` and label them `version`, handling the
         requests in flight by `mode` (one of `capabilities.pause_modes`); only engines
         whose `capabilities.weight_updates` is set implement it. EngineRequestError
-        from the others, and for a mode the engine does not declare."""
+        from the others, and for a mode the engine does not declare. With "keep",
+        `recompute_kept` says whether the requests frozen across the load compute their
+        KV again under the new weights (True) or continue over the KV of the old
+        (False: they are all of trajectories that keep their KV across updates)."""
         raise EngineRequestError(f"{type(self).__name__} cannot load weights in place")
 
     async def context_window(self) -> int | None:

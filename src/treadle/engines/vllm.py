@@ -24,6 +24,10 @@ default backend, xgrammar on 0.32) masking every step's logits to the tokens the
 constraint allows; `logprobs` are then those of the masked distribution, as vLLM
 reports them. A schema its backend cannot compile is a 400 (EngineRequestError).
 
+With `tokens_api=True` the calls go to vLLM's token-in token-out API instead
+(`vllm_tokens`: a server started with `--enable-scale-out`), whose replies say which
+weights sampled each token, so the client declares the "keep" pause mode.
+
 Limits: non-streaming. `abort` closes the HTTP connection, which vLLM turns into an
 engine-side abort, so an aborted result carries no tokens (the partial output never
 reaches the client). `cached_tokens` is reported only when the server runs with
@@ -55,6 +59,12 @@ from treadle.engines.base import (
     VersionSpan,
 )
 from treadle.engines.errors import EngineError, EngineProtocolError, EngineRequestError
+from treadle.engines.vllm_tokens import (
+    GENERATE_PATH,
+    TokensReply,
+    generate_body,
+    parse_tokens_reply,
+)
 from treadle.types import (
     ConstraintKind,
     JsonObjectConstraint,
@@ -215,11 +225,16 @@ class VLLMEngine(HttpEngine):
 
     def __init__(self, base_url: str, model: str, *, api_key: str | None = None,
                  client: httpx.AsyncClient | None = None,
-                 connect_timeout_s: float = 10.0) -> None:
+                 connect_timeout_s: float = 10.0, tokens_api: bool = False) -> None:
         headers: Mapping[str, str] = {"authorization": f"Bearer {api_key}"} if api_key else {}
         super().__init__(base_url, client=client, headers=headers,
                          connect_timeout_s=connect_timeout_s)
         self.model = model
+        # The token-in token-out API (`vllm_tokens`, a server started with
+        # --enable-scale-out) says which weights sampled each token: "keep" with it.
+        self.tokens_api = tokens_api
+        if tokens_api:
+            self.pause_modes = self.pause_modes | {"keep"}
 
     async def model_problem(self) -> str | None:
         try:
@@ -242,6 +257,13 @@ class VLLMEngine(HttpEngine):
         return "does not exist" in reply.text[:1000]
 
     async def _call(self, request: GenerateRequest, started: float) -> GenerateResult:
+        if self.tokens_api:
+            structured = (structured_outputs(request.constraint)
+                          if request.constraint is not None else None)
+            reply = await self._post_json(
+                GENERATE_PATH, generate_body(request, self.model, structured), TokensReply,
+                headers={"x-request-id": request.request_id})
+            return parse_tokens_reply(reply, request, time.monotonic() - started)
         data = await self._post_json("/v1/completions", completion_body(request, self.model),
                                      CompletionReply,
                                      headers={"x-request-id": request.request_id})
@@ -255,11 +277,11 @@ class VLLMEngine(HttpEngine):
     # vLLM 0.32 can also pause with "keep" (it freezes requests and resumes them under
     # the new weights), but its /v1/completions reply does not say which tokens came
     # from which weights (only /inference/v1/generate reports `weight_versions`), so
-    # this client does not declare it: the runtime aborts or drains its calls instead.
+    # "keep" is declared only with `tokens_api`: else the runtime aborts or drains.
     pause_modes: frozenset[PauseMode] = frozenset({"abort", "drain"})
 
     async def update_weights(self, weights_path: str, version: int,
-                             mode: PauseMode = "drain") -> None:
+                             mode: PauseMode = "drain", *, recompute_kept: bool = True) -> None:
         """Load new weights from `weights_path` (safetensors saved by the trainer, on a
         file system the server reads) and label them `version`.
 
@@ -275,7 +297,9 @@ class VLLMEngine(HttpEngine):
         the old weights serves only requests that ask for it (a trajectory whose job
         keeps its KV across updates). vLLM's own default, ``clear_cache=true``, drops
         it all and, with "keep", also preempts the frozen requests (their KV is
-        recomputed under the new weights when they resume). A caller that sends
+        recomputed under the new weights when they resume): with "keep" and
+        `recompute_kept` (a call in flight wants its KV of the new weights), treadle
+        asks for that, and the whole prefix cache goes with it. A caller that sends
         requests without a `cache_salt` after an update (the runtime always sets one)
         may be served KV of the old weights.
 
@@ -286,8 +310,9 @@ class VLLMEngine(HttpEngine):
         """
         if mode not in self.pause_modes:
             raise EngineRequestError(f"{type(self).__name__} cannot pause with {mode!r}")
+        clear = mode == "keep" and recompute_kept
         await self._post_empty("/pause", params={"mode": _VLLM_PAUSE[mode],
-                                                 "clear_cache": "false"})
+                                                 "clear_cache": "true" if clear else "false"})
         try:
             await self._post_json("/collective_rpc", {
                 "method": "reload_weights", "kwargs": {"weights_path": weights_path}}, Any)

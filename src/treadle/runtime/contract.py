@@ -27,6 +27,7 @@ from treadle.clock import Clock
 from treadle.core.events import Event
 from treadle.engines.errors import EngineError
 from treadle.runtime.pool import EngineSlot
+from treadle.types import KVAcrossUpdates
 
 __all__ = ["EngineSlot", "Runner", "RunnerHost"]
 
@@ -120,6 +121,12 @@ class Runner(Protocol):
     @property
     def calling_on(self) -> str | None:
         """The engine its call in flight is on; None with no call in flight."""
+        ...
+
+    @property
+    def kv(self) -> KVAcrossUpdates:
+        """What its trajectory does with cached KV across weight updates (a call frozen
+        through a "keep" load included)."""
         ...
 
     def admit(self, engine_id: str, priority: float) -> None:

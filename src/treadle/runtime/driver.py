@@ -291,12 +291,14 @@ class Runtime:
         kept = aborted = 0
         try:
             async with self.clock.timeout(timeout_s):
-                kept, aborted = await quiesce(self._runners.values(), self.pool, mode)
+                quiesced = await quiesce(self._runners.values(), self.pool, mode)
+                kept, aborted = quiesced.kept, quiesced.aborted
                 for slot in self.pool.slots():  # with any that joined meanwhile
                     engine_mode: PauseMode = ("keep" if mode == "keep" and keeps(slot)
                                               else "drain")
-                    task = asyncio.ensure_future(
-                        slot.engine.update_weights(weights_path, policy_version, engine_mode))
+                    task = asyncio.ensure_future(slot.engine.update_weights(
+                        weights_path, policy_version, engine_mode,
+                        recompute_kept=slot.engine_id in quiesced.recompute_on))
                     loads[task] = slot
                 if loads:
                     await asyncio.wait(loads)

@@ -160,6 +160,10 @@ class VLLMProcess(ProcessSpec):
     # 0.32, 96 tokens); without, 3 of 3 closed a bounded schema in 25 tokens. The
     # reply still matches its schema; the whitespace is only not sampled.
     compact_json: bool = True
+    # vLLM's token-in token-out API (`--enable-scale-out`; the client's `tokens_api`):
+    # replies say which weights sampled each token, so a "keep" update freezes calls
+    # in flight instead of aborting them (whose partial output vLLM does not return).
+    tokens_api: bool = False
     name: str = "vllm"
     startup_estimate_s: float = 60.0
 
@@ -176,6 +180,8 @@ class VLLMProcess(ProcessSpec):
         if self.compact_json:
             cmd += ["--structured-outputs-config",
                     '{"backend": "xgrammar", "disable_any_whitespace": true}']
+        if self.tokens_api:
+            cmd.append("--enable-scale-out")
         return cmd + list(self.extra_args)
 
     def env(self) -> dict[str, str]:
@@ -184,7 +190,7 @@ class VLLMProcess(ProcessSpec):
     def client(self, url: str) -> Engine:
         from treadle.engines.vllm import VLLMEngine
 
-        return VLLMEngine(url, model=self.served_name)
+        return VLLMEngine(url, model=self.served_name, tokens_api=self.tokens_api)
 
     async def capacity(self, tp: int, client: Engine) -> tuple[int, int]:
         from treadle.engines.vllm import VLLMEngine

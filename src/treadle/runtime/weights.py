@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from treadle.engines.base import PauseMode
 from treadle.runtime.contract import Runner
 from treadle.runtime.pool import EnginePool, EngineSlot
+from treadle.types import KVAcrossUpdates
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,23 +45,37 @@ def keeps(slot: EngineSlot) -> bool:
 
 
 
-async def quiesce(runners: Iterable[Runner], pool: EnginePool,
-                  mode: PauseMode) -> tuple[int, int]:
+@dataclass(frozen=True, slots=True)
+class Quiesced:
+    """The calls in flight once `quiesce` returns."""
+
+    kept: int  # calls frozen in engines that keep them
+    aborted: int  # calls aborted (their turns resume with what they returned)
+    # Engines holding a kept call whose trajectory recomputes its KV under new
+    # weights (`KVAcrossUpdates.RECOMPUTE`): their frozen calls must not go on over
+    # KV of the old weights.
+    recompute_on: frozenset[str]
+
+
+async def quiesce(runners: Iterable[Runner], pool: EnginePool, mode: PauseMode) -> Quiesced:
     """With new calls held: abort or wait for the calls in flight as `mode` says;
-    return once only calls to keep are in flight, with (kept, aborted) calls."""
+    return once only calls to keep are in flight."""
     keep = {s.engine_id for s in pool.slots() if mode == "keep" and keeps(s)}
     kept = aborted = 0
+    recompute: set[str] = set()
     for runner in list(runners):
         engine_id = runner.calling_on
         if engine_id is None:
             continue
         if engine_id in keep:
             kept += 1
+            if runner.kv is KVAcrossUpdates.RECOMPUTE:
+                recompute.add(engine_id)
         elif mode != "drain":
             runner.abort_for_pause()
             aborted += 1
     await pool.quiet(keep)
-    return kept, aborted
+    return Quiesced(kept, aborted, frozenset(recompute))
 
 
 async def roll_back(pool: EnginePool, loads: dict[asyncio.Task[None], EngineSlot],

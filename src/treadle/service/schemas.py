@@ -447,6 +447,11 @@ class EngineRequest(_Strict):
     pool: Literal["policy", "frozen"] = Field(
         default="policy", description="policy: the engines weight updates reach; frozen: "
                                       "engines at a pinned version, for frozen sub-agents")
+    api: Literal["completions", "tokens"] = Field(
+        default="completions",
+        description="vllm only: tokens calls vLLM's /inference/v1/generate (a server "
+                    "started with --enable-scale-out), whose replies say which weights "
+                    "sampled each token, so keep updates freeze its calls in flight")
 
     @field_validator("url")
     @classmethod

@@ -389,4 +389,4 @@ def engine_client(request: EngineRequest) -> Engine:
         return EmulatedEngineClient(request.url, model=request.model)
     from treadle.engines.vllm import VLLMEngine
 
-    return VLLMEngine(request.url, model=request.model)
+    return VLLMEngine(request.url, model=request.model, tokens_api=request.api == "tokens")
