@@ -160,10 +160,9 @@ def lpt_placement(items: Sequence[tuple[str, float, float]], engines: Sequence[E
     loads = [_Load(e.tp) for e in engines]
     out: dict[str, str] = {}
     n_tail = min(len(order), TAIL_PER_ENGINE * len(engines))
-    for tid, rem, ctx in order[:n_tail]:
-        best = min(range(len(loads)), key=lambda i: (loads[i].finish_with(cost, rem, ctx), i))
-        loads[best].add(rem, ctx)
-        out[tid] = engines[best].engine_id
+    tail = order[:n_tail]
+    for (tid, _, _), i in zip(tail, _place_tail(tail, loads, cost), strict=True):
+        out[tid] = engines[i].engine_id
     rest = order[n_tail:]
     if rest:
         typ_rem = rest[len(rest) // 2][1]
@@ -176,6 +175,71 @@ def lpt_placement(items: Sequence[tuple[str, float, float]], engines: Sequence[E
             out[tid] = engines[i].engine_id
             heapq.heappush(heap, (loads[i].finish_with(cost, typ_rem, typ_ctx), i))
     return out
+
+
+def _place_tail(tail: Sequence[tuple[str, float, float]], loads: list[_Load],
+                cost: CostModel) -> list[int]:
+    """The engine index of each of `tail` (longest first), each to the engine whose
+    predicted finish with it is least (ties: the lowest index), as evaluating every
+    engine would choose, without evaluating every engine:
+
+    - empty engines of one TP degree are interchangeable (the lowest index of each
+      degree is the only candidate among them);
+    - an engine holding work already holds a trajectory at least as long as the next
+      one, so adding it keeps that engine's head and batch or raises them: its
+      finish with it is at least its finish now plus the new trajectory's KV reads
+      (β_tp · R · (ctx + R/2)), the same for every engine of its degree. Per degree,
+      engines are visited in order of their finish now, and the search stops at the
+      first whose bound (with its index) is past the best found. The bound is
+      lowered by a relative 1e-12 so that float rounding never prunes a tie. An
+      engine whose longest trajectory has under one token left (`finish_with`
+      counts at least one) has no such bound: it is evaluated for every item.
+
+    So a re-plan over m engines costs about O(m · k log m) for the k engines visited
+    an item instead of O(m²) (`TAIL_PER_ENGINE` · m items, each against all m)."""
+    empty: dict[int, list[int]] = {}
+    busy: dict[int, list[tuple[float, int]]] = {}  # per degree: (finish now, index)
+    for i, ld in enumerate(loads):
+        empty.setdefault(ld.tp, []).append(i)  # ascending: a heap already
+        busy.setdefault(ld.tp, [])
+    kv_s = {tp: cost.step_parts(tp).kv_s for tp in busy}
+    finish_now = [0.0] * len(loads)  # stale heap entries are those that differ
+    unbounded: set[int] = set()  # holding work whose head is under one token
+    chosen: list[int] = []
+    for _, rem, ctx in tail:
+        best = (math.inf, -1)
+        for idle in empty.values():
+            if idle:
+                best = min(best, (loads[idle[0]].finish_with(cost, rem, ctx), idle[0]))
+        for i in unbounded:
+            best = min(best, (loads[i].finish_with(cost, rem, ctx), i))
+        for tp, heap in busy.items():
+            added = kv_s[tp] * rem * (ctx + rem / 2.0)
+            visited: list[tuple[float, int]] = []
+            while heap:
+                now, i = heap[0]
+                if now != finish_now[i]:
+                    heapq.heappop(heap)  # superseded when the engine took more
+                    continue
+                if ((now + added) * (1.0 - 1e-12), i) > best:
+                    break
+                visited.append(heapq.heappop(heap))
+                best = min(best, (loads[i].finish_with(cost, rem, ctx), i))
+            for entry in visited:
+                heapq.heappush(heap, entry)
+        i = best[1]
+        tp = loads[i].tp
+        if empty[tp] and empty[tp][0] == i:
+            heapq.heappop(empty[tp])
+        loads[i].add(rem, ctx)
+        if loads[i].head < 1.0:
+            unbounded.add(i)
+        else:
+            unbounded.discard(i)
+            finish_now[i] = loads[i].finish(cost)
+            heapq.heappush(busy[tp], (finish_now[i], i))
+        chosen.append(i)
+    return chosen
 
 
 class LayoutScorer(Protocol):
