@@ -134,6 +134,36 @@ def test_lpt_placement_prefers_fast_engines_for_the_tail() -> None:
     assert {plan[f"t{i:03d}"] for i in range(4)} <= {"e004", "e005"}
 
 
+def _every_engine_tail(items: list[tuple[str, float, float]], engines: list[EngineState],
+                       ) -> dict[str, str]:
+    """The tail's placement by evaluating every engine for every item: the reference
+    `lpt_placement`'s pruned search must agree with, pick for pick."""
+    from treadle.core.policies.treadle_policy import _Load
+
+    loads = [_Load(e.tp) for e in engines]
+    out = {}
+    for tid, rem, ctx in sorted(items, key=lambda it: (-it[1], it[0])):
+        best = min(range(len(loads)), key=lambda i: (loads[i].finish_with(COST, rem, ctx), i))
+        loads[best].add(rem, ctx)
+        out[tid] = engines[best].engine_id
+    return out
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_pruned_tail_search_places_as_evaluating_every_engine_would(seed: int) -> None:
+    rng = random.Random(seed)
+    layout = tuple(rng.choice((1, 2, 4, 8)) for _ in range(rng.randint(1, 24)))
+    n = rng.randint(1, 4 * len(layout))  # all of them in the tail
+    # Repeated lengths (ties break by engine index alike), and some under one token
+    # (no bound for the engines holding those).
+    lengths = [float(rng.choice((0.4, 50, 400, 3000))) if rng.random() < 0.3
+               else rng.lognormvariate(7.5, 1.2) for _ in range(n)]
+    items = [(f"t{i:03d}", length, float(rng.choice((0, 500, 8000))))
+             for i, length in enumerate(lengths)]
+    engines = _engines(layout)
+    assert lpt_placement(items, engines, COST) == _every_engine_tail(items, engines)
+
+
 def test_lpt_makespan_falls_with_more_engines_but_not_below_the_longest() -> None:
     items = [(f"t{i}", length, 3000.0) for i, length in enumerate(_lengths(200, 5))]
     one = lpt_makespan(items, _engines((8,)), COST)

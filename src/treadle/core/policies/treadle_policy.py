@@ -160,10 +160,9 @@ def lpt_placement(items: Sequence[tuple[str, float, float]], engines: Sequence[E
     loads = [_Load(e.tp) for e in engines]
     out: dict[str, str] = {}
     n_tail = min(len(order), TAIL_PER_ENGINE * len(engines))
-    for tid, rem, ctx in order[:n_tail]:
-        best = min(range(len(loads)), key=lambda i: (loads[i].finish_with(cost, rem, ctx), i))
-        loads[best].add(rem, ctx)
-        out[tid] = engines[best].engine_id
+    tail = order[:n_tail]
+    for (tid, _, _), i in zip(tail, _place_tail(tail, loads, cost), strict=True):
+        out[tid] = engines[i].engine_id
     rest = order[n_tail:]
     if rest:
         typ_rem = rest[len(rest) // 2][1]
@@ -176,6 +175,89 @@ def lpt_placement(items: Sequence[tuple[str, float, float]], engines: Sequence[E
             out[tid] = engines[i].engine_id
             heapq.heappush(heap, (loads[i].finish_with(cost, typ_rem, typ_ctx), i))
     return out
+
+
+_LoadKey = tuple[int, float, float, float]  # a `_Load`'s whole state
+
+
+def _place_tail(tail: Sequence[tuple[str, float, float]], loads: list[_Load],
+                cost: CostModel) -> list[int]:
+    """The engine index of each of `tail` (longest first), each to the engine whose
+    predicted finish with it is least (ties: the lowest index), as evaluating every
+    engine would choose, without evaluating every engine:
+
+    - engines in the same state (TP degree and planned load: all the empty ones of a
+      degree, say, or those holding equal predictions) are interchangeable: only the
+      lowest index of each such group is a candidate;
+    - an engine already holds trajectories at least as long as the next one, so
+      adding it keeps that engine's head and batch or raises them: its finish with
+      it is at least its finish now plus the new trajectory's KV reads
+      (β_tp · R · (ctx + R/2)), the same for every engine of its degree. Per degree,
+      groups are visited in order of their finish now, and the search stops at the
+      first whose bound (with its index) is past the best found. The bound is
+      lowered by a relative 1e-12 so that float rounding never prunes a tie. An
+      engine whose longest trajectory has under one token left (`finish_with`
+      counts at least one) has no such bound: it is evaluated for every item.
+
+    So a re-plan over m engines costs about O(m · k log m) for the k groups visited
+    an item instead of O(m²) (`TAIL_PER_ENGINE` · m items, each against all m)."""
+
+    def state(load: _Load) -> _LoadKey:
+        return (load.tp, load.head, load.tokens, load.kv_tokens)
+
+    groups: dict[_LoadKey, list[int]] = {}  # each a heap of engine indices
+    for i, load in enumerate(loads):
+        groups.setdefault(state(load), []).append(i)  # ascending: a heap already
+    # Per degree: (finish now, the group's lowest index, its state); an entry whose
+    # group no longer starts with that index is stale and skipped.
+    heaps: dict[int, list[tuple[float, int, _LoadKey]]] = {}
+    for key, members in groups.items():
+        heaps.setdefault(key[0], []).append((loads[members[0]].finish(cost), members[0], key))
+    for heap in heaps.values():
+        heapq.heapify(heap)
+    kv_s = {tp: cost.step_parts(tp).kv_s for tp in heaps}
+    unbounded: set[int] = set()  # holding work whose head is under one token
+    chosen: list[int] = []
+    for _, rem, ctx in tail:
+        best = (math.inf, -1)
+        for i in unbounded:
+            best = min(best, (loads[i].finish_with(cost, rem, ctx), i))
+        for tp, heap in heaps.items():
+            added = kv_s[tp] * rem * (ctx + rem / 2.0)
+            visited: list[tuple[float, int, _LoadKey]] = []
+            while heap:
+                now, i, key = heap[0]
+                members = groups.get(key)
+                if not members or members[0] != i:
+                    heapq.heappop(heap)  # the group changed since
+                    continue
+                if ((now + added) * (1.0 - 1e-12), i) > best:
+                    break
+                visited.append(heapq.heappop(heap))
+                best = min(best, (loads[i].finish_with(cost, rem, ctx), i))
+            for entry in visited:
+                heapq.heappush(heap, entry)
+        i = best[1]
+        if i not in unbounded:
+            key = state(loads[i])
+            members = groups[key]
+            heapq.heappop(members)  # i: only a group's lowest index is a candidate
+            if members:
+                heapq.heappush(heaps[key[0]], (loads[members[0]].finish(cost), members[0], key))
+            else:
+                del groups[key]
+        loads[i].add(rem, ctx)
+        if loads[i].head < 1.0:
+            unbounded.add(i)
+        else:
+            unbounded.discard(i)
+            key = state(loads[i])
+            members = groups.setdefault(key, [])
+            heapq.heappush(members, i)
+            if members[0] == i:
+                heapq.heappush(heaps[key[0]], (loads[i].finish(cost), i, key))
+        chosen.append(i)
+    return chosen
 
 
 class LayoutScorer(Protocol):
