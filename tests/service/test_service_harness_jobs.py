@@ -91,3 +91,38 @@ def test_a_crashing_harness_is_an_infrastructure_failure_and_names_are_checked(
     assert view.infrastructure_failures == 4
     assert fake.requests == []
     del tok
+
+
+def test_a_continuous_job_of_a_harness_hands_out_its_groups_as_they_are_taken(
+        tmp_path: Path) -> None:
+    """A harness job may be continuous: treadle starts each run of the command, so its
+    groups stream and are taken as a trainer needs them (and a stale one could be
+    run again); every group taken once, each member a scored harness run."""
+    tok = build_tokenizer(tmp_path / "tok")
+    fake = FakeVLLMServer(reply_ids=[*tok.encode(SUBMIT), tok.token_id("<|im_end|>")])
+    example = Harness("example", tuple(EXAMPLE.split()))
+    records = [json.loads(line) for line in _tasks(tmp_path / "t.jsonl").read_text(
+        ).splitlines()]
+    with fake.serve() as engine:
+        config = ServiceConfig(db=str(tmp_path / "s.db"), policy="verl",
+                               engines=[EngineRequest(url=engine, model="m")],
+                               tokenizer=str(tmp_path / "tok"),
+                               harnesses={"example": example})
+        with running_service(config) as url, RolloutClient(url) as client:
+            job = client.submit({"harness": {"name": "example"}, "samples_per_task": 2,
+                                 "continuous": {"in_flight": 1, "budget": 3}},
+                                tasks={"suite": "math", "tasks": records, "seed": 5,
+                                       "options": {"python_tool": False}})
+            taken = client.take(job.job_id, 3, timeout_s=180.0)
+            assert client.take(job.job_id, 1, timeout_s=180.0) == []  # the budget's
+            state = client.job(job.job_id)
+    assert state.status == "completed" and state.groups_taken == 3
+    assert [g.taken for g in taken] == [1, 2, 3] and all(g.complete for g in taken)
+    members = [d.trajectory for g in taken for d in g.members]
+    assert len({t.trajectory_id for t in members}) == 6
+    # Two epochs of the two tasks, drawn in seeded order: q1's runs answer right.
+    assert {t.task_id for t in members} == {"q1", "q2"}
+    for t in members:
+        assert t.status is TrajectoryStatus.COMPLETED and len(t.turns) == 1
+        assert t.reward == (1.0 if t.task_id == "q1" else 0.0)
+        assert t.segments[0].response_ids == fake.reply_ids

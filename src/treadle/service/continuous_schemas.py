@@ -54,16 +54,17 @@ class ContinuousParams(BaseModel):
                                            * 1000) // 1000))
 
 
-def continuous_refusals(params: ContinuousParams | None, sessions: bool, harness: bool,
+def continuous_refusals(params: ContinuousParams | None, sessions: bool,
                         max_version: bool) -> list[str]:
-    """What a `JobRequest` with `continuous` (`params`) may not also ask."""
+    """What a `JobRequest` with `continuous` (`params`) may not also ask. A harness
+    job may be continuous: treadle starts each run of the harness command, so it can
+    stop one and start it again (a stale restart); a sessions job may not, its
+    sessions being opened by a harness treadle does not run."""
     if params is None:
         return []
     out = []
     if sessions:
         out.append("a continuous job runs suite or replay tasks: sessions are a harness's")
-    if harness:
-        out.append("a continuous job runs treadle's agent loop or replays: no harness")
     if max_version:
         out.append("a continuous job runs across weight updates: no max_policy_version "
                    "(bound it with continuous.max_staleness)")

@@ -260,8 +260,7 @@ class JobRequest(_Strict):
     @model_validator(mode="after")
     def _continuous(self) -> JobRequest:
         if refused := continuous_refusals(self.continuous, isinstance(
-                self.tasks, SessionTasks), self.harness is not None,
-                self.max_policy_version is not None):
+                self.tasks, SessionTasks), self.max_policy_version is not None):
             raise ValueError("; ".join(refused))
         return self
 
