@@ -102,3 +102,31 @@ def test_the_gate_puts_off_what_cannot_finish_before_the_next_update(gate: bool)
     assert p.held == (1 if gate else 0)
     p.on_event(PolicyUpdated(3), 300.0)  # a fresh window: now is as early as it gets
     assert _admitted(p.decide(300.0)) == (["long"] if gate else [])
+
+
+def test_a_trajectory_with_a_looser_bound_of_its_own_is_not_gated() -> None:
+    """The same long trajectory that the policy's bound (1 version) puts off starts
+    at once when its job allows 3: its window is its own."""
+    p = _policy({"long": 40000, "loose": 40000}, Staleness(1, finish_first=True, gate=True),
+                cap=8)
+    p.on_event(PolicyUpdated(1), 100.0)
+    p.on_event(PolicyUpdated(2), 200.0)  # one update every 100 s
+    p.on_event(TrajectoryArrived("long", "g-long", 100), 290.0)
+    p.on_event(TrajectoryArrived("loose", "g-loose", 100, max_staleness=3), 290.0)
+    # 40,000 tokens take some 100-odd seconds: over the 10 s left of one version,
+    # within the 210 s left of three.
+    assert _admitted(p.decide(290.0)) == ["loose"] and p.held == 1
+
+
+def test_a_tighter_bound_of_its_own_ranks_a_trajectory_as_older() -> None:
+    """Two trajectories of the same age: the one whose job allows no staleness runs
+    before the one with more work left and the policy's bound of 2."""
+    p = _policy({"strict": 100, "long": 30000}, Staleness(2, finish_first=True))
+    p.on_event(TrajectoryArrived("long", "g-long", 100), 0.0)
+    p.on_event(TrajectoryArrived("strict", "g-strict", 100, max_staleness=0), 0.0)
+    assert _admitted(p.decide(0.0)) == ["strict"]
+    q = _policy({"strict": 100, "long": 30000}, Staleness(2, finish_first=True))
+    q.on_event(TrajectoryArrived("long", "g-long", 100), 0.0)
+    q.on_event(TrajectoryArrived("strict", "g-strict", 100), 0.0)  # the policy's bound
+    assert _admitted(q.decide(0.0)) == ["long"]  # same age: more work left first
+

@@ -1,18 +1,29 @@
 """`treadle serve --staleness S [--staleness-gate]`: the service's treadle policy
 weighs staleness across weight updates (`core.policies.progressive.Staleness`, whose
-behaviour tests/core/test_staleness.py checks); a bad combination is refused."""
+behaviour tests/core/test_staleness.py checks); a bad combination is refused; a
+continuous job's own bound reaches the scheduler with each of its trajectories."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import asyncio
+from typing import Any, ClassVar
 
 import pytest
 
+from runtime.runtime_helpers import FakeEngine
 from treadle.cli import build_parser
+from treadle.core.events import Event, TrajectoryArrived
+from treadle.core.policies.baselines import Slime
 from treadle.core.policies.progressive import Staleness
+from treadle.runtime.driver import Runtime
+from treadle.runtime.rollout import replay_task
 from treadle.service.cli import _staleness
+from treadle.service.planning import Planner, ReplayWork
+from treadle.service.schemas import JobRequest
 from treadle.service.state import ServiceConfig, build_service
+from treadle.testing import FakeClock
+from treadle.types import GroupKey
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -37,3 +48,45 @@ def test_the_flags_give_the_services_policy_its_staleness() -> None:
 def test_a_bad_combination_is_refused(argv: tuple[str, ...], problem: str) -> None:
     with pytest.raises(ValueError, match=problem):
         _staleness(_args(*argv))
+
+
+class ArrivalsSeen(Slime):
+    """A spy: slime, and every trajectory arrival it was told."""
+
+    arrivals: ClassVar[list[TrajectoryArrived]] = []
+
+    def on_event(self, event: Event, now: float) -> None:
+        if isinstance(event, TrajectoryArrived):
+            self.arrivals.append(event)
+        super().on_event(event, now)
+
+
+def test_a_continuous_jobs_bound_reaches_the_scheduler_with_each_trajectory() -> None:
+    """The job's `continuous.max_staleness`, through the planner's work and the
+    runtime's runner, arrives with each of its trajectories (a plain job's: None),
+    for a policy weighing staleness to schedule it by (tests/core/test_staleness.py)."""
+    planner = Planner(tokenizer=None, sandbox_backend=None, max_context=1 << 16)
+    tasks = {"workload": "short", "trajectories": 2, "group_size": 2, "seed": 1}
+    bounded = planner.resolve("j", JobRequest.model_validate(
+        {"tasks": tasks, "continuous": {"in_flight": 1, "max_staleness": 2}}))
+    plain = planner.resolve("p", JobRequest.model_validate({"tasks": tasks}))
+    assert {w.max_staleness for w in bounded} == {2}
+    assert {w.max_staleness for w in plain} == {None}
+
+    async def main() -> None:
+        engine = FakeEngine("a", FakeClock(autojump=True), tokens_per_s=1000)
+        rt = Runtime(ArrivalsSeen(1, 1), clock=engine.clock)
+        rt.register_engine(engine, label="a")
+        await rt.start()
+        try:
+            for w in (bounded[0], plain[0]):
+                assert isinstance(w, ReplayWork)
+                p = w.planned
+                await replay_task(rt, w.spec, traj_id=p.trajectory_id,
+                                  key=GroupKey(p.group_id, p.repetition),
+                                  max_staleness=w.max_staleness)
+        finally:
+            await rt.close()
+
+    asyncio.run(asyncio.wait_for(main(), 60))  # (a hang bound, not a timing)
+    assert [a.max_staleness for a in ArrivalsSeen.arrivals] == [2, None]

@@ -25,6 +25,9 @@ class TrajectoryArrived:
     # A judge's call (`treadle.rewards`): ranked after every rollout turn, the first
     # to be preempted (`scheduler.JUDGE_RANK`).
     judge: bool = False
+    # Its own staleness bound in versions (its job's `max_staleness`), which a policy
+    # weighing staleness uses in place of its own; None: the policy's.
+    max_staleness: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

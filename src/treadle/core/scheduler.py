@@ -90,6 +90,7 @@ class TrajState:
     # tokens can carry (None until then).
     first_version: int | None = None
     judge: bool = False  # a judge's call: ranked JUDGE_RANK after rollouts
+    max_staleness: int | None = None  # its own bound (TrajectoryArrived.max_staleness)
 
 
 @dataclass(slots=True)
@@ -213,7 +214,8 @@ class TrajectoryScheduler(Scheduler):
         t: TrajState | None = None
         if isinstance(event, TrajectoryArrived):
             t = TrajState(event.traj_id, event.group_id, event.prompt_tokens, now,
-                          context_tokens=event.prompt_tokens, judge=event.judge)
+                          context_tokens=event.prompt_tokens, judge=event.judge,
+                          max_staleness=event.max_staleness)
             self.trajs[t.traj_id] = t
             self._ready(t, now)
         elif isinstance(event, TurnFinished):

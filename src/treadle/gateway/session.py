@@ -117,6 +117,7 @@ class SessionSpec:
     engine_pool: str = "policy"  # the runtime serving its calls: policy | frozen
     # What its calls after a weight update do with KV cached before it (recorded).
     kv_across_updates: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE
+    max_staleness: int | None = None  # a continuous job's bound, for the scheduler
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +173,8 @@ class Session:
         # A session opened again after a restart answers its first calls (the journal's,
         # replayed by its owner) with their recorded replies (`agent.journal`).
         runner: TurnRunner = runtime.turns(spec.trajectory_id, spec.key.group_id,
-                                           spec.kv_across_updates)
+                                           spec.kv_across_updates,
+                                           max_staleness=spec.max_staleness)
         if replay:
             runner = ReplayingRunner(runner, replay)
         self.conversation = Conversation(self.trajectory, tokenizer, self.fmt, runner,

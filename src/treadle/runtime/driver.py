@@ -187,13 +187,16 @@ class Runtime:
 
     def turns(self, traj_id: str, group_id: str,
               kv: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE, *,
-              judge: bool = False) -> ScheduledTurns:
+              judge: bool = False, max_staleness: int | None = None) -> ScheduledTurns:
         """The runner of a new trajectory (its first `generate` announces it); `kv`:
         what its calls after a weight update do with KV cached before it; `judge`: a
-        judge's call, of the scheduler's judge class (after rollouts, preempted first)."""
+        judge's call, of the scheduler's judge class (after rollouts, preempted first);
+        `max_staleness`: its job's bound, which a policy weighing staleness schedules
+        it by (None: the policy's own)."""
         if traj_id in self._runners:
             raise ValueError(f"trajectory {traj_id!r} is already running")
-        runner = ScheduledTurns(self, traj_id, group_id, kv, judge=judge)
+        runner = ScheduledTurns(self, traj_id, group_id, kv, judge=judge,
+                                max_staleness=max_staleness)
         self._runners[traj_id] = runner
         self.control.max_live = max(self.control.max_live, len(self._runners))
         return runner

@@ -61,15 +61,17 @@ async def run_task(runtime: Runtime, suite: Suite, task: Task, *, traj_id: str, 
                    clock: Clock | None = None,
                    kv: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE,
                    journal: TurnJournal | None = None,
-                   resume: ResumePlan | None = None) -> Trajectory:
+                   resume: ResumePlan | None = None,
+                   max_staleness: int | None = None) -> Trajectory:
     """One suite task, start to end, on the runtime's engines (see the module docstring),
     its conversation in the chat format named `chat_format` (`agent.chat`). Its
     deadline and times are on `clock`, by default the runtime's; `kv`: what its calls
-    after a weight update do with KV cached before it (recorded). Its completed turns
+    after a weight update do with KV cached before it (recorded); `max_staleness`:
+    its job's bound, for the scheduler (`Runtime.turns`). Its completed turns
     go to `journal`; a restarted attempt's `resume` is planned once its episode is up
     (the episode's tools say which recorded calls can come back: `agent.journal`)."""
     clock = clock or runtime.clock
-    turns = runtime.turns(traj_id, key.group_id, kv)
+    turns = runtime.turns(traj_id, key.group_id, kv, max_staleness=max_staleness)
     try:
         started = clock.now()
         ran: list[Trajectory] = []  # the trajectory, once the agent loop has returned it
@@ -117,9 +119,10 @@ async def replay_task(runtime: Runtime, spec: TrajectorySpec, *, traj_id: str, k
                       task_id: str = "", attempt: int = 0,
                       kv: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE,
                       journal: TurnJournal | None = None,
-                      resume: ResumePlan | None = None) -> Trajectory:
-    """A workload trajectory's script, replayed on the runtime's engines; `journal`
-    and `resume` as for `run_task` (a replay calls no tools)."""
+                      resume: ResumePlan | None = None,
+                      max_staleness: int | None = None) -> Trajectory:
+    """A workload trajectory's script, replayed on the runtime's engines; `journal`,
+    `resume` and `max_staleness` as for `run_task` (a replay calls no tools)."""
     traj = Trajectory(traj_id, key, prompt_tokens=spec.prompt_tokens, task_id=task_id,
                       attempt=attempt, status=TrajectoryStatus.RUNNING, kv_across_updates=kv)
     traj.timings.started_at = runtime.clock.now()
@@ -127,7 +130,9 @@ async def replay_task(runtime: Runtime, spec: TrajectorySpec, *, traj_id: str, k
     if planned is not None:
         traj.resumed = list(planned.resumed)
     try:
-        result = await replay(spec, runtime.turns(traj_id, key.group_id, kv), runtime.clock,
+        result = await replay(spec, runtime.turns(traj_id, key.group_id, kv,
+                                                  max_staleness=max_staleness),
+                              runtime.clock,
                               resume=() if planned is None else planned.turns,
                               journal=journal)
     except EngineError as e:

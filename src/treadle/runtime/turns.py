@@ -70,11 +70,13 @@ class ScheduledTurns:
     a `TurnRunner` for the agent loop and a `contract.Runner` for the runtime."""
 
     def __init__(self, host: RunnerHost, traj_id: str, group_id: str,
-                 kv: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE, *, judge: bool = False) -> None:
+                 kv: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE, *, judge: bool = False,
+                 max_staleness: int | None = None) -> None:
         self.traj_id = traj_id
         self.group_id = group_id
         self.kv = kv
         self.judge = judge  # a judge's call: the scheduler's judge class
+        self.max_staleness = max_staleness  # its job's bound, told to the scheduler
         self._kept_salt: str | None = None  # with KEEP: the salt of its first call
         self.engine_id: str | None = None  # engine of the last call
         self.preemptions = 0  # calls cut short by the scheduler or a pause
@@ -108,7 +110,8 @@ class ScheduledTurns:
             self._arrived = True
             self._expect()
             self._rt.tell(TrajectoryArrived(self.traj_id, self.group_id, len(prompt_ids),
-                                            judge=self.judge))
+                                            judge=self.judge,
+                                            max_staleness=self.max_staleness))
         ids: list[int] = []
         logprobs: list[float] = []
         versions: list[int] = []

@@ -82,7 +82,8 @@ class Attempts:
                     return await replay_task(
                         self.runtime, work.spec, traj_id=tid, key=key, task_id=p.task_id,
                         attempt=attempt, kv=work.kv, journal=journal,
-                        resume=await self.journal.resume(work.job_id, tid, attempt))
+                        resume=await self.journal.resume(work.job_id, tid, attempt),
+                        max_staleness=work.max_staleness)
                 case HarnessWork():
                     if self.harnesses is None:
                         raise RuntimeError("this service runs no harness jobs")
@@ -96,7 +97,8 @@ class Attempts:
                         limits=work.limits, sampling=work.sampling,
                         chat_format=work.chat_format, attempt=attempt, kv=work.kv,
                         journal=journal,
-                        resume=await self.journal.resume(work.job_id, tid, attempt)))
+                        resume=await self.journal.resume(work.job_id, tid, attempt),
+                        max_staleness=work.max_staleness))
         except asyncio.CancelledError:
             raise
         except Exception as e:

@@ -393,7 +393,7 @@ class Gateway:
             limits=SessionLimits(lim.max_turns, min(lim.max_total_tokens,
                                                     window or lim.max_total_tokens),
                                  lim.max_tokens_per_turn),
-            swept=False, kv_across_updates=work.kv)
+            swept=False, kv_across_updates=work.kv, max_staleness=work.max_staleness)
         session = sessions.create(spec)  # (ServiceBusy: the job runner records the error)
         self._harnessed.add(p.trajectory_id)
         self._jobs[p.trajectory_id] = work.job_id

@@ -69,6 +69,7 @@ class SuiteWork:
     chat_format: str  # the model family's format (`agent.chat`), checked when planned
     kv: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE  # the job's KV across weight updates
     rubric: RubricParams | None = None  # the job's rubric (`service.judging`)
+    max_staleness: int | None = None  # a continuous job's bound, for the scheduler
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +86,7 @@ class HarnessWork:
     harness: str  # the harness command's name (`treadle serve --harness`)
     score: Score  # how the run is scored (`gateway.harness.judge`)
     kv: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE
+    max_staleness: int | None = None  # a continuous job's bound, for the scheduler
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +97,7 @@ class ReplayWork:
     planned: PlannedTrajectory
     spec: TrajectorySpec
     kv: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE
+    max_staleness: int | None = None  # a continuous job's bound, for the scheduler
 
 
 Work = SuiteWork | HarnessWork | ReplayWork  # one planned trajectory, what to run for it
@@ -129,6 +132,7 @@ class Planner:
                              lim.deadline_s)
         tasks = request.tasks
         kv = KVAcrossUpdates(request.kv_across_updates)
+        bound = request.continuous.max_staleness if request.continuous is not None else None
         out: list[Work] = []
         if isinstance(tasks, ReplayTasks):
             members: dict[str, int] = {}
@@ -138,7 +142,7 @@ class Planner:
                 planned = PlannedTrajectory(f"{job_id}/{spec.traj_id}",
                                             f"{job_id}/{spec.group_id}", spec.group_id,
                                             repetition)
-                out.append(ReplayWork(job_id, planned, spec, kv))
+                out.append(ReplayWork(job_id, planned, spec, kv, bound))
             return out
         if isinstance(tasks, SessionTasks):
             raise RequestRefused("tasks.sessions: sessions are made by harnesses, not run "
@@ -173,10 +177,10 @@ class Planner:
                 planned = PlannedTrajectory(f"{job_id}/{task.task_id}/{r}",
                                             f"{job_id}/{task.task_id}", task.task_id, r)
                 out.append(SuiteWork(job_id, planned, task, suite, sampling, limits, fmt, kv,
-                                     request.rubric)
+                                     request.rubric, bound)
                            if harness is None else
                            HarnessWork(job_id, planned, task, suite, sampling, limits, fmt,
-                                       harness.name, harness.score, kv))
+                                       harness.name, harness.score, kv, bound))
         self._keep(key, suite)  # only a suite a job could be planned with
         return out
 

@@ -29,7 +29,10 @@
   age in versions, then remaining work), re-prioritised at every `PolicyUpdated`;
   and one not yet started whose predicted time exceeds what is left of its window
   (`gate`: max_staleness update intervals, measured from the updates so far, less
-  the time since the last) waits for the next update instead of starting late.
+  the time since the last) waits for the next update instead of starting late. A
+  trajectory that brings its own bound (`TrajectoryArrived.max_staleness`, its job's)
+  is weighed by it: its window is its own, and it ranks as if older by what its bound
+  is tighter than the policy's (so with one bound for all, the order is by age).
 """
 
 from __future__ import annotations
@@ -156,9 +159,16 @@ class Progressive(TrajectoryScheduler):
     # -- policy hooks -----------------------------------------------------------------
 
     def priority(self, t: TrajState, now: float) -> float:
-        if self.staleness is not None and self.staleness.finish_first:
-            return -self.remaining(t) - AGE_PRIORITY * self.age(t)
+        s = self.staleness
+        if s is not None and s.finish_first:
+            return -self.remaining(t) - AGE_PRIORITY * (
+                self.age(t) + s.max_staleness - self.bound(t, s))
         return -self.remaining(t)
+
+    @staticmethod
+    def bound(t: TrajState, s: Staleness) -> int:
+        """The trajectory's staleness bound: its own, else the policy's."""
+        return s.max_staleness if t.max_staleness is None else t.max_staleness
 
     def route(self, t: TrajState, now: float) -> str | None:
         if t.judge:
@@ -319,7 +329,7 @@ class Progressive(TrajectoryScheduler):
         per_token = min(self.cost.step_time(e.tp, len(e.running) + 1, e.kv_reserved + ctx)
                         for e in engines)
         need = est.remaining_tokens * per_token + est.remaining_tool_s
-        if need <= max(1, s.max_staleness) * interval - since:
+        if need <= max(1, self.bound(t, s)) * interval - since:
             self._held.discard(t.traj_id)
             return False
         if t.traj_id not in self._held:
