@@ -65,7 +65,7 @@ class JudgeInput:
     task: str  # the task's prompt as the policy saw it
     answer: str  # the policy's final assistant text ("" when it gave none)
     trajectory: str  # the whole conversation, or a summary of it
-    diff: str = ""  # the change the policy made (SWE tasks), else ""
+    diff: str = ""  # the change the policy made (SWE, code tasks: `envs.worktree`), else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +115,12 @@ class Rubric:
     verified: tuple[VerifiedDimension, ...] = ()
     judged: tuple[JudgedDimension, ...] = ()
     gated_reward: float = 0.0  # the reward when a gate is not passed
+
+    @property
+    def needs_work_tree(self) -> bool:
+        """Whether a judge is shown the trajectory's change (a template names $diff)."""
+        return any("diff" in string.Template(d.template).get_identifiers()
+                   for d in self.judged)
 
     def __post_init__(self) -> None:
         names = [d.name for d in self.verified] + [d.name for d in self.judged]

@@ -90,13 +90,15 @@ class Attempts:
                 case SuiteWork():
                     if self.tokenizer is None:  # the planner refuses such jobs
                         raise RuntimeError("this service has no tokenizer")
+                    capture = self.judging.capture(work)
                     return await self.judging.judged(work, await run_task(
                         self.runtime, work.suite, work.task, traj_id=tid, key=key,
                         tokenizer=self.tokenizer, sandboxes=self.sandboxes.pool(work.suite),
                         limits=work.limits, sampling=work.sampling,
                         chat_format=work.chat_format, attempt=attempt, kv=work.kv,
                         journal=journal,
-                        resume=await self.journal.resume(work.job_id, tid, attempt)))
+                        resume=await self.journal.resume(work.job_id, tid, attempt),
+                        capture=capture), capture)
         except asyncio.CancelledError:
             raise
         except Exception as e:

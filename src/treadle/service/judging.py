@@ -10,16 +10,23 @@ in; it keeps its slot of the job runner while it waits for them (not an engine's
 judge turns are queued as any turn). The verdict cache is the service's, shared by
 its jobs. A job without a rubric is returned untouched.
 
-Limits: `$diff` is empty (the sandbox is gone by the time the judges are asked);
-the frozen pool judges only where the service has frozen engines, else each call
+For SWE and code tasks the judges see the change the agent made (`$diff`): where
+the rubric asks for it, the attempt reads the work tree before its sandbox closes
+(`capture`, `envs.worktree`) and the diff against the task's initial files is cut
+at the rubric's `judge.diff_chars` with a marker line.
+
+Limits: the frozen pool judges only where the service has frozen engines, else each call
 fails once the runtime's grace for an engine is over (`engine_wait_s`) and the
 dimension is left without a verdict, with that reason.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from treadle.agent.chat import chat_format, prompt_messages
 from treadle.agent.tokenizer import Tokenizer
+from treadle.envs.worktree import WorkTreeCapture
 from treadle.rewards import JudgeInput, JudgeLane, Judges
 from treadle.rewards.judging import JudgeCache, conversation_text
 from treadle.runtime.driver import Runtime
@@ -38,13 +45,25 @@ class Judging:
         self.tokenizer = tokenizer
         self.cache = JudgeCache()
 
-    async def judged(self, work: SuiteWork, traj: Trajectory) -> Trajectory:
+    def capture(self, work: SuiteWork) -> WorkTreeCapture | None:
+        """What reads the attempt's work tree for its judges, where its rubric shows
+        them the diff (None: nothing to read)."""
+        if work.rubric is None or not work.rubric.rubric().needs_work_tree:
+            return None
+        return WorkTreeCapture()
+
+    async def judged(self, work: SuiteWork, traj: Trajectory,
+                     capture: WorkTreeCapture | None = None) -> Trajectory:
+        """`traj` judged on its job's rubric (module docstring); `capture`: its work
+        tree, read before its sandbox closed (`capture`)."""
         if work.rubric is None or self.tokenizer is None:
             return traj
         judge = work.rubric.judge
         judges = Judges(self.lane(judge, work.chat_format), attempts=judge.attempts,
                         timeout_s=judge.timeout_s, clock=self.runtime.clock, cache=self.cache)
         seen = judge_input(work.task, traj, self.tokenizer, work.chat_format)
+        if capture is not None:
+            seen = dataclasses.replace(seen, diff=capture.diff(judge.diff_chars))
         return await judges.judge(work.rubric.rubric(), traj, seen)
 
     def lane(self, judge: JudgeParams, chat: str) -> JudgeLane:

@@ -39,6 +39,9 @@ class JudgeParams(_Strict):
                                       "each use one)")
     timeout_s: float = Field(default=120.0, gt=0.0, le=3600.0,
                              description="seconds one judge call may take")
+    diff_chars: int = Field(default=16_384, ge=256, le=1 << 20,
+                            description="the longest $diff shown (characters; a longer "
+                                        "one is cut, with a marker line saying so)")
 
 
 class VerifiedParams(_Strict):
