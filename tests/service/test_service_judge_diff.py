@@ -34,7 +34,7 @@ def test_a_judged_swe_trajectory_shows_its_judge_the_agents_edit(tmp_path: Path)
     before = task.metadata["files"][path]
     after = before + "# patched by the agent\n"
     edit = FMT.reply_text("", [Call.of("write_file", {"path": path, "content": after})])
-    script = [tok.encode(edit + IM_END), tok.encode("done" + IM_END),
+    script = [tok.encode(edit), tok.encode(FMT.reply_text("done", [])),
               tok.encode('{"score": 4, "reason": "a small edit"}' + IM_END)]
     fake = FakeVLLMServer(script=script)
     with fake.serve() as engine:

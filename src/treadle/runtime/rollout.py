@@ -63,7 +63,8 @@ async def run_task(runtime: Runtime, suite: Suite, task: Task, *, traj_id: str, 
                    kv: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE,
                    journal: TurnJournal | None = None,
                    resume: ResumePlan | None = None,
-                   capture: WorkTreeCapture | None = None) -> Trajectory:
+                   capture: WorkTreeCapture | None = None,
+                   judge: bool = False) -> Trajectory:
     """One suite task, start to end, on the runtime's engines (see the module docstring),
     its conversation in the chat format named `chat_format` (`agent.chat`). Its
     deadline and times are on `clock`, by default the runtime's; `kv`: what its calls
@@ -71,9 +72,11 @@ async def run_task(runtime: Runtime, suite: Suite, task: Task, *, traj_id: str, 
     go to `journal`; a restarted attempt's `resume` is planned once its episode is up
     (the episode's tools say which recorded calls can come back: `agent.journal`).
     `capture`, when given, reads the episode's work tree after its reward, before its
-    sandbox closes (`envs.worktree`: what a rubric's judges see of the change)."""
+    sandbox closes (`envs.worktree`: what a rubric's judges see of the change).
+    `judge`: the episode is an agentic judge's, its turns of the scheduler's judge
+    class (`runtime.agent_judges`)."""
     clock = clock or runtime.clock
-    turns = runtime.turns(traj_id, key.group_id, kv)
+    turns = runtime.turns(traj_id, key.group_id, kv, judge=judge)
     try:
         started = clock.now()
         ran: list[Trajectory] = []  # the trajectory, once the agent loop has returned it

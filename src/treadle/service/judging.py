@@ -15,6 +15,10 @@ the rubric asks for it, the attempt reads the work tree before its sandbox close
 (`capture`, `envs.worktree`) and the diff against the task's initial files is cut
 at the rubric's `judge.diff_chars` with a marker line.
 
+An agentic judged dimension (`rubric.AgentSpec`) runs on the same lane's engines
+as an agent in a sandbox of the service's pool for suite ``judge``, set up with a
+copy of the work tree read so (`runtime.agent_judges`).
+
 Limits: the frozen pool judges only where the service has frozen engines, else each call
 fails once the runtime's grace for an engine is over (`engine_wait_s`) and the
 dimension is left without a verdict, with that reason.
@@ -29,20 +33,24 @@ from treadle.agent.tokenizer import Tokenizer
 from treadle.envs.worktree import WorkTreeCapture
 from treadle.rewards import JudgeInput, JudgeLane, Judges
 from treadle.rewards.judging import JudgeCache, conversation_text
+from treadle.runtime.agent_judges import JudgeSuite
 from treadle.runtime.driver import Runtime
 from treadle.runtime.judge_lanes import EndpointLane, EngineLane
 from treadle.service.planning import SuiteWork
 from treadle.service.rubric_schemas import JudgeParams
+from treadle.service.sandboxes import SuitePools
 from treadle.types import Task, Trajectory
 
 
 class Judging:
     """The service's judging (module docstring)."""
 
-    def __init__(self, runtime: Runtime, frozen: Runtime, tokenizer: Tokenizer | None) -> None:
+    def __init__(self, runtime: Runtime, frozen: Runtime, tokenizer: Tokenizer | None,
+                 sandboxes: SuitePools | None = None) -> None:
         self.runtime = runtime
         self.frozen = frozen
         self.tokenizer = tokenizer
+        self.sandboxes = sandboxes  # agentic judges' sandboxes (None: none run)
         self.cache = JudgeCache()
 
     def capture(self, work: SuiteWork) -> WorkTreeCapture | None:
@@ -63,7 +71,9 @@ class Judging:
                         timeout_s=judge.timeout_s, clock=self.runtime.clock, cache=self.cache)
         seen = judge_input(work.task, traj, self.tokenizer, work.chat_format)
         if capture is not None:
-            seen = dataclasses.replace(seen, diff=capture.diff(judge.diff_chars))
+            seen = dataclasses.replace(
+                seen, diff=capture.diff(judge.diff_chars),
+                files={} if capture.tree is None else capture.tree.files)
         return await judges.judge(work.rubric.rubric(), traj, seen)
 
     def lane(self, judge: JudgeParams, chat: str) -> JudgeLane:
@@ -72,8 +82,10 @@ class Judging:
                                 temperature=judge.temperature, api_key=judge.api_key,
                                 timeout_s=judge.timeout_s)
         runtime = self.frozen if judge.engines == "frozen" else self.runtime
+        pool = None if self.sandboxes is None else self.sandboxes.pool(JudgeSuite())
         return EngineLane(runtime, self.tokenizer_or_fail(), pool=judge.engines, chat=chat,
-                          max_tokens=judge.max_tokens, temperature=judge.temperature)
+                          max_tokens=judge.max_tokens, temperature=judge.temperature,
+                          sandboxes=pool)
 
     def tokenizer_or_fail(self) -> Tokenizer:
         if self.tokenizer is None:  # judged() returns first: suite jobs need one

@@ -316,7 +316,8 @@ def build_service(config: ServiceConfig) -> Service:
                       grace_s=config.session_grace_s, harnesses=config.harnesses,
                       url=config.public_url, keys=session_keys, frozen=frozen,
                       journal=SessionJournal(journal, store))
-    attempts = Attempts(runtime, sandboxes, Judging(runtime, frozen, tokenizer), journal,
+    attempts = Attempts(runtime, sandboxes, Judging(runtime, frozen, tokenizer, sandboxes),
+                        journal,
                         tokenizer=tokenizer, harnesses=gateway)
     rollouts = Rollouts(runtime, store, planner, outbox, attempts, harnesses=gateway,
                         max_live=config.max_live, max_queued=config.max_queued)
