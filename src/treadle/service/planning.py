@@ -85,6 +85,7 @@ class HarnessWork:
     harness: str  # the harness command's name (`treadle serve --harness`)
     score: Score  # how the run is scored (`gateway.harness.judge`)
     kv: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE
+    rubric: RubricParams | None = None  # the job's rubric, on top of `score`
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +177,7 @@ class Planner:
                                      request.rubric)
                            if harness is None else
                            HarnessWork(job_id, planned, task, suite, sampling, limits, fmt,
-                                       harness.name, harness.score, kv))
+                                       harness.name, harness.score, kv, request.rubric))
         self._keep(key, suite)  # only a suite a job could be planned with
         return out
 
