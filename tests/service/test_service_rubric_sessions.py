@@ -119,3 +119,12 @@ def test_a_session_its_owner_scores_is_judged_on_its_jobs_rubric(service: Servic
     assert unscored.judgements == [] and unscored.reward is None
     assert not any("/judge/" in str(r.get("request_id")) and unscored.trajectory_id in
                    str(r.get("request_id")) for r in service.fake.requests)
+
+
+def test_an_agentic_judge_on_a_service_without_sandboxes_is_refused(service: Service) -> None:
+    agentic = {**rubric("owner"), "judged": [{"name": "clarity", "weight": 0.5,
+                                              "template": TEMPLATE, "agent": {}}]}
+    for tasks in ({"sessions": 1}, {"suite": "math", "count": 1}):
+        refused = service.http.post("/v1/jobs", json={"tasks": tasks, "rubric": agentic})
+        assert refused.status_code == 422, refused.text
+        assert "an agentic judge works in a sandbox" in refused.text

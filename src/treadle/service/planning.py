@@ -119,6 +119,15 @@ class Planner:
         # recently used last; at most _SUITES_KEPT.
         self._suites: collections.OrderedDict[str, Suite] = collections.OrderedDict()
 
+    def check_rubric(self, request: JobRequest) -> None:
+        """RequestRefused where the job's rubric cannot be judged here: an agentic
+        judge (`rewards.AgentSpec`) on a service without sandboxes."""
+        rubric = request.rubric
+        if rubric is not None and self.sandbox_backend is None and any(
+                j.agent is not None for j in rubric.judged):
+            raise RequestRefused("rubric.judged: an agentic judge works in a sandbox and this "
+                                 "service has none (treadle serve --sandbox)")
+
     def resolve(self, job_id: str, request: JobRequest) -> list[Work]:
         """The job's trajectories, each with what to run for it; RequestRefused
         naming the field for what cannot run here. Blocking (a suite's tasks, a
