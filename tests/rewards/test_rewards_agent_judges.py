@@ -7,6 +7,7 @@ trees apart."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -23,6 +24,7 @@ from treadle.rewards import (
     Judges,
     Rubric,
     Scale,
+    VerdictError,
     VerdictKind,
     VerifiedDimension,
 )
@@ -38,8 +40,8 @@ SEEN = JudgeInput(task="fix f", answer="done", trajectory="...", diff="+    retu
 
 class AgentLane:
     """A scripted lane that runs agentic judges: each `ask_agent` gets the next step
-    (an answer text, read with the dimension's parser, or an exception to raise) and
-    records what it was given."""
+    (the episode's final answer, or an exception to raise) and records what it was
+    given."""
 
     identity = "scripted agent judge"
 
@@ -58,7 +60,8 @@ class AgentLane:
         step = self.script.pop(0)
         if isinstance(step, Exception):
             raise step
-        read(step)  # as the judge's episode scores its answer (raises without a verdict)
+        with contextlib.suppress(VerdictError):  # the episode's own score, as the lane's
+            read(step)
         return JudgeReply(text='[bash] 1 failed\n{"score": 1}', output_ids=[7, 8],
                           logprobs=[-0.5, -0.25], verdict_text=step)
 
@@ -108,6 +111,7 @@ def test_failures_leave_the_dimension_none_with_every_reason_never_zero() -> Non
     assert j.status is JudgementStatus.FAILED and j.value is None and j.score is None
     assert "attempt 1: JudgeCallError: the judge's episode: engine: down" in j.reason
     assert "attempt 2: VerdictError: no JSON object with a score" in j.reason
+    assert j.reply == '[bash] 1 failed\n{"score": 1}'  # the last episode kept: the audit
     assert traj.reward is None and traj.flagged and traj.rewards["quality"] is None
 
 

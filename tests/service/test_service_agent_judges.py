@@ -107,5 +107,6 @@ def test_an_agentic_judge_runs_the_tests_in_a_copy_of_the_work_tree(tmp_path: Pa
     (u,) = unjudged.judgements
     assert u.status is JudgementStatus.FAILED and u.value is None, u
     assert "VerdictError" in u.reason and "no JSON object with a score" in u.reason
+    assert "I cannot tell." in u.reply  # the judge's episode, kept for audit
     assert unjudged.reward is None and unjudged.flagged
     assert unjudged.rewards == {"tests": 0.0, "fix": None}

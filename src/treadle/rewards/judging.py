@@ -99,9 +99,10 @@ class AgentJudgeLane(JudgeLane, Protocol):
                         read: Callable[[str], float]) -> JudgeReply:
         """One agentic judgement: an agent whose task is `prompt`, with `spec`'s tools
         and limits, in a sandbox holding `files`; `read` gives the verdict's value
-        of its final answer (raising VerdictError when it holds none). Returns the
-        episode (`JudgeReply.verdict_text`: the final answer). Raises JudgeCallError
-        when the episode fails, VerdictError when its answer holds no verdict."""
+        of its final answer (raising VerdictError when it holds none: the episode's
+        own score). Returns the episode (`JudgeReply.verdict_text`: the final
+        answer, with or without a verdict). Raises JudgeCallError when the episode
+        fails."""
         ...
 
 

@@ -18,10 +18,12 @@ answer holds no verdict on the scale.
 `run_agent_judge` returns the episode as a `JudgeReply`: `text` the whole episode
 after the prompt (replies and tool observations, decoded: the audit),
 `verdict_text` the final answer, `output_ids`/`logprobs` the tokens the judge
-sampled, in order. It raises `VerdictError` when the answer holds no verdict,
-`JudgeCallError` when the episode failed otherwise (no sandbox, the sandbox could not
-start, the engines, a tool's infrastructure); the caller (`rewards.Judges`) retries
-within its budget and then leaves the dimension without a value, with the reasons.
+sampled, in order — also when the answer holds no verdict (the caller's parser
+refuses it then, and its failed judgement keeps the episode). It raises
+`JudgeCallError` when the episode failed otherwise (no sandbox, the sandbox could
+not start, the engines, a tool's infrastructure); the caller (`rewards.Judges`)
+retries within its budget and then leaves the dimension without a value, with the
+reasons.
 
 Limits: the judge's replies are sampled freely (its tool calls cannot be decoded
 under the verdict's schema), so a small model's answer may hold no verdict; what
@@ -123,10 +125,10 @@ async def run_agent_judge(runtime: Runtime, tokenizer: Tokenizer, pool: SandboxP
                           tokenizer=tokenizer, sandboxes=pool, limits=limits,
                           sampling=Sampling(temperature, seed=seed), chat_format=chat,
                           judge=True)
-    if suite.no_verdict is not None:
-        raise VerdictError(f"the judge's answer: {suite.no_verdict}")
-    if traj.status is TrajectoryStatus.ERROR:
+    if traj.status is TrajectoryStatus.ERROR and suite.no_verdict is None:
         raise JudgeCallError(f"the judge's episode: {traj.reason}")
+    # An answer without a verdict is returned as any answer: the caller's parser
+    # refuses it, and the failed judgement keeps the episode (the audit).
     return episode_reply(traj, tokenizer, suite.answer or "")
 
 
