@@ -379,9 +379,9 @@ class Gateway:
         if traj.trajectory_id in self._harnessed:
             return  # its harness run hands it to the job runner, which stores it
         no_call_served(traj)
-        if shown is not None and self.judging is not None:  # its job's rubric, if any
-            traj = await self.judging.judged_session(await self.store.job_spec(job_id),
-                                                     traj, *shown)
+        if shown is not None and traj.reward is not None and self.judging is not None:
+            traj = await self.judging.judged_session(  # its job's rubric, if any
+                await self.store.job_spec(job_id), traj, *shown)
         try:
             await self.outbox.deliver(job_id, traj)
         except RecordError as e:  # a record the store refuses must not leave it running
