@@ -9,7 +9,14 @@ from __future__ import annotations
 import pytest
 
 from treadle.core.cost_model import CostModel
-from treadle.core.events import Admit, EngineAdded, TrajectoryArrived, TurnFinished
+from treadle.core.events import (
+    Admit,
+    EngineAdded,
+    ToolCallFinished,
+    ToolCallStarted,
+    TrajectoryArrived,
+    TurnFinished,
+)
 from treadle.core.policies.oracle import TruthEstimator
 from treadle.core.policies.treadle_policy import Treadle
 from treadle.core.predictor import Outcome, Predictor
@@ -96,6 +103,22 @@ def test_a_judge_call_goes_to_the_least_loaded_engine_without_a_replan() -> None
     _arrive(p, "j", 1.0, judge=True)
     assert p.trajs["j"].engine_id != busiest.engine_id  # least loaded: the other one
     assert p.replans == replans  # no whole-batch re-plan for one judge call
+
+
+def test_an_agentic_judges_next_turn_stays_where_its_kv_is() -> None:
+    p = _treadle({"r0": 5000, "r1": 5000, "r2": 5000, "j": 100}, cap=4, engines=2)
+    _arrive(p, "j", 0.0, judge=True)
+    home = p.trajs["j"].engine_id
+    assert home is not None
+    p.on_event(TurnFinished("j", home, 50, 150, final=False), 1.0)
+    p.on_event(ToolCallStarted("j"), 1.0)
+    for tid in ("r0", "r1", "r2"):  # rollouts fill the judge's engine meanwhile
+        p.on_event(TrajectoryArrived(tid, f"g-{tid}", 100), 1.0)
+    p.decide(1.0)
+    p.on_event(ToolCallFinished("j", 0.5, 20), 2.0)
+    admitted(p, 2.0)
+    # Its context is cached there: the least loaded engine would prefill it again.
+    assert p.trajs["j"].engine_id == home
 
 
 def test_judge_calls_do_not_teach_the_rollout_predictor() -> None:

@@ -100,6 +100,12 @@ class Suite(ABC):
         """Write `tasks` as JSONL records that `load_tasks` reads back unchanged."""
         write_jsonl(path, [self.task_to_record(t) for t in tasks])
 
+    def initial_files(self, task: Task) -> Mapping[str, str] | None:
+        """The files (path -> text) an episode of `task` starts with in its sandbox:
+        the base of the diff a rubric's judges see (`envs.worktree`). None (the
+        default): the suite has no work tree to show."""
+        return None
+
     @abstractmethod
     def tools(self, task: Task) -> list[Tool]:
         """The tools the model may call in an episode of `task`."""

@@ -9,8 +9,9 @@ failed judgement is a dimension without a value and a reason, never a number.
 """
 
 from treadle.rewards.errors import JudgeCallError, JudgeError, VerdictError
-from treadle.rewards.judging import JudgeCache, JudgeLane, JudgeReply, Judges
+from treadle.rewards.judging import AgentJudgeLane, JudgeCache, JudgeLane, JudgeReply, Judges
 from treadle.rewards.rubric import (
+    AgentSpec,
     JudgedDimension,
     JudgeInput,
     Rubric,
@@ -21,7 +22,7 @@ from treadle.rewards.rubric import (
 )
 from treadle.rewards.verdict import expected_score, parse_json_verdict
 
-__all__ = ["JudgeCache", "JudgeCallError", "JudgeError", "JudgeInput", "JudgeLane",
-           "JudgeReply", "JudgedDimension", "Judges", "Rubric", "Scale", "VerdictError",
-           "VerdictKind", "VerifiedDimension", "aggregate", "expected_score",
-           "parse_json_verdict"]
+__all__ = ["AgentJudgeLane", "AgentSpec", "JudgeCache", "JudgeCallError", "JudgeError",
+           "JudgeInput", "JudgeLane", "JudgeReply", "JudgedDimension", "Judges", "Rubric",
+           "Scale", "VerdictError", "VerdictKind", "VerifiedDimension", "aggregate",
+           "expected_score", "parse_json_verdict"]

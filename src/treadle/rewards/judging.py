@@ -10,13 +10,15 @@ dimensions are asked at once, each:
 - rendered (`JudgedDimension.render`) and looked up in the cache by the content
   hash of what decides the answer (the lane's identity, the prompt, how it is
   read); a hit is used as is (`Judgement.cached`, no call);
-- asked, its reply decoded under the verdict's JSON schema where the lane can, up
-  to `attempts` times: a call that raises `JudgeCallError`, takes longer than
-  `timeout_s` (seconds of `clock`) or answers without a verdict on the scale
-  (`VerdictError`) is asked again; after the last, the dimension is FAILED, its
-  value None, its reason every attempt's error, and — unless the rubric marks it
-  optional — the trajectory is flagged (`Trajectory.flagged`) and unscored. Never
-  a 0, never a default score.
+- asked — its reply decoded under the verdict's JSON schema where the lane can; an
+  agentic dimension (`rubric.AgentSpec`) runs as an agent through the lane
+  (`AgentJudgeLane.ask_agent`), in a sandbox holding `JudgeInput.files`, its verdict
+  read from its final answer — up to `attempts` times: a call that raises
+  `JudgeCallError`, takes longer than `timeout_s` (seconds of `clock`) or answers
+  without a verdict on the scale (`VerdictError`) is asked again; after the last,
+  the dimension is FAILED, its value None, its reason every attempt's error, and —
+  unless the rubric marks it optional — the trajectory is flagged
+  (`Trajectory.flagged`) and unscored. Never a 0, never a default score.
 
 A trajectory without a reward (an infrastructure failure, an abort, one its suite
 did not score) is returned untouched: there is nothing to add to. A gate not passed
@@ -30,13 +32,20 @@ from __future__ import annotations
 import asyncio
 import collections
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from treadle.clock import Clock, WallClock
-from treadle.rewards.errors import JudgeError
-from treadle.rewards.rubric import JudgedDimension, JudgeInput, Rubric, VerdictKind, aggregate
+from treadle.rewards.errors import JudgeCallError, JudgeError
+from treadle.rewards.rubric import (
+    AgentSpec,
+    JudgedDimension,
+    JudgeInput,
+    Rubric,
+    VerdictKind,
+    aggregate,
+)
 from treadle.rewards.verdict import (
     Verdict,
     expected_score,
@@ -58,6 +67,9 @@ class JudgeReply:
     top: list[dict[str, float]] = field(default_factory=list)
     output_ids: list[int] = field(default_factory=list)  # token-level lanes only
     logprobs: list[float] = field(default_factory=list)  # one per output id
+    # Where the verdict is read, when not `text`: an agentic judge's final answer
+    # (its `text` is the whole episode after the prompt, kept for audit).
+    verdict_text: str | None = None
 
 
 class JudgeLane(Protocol):
@@ -75,6 +87,22 @@ class JudgeLane(Protocol):
         top `top_logprobs` alternatives per position when it is above 0; the reply
         decoded under the JSON `schema` (`verdict.verdict_schema`). Raises
         JudgeCallError when the call fails."""
+        ...
+
+
+@runtime_checkable
+class AgentJudgeLane(JudgeLane, Protocol):
+    """A lane that also runs agentic judges (`rubric.AgentSpec`): the engines'."""
+
+    async def ask_agent(self, prompt: str, *, call_id: str, spec: AgentSpec,
+                        files: Mapping[str, str],
+                        read: Callable[[str], float]) -> JudgeReply:
+        """One agentic judgement: an agent whose task is `prompt`, with `spec`'s tools
+        and limits, in a sandbox holding `files`; `read` gives the verdict's value
+        of its final answer (raising VerdictError when it holds none: the episode's
+        own score). Returns the episode (`JudgeReply.verdict_text`: the final
+        answer, with or without a verdict). Raises JudgeCallError when the episode
+        fails."""
         ...
 
 
@@ -106,10 +134,15 @@ class JudgeCache:
             self._answers.popitem(last=False)
 
 
-def content_key(identity: str, dimension: JudgedDimension, prompt: str) -> str:
-    """The cache key of one judge question."""
-    parts = (identity, dimension.verdict.value, str(dimension.scale.low),
-             str(dimension.scale.high), prompt)
+def content_key(identity: str, dimension: JudgedDimension, prompt: str,
+                files: Mapping[str, str] | None = None) -> str:
+    """The cache key of one judge question (an agentic judge's: with its spec and the
+    work tree it is given)."""
+    parts = [identity, dimension.verdict.value, str(dimension.scale.low),
+             str(dimension.scale.high), prompt]
+    if dimension.agent is not None:
+        parts.append(dimension.agent.identity)
+        parts.extend(f"{path}\x01{text}" for path, text in sorted((files or {}).items()))
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()
 
 
@@ -150,7 +183,7 @@ class Judges:
 
     async def _one(self, d: JudgedDimension, traj_id: str, seen: JudgeInput) -> Judgement:
         prompt = d.render(seen)
-        key = content_key(self.lane.identity, d, prompt)
+        key = content_key(self.lane.identity, d, prompt, seen.files)
         cached = self.cache.get(key)
         if cached is not None:
             return self._judged(d, prompt, cached, attempts=0, cached=True)
@@ -160,10 +193,8 @@ class Judges:
             try:
                 self.calls += 1
                 async with self.clock.timeout(self.timeout_s):
-                    reply = await self.lane.ask(
-                        prompt, call_id=f"{traj_id}/judge/{d.name}/{attempt}",
-                        top_logprobs=TOP_LOGPROBS if d.verdict is VerdictKind.LOGPROBS else 0,
-                        schema=verdict_schema(d.scale))
+                    reply = await self._ask(d, prompt, f"{traj_id}/judge/{d.name}/{attempt}",
+                                            seen)
                 answer = _Answer(_verdict(d, reply), reply)
             except TimeoutError:
                 errors.append(f"attempt {attempt + 1}: no answer within {self.timeout_s} s")
@@ -179,6 +210,20 @@ class Judges:
                          list(reply.output_ids) if reply else [],
                          list(reply.logprobs) if reply else [])
 
+    async def _ask(self, d: JudgedDimension, prompt: str, call_id: str,
+                   seen: JudgeInput) -> JudgeReply:
+        if d.agent is None:
+            return await self.lane.ask(
+                prompt, call_id=call_id,
+                top_logprobs=TOP_LOGPROBS if d.verdict is VerdictKind.LOGPROBS else 0,
+                schema=verdict_schema(d.scale))
+        if not isinstance(self.lane, AgentJudgeLane):
+            raise JudgeCallError(f"{self.lane.identity}: runs no agentic judge (the "
+                                 "engines' lanes do)")
+        return await self.lane.ask_agent(
+            prompt, call_id=call_id, spec=d.agent, files=seen.files,
+            read=lambda text: d.scale.value(parse_json_verdict(text, d.scale).score))
+
     def _judged(self, d: JudgedDimension, prompt: str, answer: _Answer, *, attempts: int,
                 cached: bool) -> Judgement:
         reply = answer.reply
@@ -190,7 +235,8 @@ class Judges:
 
 def _verdict(d: JudgedDimension, reply: JudgeReply) -> Verdict:
     if d.verdict is VerdictKind.JSON:
-        return parse_json_verdict(reply.text, d.scale)
+        text = reply.text if reply.verdict_text is None else reply.verdict_text
+        return parse_json_verdict(text, d.scale)
     found = expected_score(reply.tokens, reply.top, d.scale)
     return Verdict(found.score, f"expected score at reply token {found.position} "
                                 f"(scale mass {found.mass:.3f})")

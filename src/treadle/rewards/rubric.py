@@ -10,6 +10,9 @@
   as `VerdictKind` says, and mapped to [0, 1] (low → 0, high → 1). Its prompt is a
   `string.Template` over `JudgeInput`'s fields ($task, $answer, $trajectory, $diff)
   and the scale ($low, $high); any other ``$name`` is refused when the rubric is made.
+- An *agentic* judged dimension (`AgentSpec`) is judged by an agent with tools in a
+  sandbox holding the trajectory's work tree (it can run the tests, read the diff);
+  its rendered template is the agent's task, its verdict the JSON of its answer.
 - A *gate* on a verified dimension (``gate=1.0``: tests must pass): below it, the
   reward is `Rubric.gated_reward` and the judges are not asked (their dimensions are
   SKIPPED, which is no failure).
@@ -24,7 +27,7 @@ from __future__ import annotations
 import enum
 import string
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from treadle.types import Judgement, JudgementStatus
 
@@ -65,7 +68,44 @@ class JudgeInput:
     task: str  # the task's prompt as the policy saw it
     answer: str  # the policy's final assistant text ("" when it gave none)
     trajectory: str  # the whole conversation, or a summary of it
-    diff: str = ""  # the change the policy made (SWE tasks), else ""
+    diff: str = ""  # the change the policy made (SWE, code tasks: `envs.worktree`), else ""
+    # The work tree the policy left (path -> text; SWE, code tasks): what an agentic
+    # judge's sandbox holds. Empty where the suite has none.
+    files: Mapping[str, str] = field(default_factory=dict)
+
+
+JUDGE_TOOLS = ("bash", "python", "read_file", "write_file", "apply_patch")  # an agent's
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSpec:
+    """A judge that is an agent: the rendered template is its task, it works with
+    `tools` (names of `JUDGE_TOOLS`, and always ``submit_answer``) in a sandbox
+    holding the trajectory's work tree, within the limits, and its final answer (the
+    submitted one, else its last reply) holds the verdict."""
+
+    tools: tuple[str, ...] = ("bash", "read_file")
+    max_turns: int = 8
+    max_total_tokens: int = 16_384  # its whole context
+    max_tokens_per_turn: int | None = None  # None: the judge's max_tokens
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.tools) - set(JUDGE_TOOLS))
+        if unknown:
+            raise ValueError(f"agent tools {unknown} are not among {list(JUDGE_TOOLS)}")
+        if len(set(self.tools)) != len(self.tools):
+            raise ValueError(f"agent tools must be unique: {list(self.tools)}")
+        if self.max_turns < 1 or self.max_total_tokens < 2 or (
+                self.max_tokens_per_turn is not None and self.max_tokens_per_turn < 1):
+            raise ValueError("an agent needs max_turns >= 1, max_total_tokens >= 2 and "
+                             "max_tokens_per_turn >= 1")
+
+    @property
+    def identity(self) -> str:
+        """What of it decides the answers (a part of the cache key)."""
+        return (f"agent tools {','.join(self.tools)}, max_turns {self.max_turns}, "
+                f"max_total_tokens {self.max_total_tokens}, "
+                f"max_tokens_per_turn {self.max_tokens_per_turn}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,8 +128,12 @@ class JudgedDimension:
     scale: Scale = Scale()
     verdict: VerdictKind = VerdictKind.JSON
     optional: bool = False  # train without it when its judge fails
+    agent: AgentSpec | None = None  # a judge with tools in a sandbox (`AgentSpec`)
 
     def __post_init__(self) -> None:
+        if self.agent is not None and self.verdict is not VerdictKind.JSON:
+            raise ValueError(f"dimension {self.name!r}: an agentic judge's verdict is read "
+                             "from the JSON of its final answer (verdict json)")
         allowed = set(FIELDS) | set(SCALE_FIELDS)
         template = string.Template(self.template)
         if not template.is_valid():
@@ -115,6 +159,14 @@ class Rubric:
     verified: tuple[VerifiedDimension, ...] = ()
     judged: tuple[JudgedDimension, ...] = ()
     gated_reward: float = 0.0  # the reward when a gate is not passed
+
+    @property
+    def needs_work_tree(self) -> bool:
+        """Whether a judge is shown the trajectory's change (a template names $diff)
+        or works in its work tree (an agentic judge)."""
+        return any(d.agent is not None
+                   or "diff" in string.Template(d.template).get_identifiers()
+                   for d in self.judged)
 
     def __post_init__(self) -> None:
         names = [d.name for d in self.verified] + [d.name for d in self.judged]

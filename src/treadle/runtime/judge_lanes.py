@@ -8,12 +8,14 @@
   JSON schema (structured output). The prompt is one user message in the
   runtime's chat format; the reply's ids and logprobs are the engine's. It gives no
   top logprobs (the engines' token-level API returns the sampled token's only), so
-  a logprob verdict needs an `EndpointLane`.
+  a logprob verdict needs an `EndpointLane`. It also runs agentic judges
+  (`ask_agent`: `runtime.agent_judges`) in sandboxes of the pool it is given.
 - `EndpointLane`: an OpenAI-compatible chat endpoint elsewhere (``/chat/completions``
   under its base URL), the same spec, so a team can start external and move the
   judge onto its engines. The reply is asked in the verdict's JSON schema
   (``response_format``); top logprobs come as the endpoint writes the tokens
-  (text); it returns no ids.
+  (text); it returns no ids. It runs no agentic judge (treadle's agent loop is
+  token-level: it needs the engines).
 
 Both raise `JudgeCallError` for a call that fails (engine errors, no engine, an
 unreachable endpoint, an error status, a reply off the OpenAI shape).
@@ -21,7 +23,7 @@ unreachable endpoint, an error status, a reply off the OpenAI shape).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
@@ -31,8 +33,10 @@ from treadle.agent.runner import Sampling
 from treadle.agent.tokenizer import Tokenizer
 from treadle.engines.base import derived_seed
 from treadle.engines.errors import EngineError
-from treadle.rewards import JudgeCallError, JudgeReply
+from treadle.rewards import AgentSpec, JudgeCallError, JudgeReply
+from treadle.runtime.agent_judges import run_agent_judge
 from treadle.runtime.driver import Runtime
+from treadle.sandbox.pool import SandboxPool
 from treadle.types import JsonSchemaConstraint
 
 
@@ -41,10 +45,12 @@ class EngineLane:
 
     def __init__(self, runtime: Runtime, tokenizer: Tokenizer, *, pool: str,
                  chat: str, max_tokens: int = 256, temperature: float = 0.0,
-                 seed: int | None = 0) -> None:
+                 seed: int | None = 0, sandboxes: SandboxPool | None = None) -> None:
         self.runtime = runtime
         self.tokenizer = tokenizer
         self.pool = pool  # policy | frozen: named in its identity
+        self.sandboxes = sandboxes  # where agentic judges run (None: none do)
+        self.chat = chat
         self.format = chat_format(chat)
         self.max_tokens = max_tokens
         self.temperature = temperature
@@ -82,6 +88,17 @@ class EngineLane:
         return JudgeReply(text=self.tokenizer.decode(said),
                           tokens=[self.tokenizer.decode([i]) for i in said],
                           output_ids=list(out.output_ids), logprobs=list(out.logprobs))
+
+
+    async def ask_agent(self, prompt: str, *, call_id: str, spec: AgentSpec,
+                        files: Mapping[str, str],
+                        read: Callable[[str], float]) -> JudgeReply:
+        """An agentic judgement on these engines (`runtime.agent_judges`)."""
+        seed = None if self.seed is None else derived_seed(self.seed, call_id)
+        return await run_agent_judge(self.runtime, self.tokenizer, self.sandboxes, prompt,
+                                     call_id=call_id, spec=spec, files=files, read=read,
+                                     chat=self.chat, max_tokens=self.max_tokens,
+                                     temperature=self.temperature, seed=seed)
 
 
 class EndpointLane:

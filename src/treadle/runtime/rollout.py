@@ -10,7 +10,7 @@ ProRL Agent's stages, each failure attributed to one of them (`FailureStage`):
 - **run**: the agent loop (`treadle.agent.loop.run_agent`) on the runtime's engines
   (stages engine and tool);
 - **eval**: the suite's reward, with the sandbox still up (some rewards run tests in
-  it); stage eval;
+  it); stage eval; then, where asked, the work tree is read for the judges;
 - **teardown**: the episode and sandbox are released whatever happened; a failure
   there is logged and does not change a trajectory that is already complete.
 
@@ -36,6 +36,7 @@ from treadle.agent.tokenizer import Tokenizer
 from treadle.clock import Clock
 from treadle.engines.errors import EngineError
 from treadle.envs.base import Suite, open_episode
+from treadle.envs.worktree import WorkTreeCapture
 from treadle.errors import TreadleError
 from treadle.runtime.driver import Runtime
 from treadle.runtime.replay import replay
@@ -62,6 +63,8 @@ async def run_task(runtime: Runtime, suite: Suite, task: Task, *, traj_id: str, 
                    kv: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE,
                    journal: TurnJournal | None = None,
                    resume: ResumePlan | None = None,
+                   capture: WorkTreeCapture | None = None,
+                   judge: bool = False,
                    max_staleness: int | None = None) -> Trajectory:
     """One suite task, start to end, on the runtime's engines (see the module docstring),
     its conversation in the chat format named `chat_format` (`agent.chat`). Its
@@ -69,9 +72,14 @@ async def run_task(runtime: Runtime, suite: Suite, task: Task, *, traj_id: str, 
     after a weight update do with KV cached before it (recorded); `max_staleness`:
     its job's bound, for the scheduler (`Runtime.turns`). Its completed turns
     go to `journal`; a restarted attempt's `resume` is planned once its episode is up
-    (the episode's tools say which recorded calls can come back: `agent.journal`)."""
+    (the episode's tools say which recorded calls can come back: `agent.journal`).
+    `capture`, when given, reads the episode's work tree after its reward, before its
+    sandbox closes (`envs.worktree`: what a rubric's judges see of the change).
+    `judge`: the episode is an agentic judge's, its turns of the scheduler's judge
+    class (`runtime.agent_judges`)."""
     clock = clock or runtime.clock
-    turns = runtime.turns(traj_id, key.group_id, kv, max_staleness=max_staleness)
+    turns = runtime.turns(traj_id, key.group_id, kv, judge=judge,
+                          max_staleness=max_staleness)
     try:
         started = clock.now()
         ran: list[Trajectory] = []  # the trajectory, once the agent loop has returned it
@@ -92,6 +100,8 @@ async def run_task(runtime: Runtime, suite: Suite, task: Task, *, traj_id: str, 
                                    chat_format=chat_format, clock=clock, journal=journal,
                                    resume=None if resume is None else resume(episode.replay_of))
             ran.append(traj)
+            if capture is not None:
+                await capture.take(episode)
         traj.attempt = attempt
         traj.kv_across_updates = kv
         return traj

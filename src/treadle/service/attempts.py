@@ -2,7 +2,8 @@
 
 `Attempts.run(work, attempt)` runs a job's trajectory once, by its kind of work: a
 suite task (`runtime.rollout.run_task`: sandbox, agent loop, reward, then its
-rubric's judges), a workload replay (`replay_task`), a harness run (the gateway's).
+rubric's judges), a workload replay (`replay_task`), a harness run (the gateway's,
+then its rubric's judges).
 Suite tasks and replays journal their completed turns (`service.journal`), and an
 attempt after a restart resumes from its last journaled turn; a harness run's
 sessions are the gateway's and start over. It returns the trajectory (a failure
@@ -87,10 +88,12 @@ class Attempts:
                 case HarnessWork():
                     if self.harnesses is None:
                         raise RuntimeError("this service runs no harness jobs")
-                    return await self.harnesses.run_harness(work, attempt)
+                    return await self.judging.judged(
+                        work, await self.harnesses.run_harness(work, attempt))
                 case SuiteWork():
                     if self.tokenizer is None:  # the planner refuses such jobs
                         raise RuntimeError("this service has no tokenizer")
+                    capture = self.judging.capture(work)
                     return await self.judging.judged(work, await run_task(
                         self.runtime, work.suite, work.task, traj_id=tid, key=key,
                         tokenizer=self.tokenizer, sandboxes=self.sandboxes.pool(work.suite),
@@ -98,7 +101,7 @@ class Attempts:
                         chat_format=work.chat_format, attempt=attempt, kv=work.kv,
                         journal=journal,
                         resume=await self.journal.resume(work.job_id, tid, attempt),
-                        max_staleness=work.max_staleness))
+                        capture=capture, max_staleness=work.max_staleness), capture)
         except asyncio.CancelledError:
             raise
         except Exception as e:

@@ -13,6 +13,9 @@ NDJSON stream like any other:
   to the plan, in group ``<parent's group>/sub`` with repetition
   ``parent's repetition × 1024 + its index among the parent's children``.
 
+A sessions job's rubric (`JobRequest.rubric`) scores a session its owner ends with
+a reward, before it is delivered (`service.judging`); a harness job's, its runs.
+
 A session's calls run on the policy's runtime, or on the *frozen pool*'s (a second
 runtime over engines at a pinned version, which weight updates never reach, whose
 tokens carry that version) when it is not trainable and the service has one, or
@@ -33,7 +36,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from treadle.agent.chat import DEFAULT_FORMAT, chat_format
+from treadle.agent.chat import DEFAULT_FORMAT, Message, chat_format
 from treadle.agent.fingerprint import tokenizer_fingerprint
 from treadle.agent.runner import Sampling
 from treadle.agent.tokenizer import Tokenizer
@@ -53,6 +56,7 @@ from treadle.gateway.session import (
 from treadle.gateway.sessions import Sessions
 from treadle.runtime.driver import Runtime
 from treadle.service.errors import RequestRefused
+from treadle.service.judging import Judging
 from treadle.service.keys import SessionKeys
 from treadle.service.outbox import Outbox
 from treadle.service.planning import HarnessWork
@@ -93,7 +97,8 @@ class Gateway:
                  max_sessions: int = 4096, grace_s: float = 300.0,
                  harnesses: Mapping[str, Harness] | None = None,
                  url: str | None = None, keys: SessionKeys,
-                 frozen: Runtime | None = None, journal: SessionJournal | None = None) -> None:
+                 frozen: Runtime | None = None, journal: SessionJournal | None = None,
+                 judging: Judging | None = None) -> None:
         self.store = store
         self.outbox = outbox  # where ended sessions' trajectories go
         self.sandboxes = sandboxes  # the suites' pools (a harness run's verifier)
@@ -117,6 +122,10 @@ class Gateway:
         self._taken: dict[str, set[str]] = {}  # sessions job -> trajectory ids taken here
         # Trainers' sessions journaled, to open them again after a restart (None: not).
         self.journal = journal
+        # Sessions jobs' rubrics (None: not judged), and what their judges see of the
+        # sessions their owners ended: trajectory id -> (conversation, chat format).
+        self.judging = judging
+        self._shown: dict[str, tuple[list[Message], str]] = {}
 
     # -- sessions ---------------------------------------------------------------------
 
@@ -281,6 +290,8 @@ class Gateway:
         reason = request.reason
         if reason is None and status is not TrajectoryStatus.COMPLETED:
             reason = "ended by its owner"
+        self._shown[session.spec.trajectory_id] = (session.conversation.context.history,
+                                                   session.spec.chat_format)
         await sessions.end(session_id, status=status, reason=reason, reward=request.reward,
                            rewards=request.rewards, metadata=request.metadata, stage=stage,
                            reward_source=RewardSource.OWNER)
@@ -356,6 +367,7 @@ class Gateway:
         if self.sessions is not None:
             for traj in self.sessions.abort_job(job_id):
                 self._jobs.pop(traj.trajectory_id, None)
+                self._shown.pop(traj.trajectory_id, None)
         self._taken.pop(job_id, None)
 
     async def _ended(self, traj: Trajectory) -> None:
@@ -363,9 +375,13 @@ class Gateway:
         taken = self._taken.get(job_id)
         if taken is not None:  # a sessions job's slot, taken here and now done
             taken.discard(traj.trajectory_id)
+        shown = self._shown.pop(traj.trajectory_id, None)
         if traj.trajectory_id in self._harnessed:
             return  # its harness run hands it to the job runner, which stores it
         no_call_served(traj)
+        if shown is not None and traj.reward is not None and self.judging is not None:
+            traj = await self.judging.judged_session(  # its job's rubric, if any
+                await self.store.job_spec(job_id), traj, *shown)
         try:
             await self.outbox.deliver(job_id, traj)
         except RecordError as e:  # a record the store refuses must not leave it running
@@ -469,7 +485,6 @@ def view(session: Session) -> SessionView:
                        reward=traj.reward, children=[c.spec.trajectory_id
                                                      for c in session.children],
                        engine_pool=session.spec.engine_pool)
-
 
 
 __all__ = ["Gateway", "view"]

@@ -188,6 +188,7 @@ class Rollouts:
         admin's); RequestRefused for what cannot run here, ServiceBusy if the queue
         is full, StoreConflict if `job_id` is taken."""
         job_id = request.job_id or uuid.uuid4().hex[:16]
+        self.planner.check_rubric(request)
         if isinstance(request.tasks, SessionTasks):
             # Nothing to run here: harnesses take the sessions (service.gateway).
             planned = planned_sessions(job_id, request.tasks, request.samples_per_task)

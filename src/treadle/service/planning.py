@@ -86,6 +86,7 @@ class HarnessWork:
     harness: str  # the harness command's name (`treadle serve --harness`)
     score: Score  # how the run is scored (`gateway.harness.judge`)
     kv: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE
+    rubric: RubricParams | None = None  # the job's rubric, on top of `score`
     max_staleness: int | None = None  # a continuous job's bound, for the scheduler
 
 
@@ -120,6 +121,15 @@ class Planner:
         # Suites by name and options (files by their content's identity), the most
         # recently used last; at most _SUITES_KEPT.
         self._suites: collections.OrderedDict[str, Suite] = collections.OrderedDict()
+
+    def check_rubric(self, request: JobRequest) -> None:
+        """RequestRefused where the job's rubric cannot be judged here: an agentic
+        judge (`rewards.AgentSpec`) on a service without sandboxes."""
+        rubric = request.rubric
+        if rubric is not None and self.sandbox_backend is None and any(
+                j.agent is not None for j in rubric.judged):
+            raise RequestRefused("rubric.judged: an agentic judge works in a sandbox and this "
+                                 "service has none (treadle serve --sandbox)")
 
     def resolve(self, job_id: str, request: JobRequest) -> list[Work]:
         """The job's trajectories, each with what to run for it; RequestRefused
@@ -180,7 +190,8 @@ class Planner:
                                      request.rubric, bound)
                            if harness is None else
                            HarnessWork(job_id, planned, task, suite, sampling, limits, fmt,
-                                       harness.name, harness.score, kv, bound))
+                                       harness.name, harness.score, kv, request.rubric,
+                                       bound))
         self._keep(key, suite)  # only a suite a job could be planned with
         return out
 

@@ -8,7 +8,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from treadle.rewards import JudgedDimension, Rubric, Scale, VerdictKind, VerifiedDimension
+from treadle.rewards import (
+    AgentSpec,
+    JudgedDimension,
+    Rubric,
+    Scale,
+    VerdictKind,
+    VerifiedDimension,
+)
 
 NAME = r"^[A-Za-z0-9_.:-]+$"  # a dimension's name (a key of the record's rewards)
 
@@ -39,6 +46,9 @@ class JudgeParams(_Strict):
                                       "each use one)")
     timeout_s: float = Field(default=120.0, gt=0.0, le=3600.0,
                              description="seconds one judge call may take")
+    diff_chars: int = Field(default=16_384, ge=256, le=1 << 20,
+                            description="the longest $diff shown (characters; a longer "
+                                        "one is cut, with a marker line saying so)")
 
 
 class VerifiedParams(_Strict):
@@ -49,6 +59,29 @@ class VerifiedParams(_Strict):
     gate: float | None = Field(default=None, allow_inf_nan=False,
                                description="below this, the reward is gated_reward and the "
                                            "judges are not asked (tests must pass: 1.0)")
+
+
+JudgeTool = Literal["bash", "python", "read_file", "write_file", "apply_patch"]
+
+
+def _default_tools() -> list[JudgeTool]:
+    return ["bash", "read_file"]
+
+
+class AgentParams(_Strict):
+    """An agentic judge: the template is its task; it works in a sandbox holding the
+    trajectory's work tree with these tools (and submit_answer) and answers with the
+    verdict's JSON."""
+
+    tools: list[JudgeTool] = Field(
+        default_factory=_default_tools, min_length=1, max_length=5,
+        description="the judge's tools besides submit_answer")
+    max_turns: int = Field(default=8, ge=1, le=64, description="its replies at most")
+    max_total_tokens: int = Field(default=16_384, ge=2, le=1 << 20,
+                                  description="its whole context at most")
+    max_tokens_per_turn: int | None = Field(default=None, ge=1, le=1 << 16,
+                                            description="one reply at most (default: the "
+                                                        "judge's max_tokens)")
 
 
 class JudgedParams(_Strict):
@@ -65,6 +98,9 @@ class JudgedParams(_Strict):
                                     "of the score token (needs a judge url)")
     optional: bool = Field(default=False, description="train without it when its judge "
                                                       "gives no verdict")
+    agent: AgentParams | None = Field(default=None, description="judged by an agent with "
+                                                                "tools in a sandbox holding "
+                                                                "the work tree")
 
 
 class RubricParams(_Strict):
@@ -81,6 +117,9 @@ class RubricParams(_Strict):
         if self.judge.url is None and any(j.verdict == "logprobs" for j in self.judged):
             raise ValueError("a logprobs verdict needs judge.url: the engines' token API "
                              "returns no top logprobs")
+        if self.judge.url is not None and any(j.agent is not None for j in self.judged):
+            raise ValueError("an agentic judge runs on the engines (treadle's agent loop), "
+                             "not on judge.url")
         return self
 
     def rubric(self) -> Rubric:
@@ -88,6 +127,10 @@ class RubricParams(_Strict):
             verified=tuple(VerifiedDimension(v.name, v.weight, v.metric, v.gate)
                            for v in self.verified),
             judged=tuple(JudgedDimension(j.name, j.weight, j.template, Scale(*j.scale),
-                                         VerdictKind(j.verdict), j.optional)
+                                         VerdictKind(j.verdict), j.optional,
+                                         None if j.agent is None else AgentSpec(
+                                             tuple(j.agent.tools), j.agent.max_turns,
+                                             j.agent.max_total_tokens,
+                                             j.agent.max_tokens_per_turn))
                          for j in self.judged),
             gated_reward=self.gated_reward)

@@ -222,7 +222,8 @@ class JobRequest(_Strict):
                                                 "tasks; default: the service's)")
     kv_across_updates: KVChoice = "recompute"
     rubric: RubricParams | None = Field(default=None, description="score each trajectory on "
-                                        "these dimensions (suite tasks run by treadle)")
+                                        "these dimensions (suite tasks, harness runs, "
+                                        "sessions)")
     continuous: ContinuousParams | None = Field(
         default=None, description="run until cancelled or a budget is spent; the trainer "
                                   "takes complete groups (POST /v1/jobs/{id}/take)")
@@ -279,9 +280,9 @@ class JobRequest(_Strict):
 
     @model_validator(mode="after")
     def _rubric_scores_suite_tasks(self) -> JobRequest:
-        if self.rubric is not None and (self.harness is not None
-                                        or not isinstance(self.tasks, SuiteTasks)):
-            raise ValueError("a rubric scores suite tasks run by treadle's agent loop")
+        if self.rubric is not None and isinstance(self.tasks, ReplayTasks):
+            raise ValueError("a rubric scores suite tasks (run by treadle's agent loop or a "
+                             "harness) and sessions, not replayed workloads")
         return self
 
     @model_validator(mode="after")

@@ -311,12 +311,13 @@ def build_service(config: ServiceConfig) -> Service:
     frozen.policy_version = config.frozen_policy_version
     session_keys = SessionKeys()
     journal = JournalWriter(store, metrics, from_prompt=config.resume_from == "prompt")
+    judging = Judging(runtime, frozen, tokenizer, sandboxes)
     gateway = Gateway(runtime, store, outbox, sandboxes, tokenizer,
                       default_format=config.chat_format, max_sessions=config.max_sessions,
                       grace_s=config.session_grace_s, harnesses=config.harnesses,
                       url=config.public_url, keys=session_keys, frozen=frozen,
-                      journal=SessionJournal(journal, store))
-    attempts = Attempts(runtime, sandboxes, Judging(runtime, frozen, tokenizer), journal,
+                      journal=SessionJournal(journal, store), judging=judging)
+    attempts = Attempts(runtime, sandboxes, judging, journal,
                         tokenizer=tokenizer, harnesses=gateway)
     rollouts = Rollouts(runtime, store, planner, outbox, attempts, harnesses=gateway,
                         max_live=config.max_live, max_queued=config.max_queued)

@@ -172,11 +172,15 @@ class Progressive(TrajectoryScheduler):
 
     def route(self, t: TrajState, now: float) -> str | None:
         if t.judge:
-            # One turn, no KV to keep, nothing to place after it: the least loaded
-            # engine, not a re-plan of every live trajectory (what a new rollout
-            # gets). Re-planning at each call moved rollouts three times as often
-            # (1,024 coding trajectories judged on 64 GPUs: 2,025 migrations, not
-            # 629) and, with judges reading 32k tokens, made judging cost 12.5%.
+            home = t.engine_id
+            if home is not None and home in self.engines and not self.engines[home].draining:
+                return home  # an agentic judge's next turn: its KV is there
+            # A call (or an agent's first turn): no KV to keep, nothing to place
+            # after it: the least loaded engine, not a re-plan of every live
+            # trajectory (what a new rollout gets). Re-planning at each call moved
+            # rollouts three times as often (1,024 coding trajectories judged on 64
+            # GPUs: 2,025 migrations, not 629) and, with judges reading 32k tokens,
+            # made judging cost 12.5%.
             return self.least_loaded()
         if self._gated(t, now):
             return None  # waits in `unrouted` for the next update

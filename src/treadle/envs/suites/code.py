@@ -179,6 +179,11 @@ class CodeSuite(Suite):
                                examples=f"Examples:\n{examples}\n" if examples else "")
         return self._task(task_id, prompt, metadata)
 
+    def initial_files(self, task: Task) -> Mapping[str, str]:
+        """Nothing: the work dir starts empty (the agent writes ``solution.py``; a
+        solution given in a fenced block of the answer is the judges' $answer)."""
+        return {}
+
     def tools(self, task: Task) -> list[Tool]:
         return [WriteFileTool(), ReadFileTool(), ApplyPatchTool(),
                 PythonTool(timeout_s=self.tool_timeout_s), BashTool(timeout_s=self.tool_timeout_s),

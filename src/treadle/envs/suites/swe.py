@@ -189,6 +189,11 @@ class SweSuite(Suite):
                 metadata[key] = value
         return self._task(task_id, PROMPT.format(issue=issue), metadata)
 
+    def initial_files(self, task: Task) -> Mapping[str, str]:
+        """The buggy repo, as `setup` writes it."""
+        files: Mapping[str, str] = task.metadata["files"]
+        return files
+
     def tools(self, task: Task) -> list[Tool]:
         return [BashTool(timeout_s=self.tool_timeout_s), ReadFileTool(), WriteFileTool(),
                 ApplyPatchTool(), PythonTool(timeout_s=self.tool_timeout_s),
