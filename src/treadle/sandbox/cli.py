@@ -7,6 +7,7 @@ duration_s (and truncated). Exits 0 whenever the command ran, whatever it did (i
 status is in the JSON); exits 2 with one line on stderr for bad input or a backend
 that cannot run here (e.g. bwrap not installed).
 
+    treadle sandbox exec --backend bwrap --image ./rootfs -- cat /etc/os-release
     treadle sandbox exec --backend remote --server http://10.0.0.5:8790 -- true
     treadle sandbox-server --port 8790 --backend bwrap --max-live 64
 
@@ -48,6 +49,14 @@ def add_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
                      help="a sandbox server for --backend remote (repeatable)")
     run.add_argument("--token", default=None,
                      help=f"the servers' token for --backend remote (default ${TOKEN_ENV})")
+    run.add_argument("--image", default=None, metavar="REF",
+                     help="--backend bwrap: run on this environment image (a root file system "
+                          "dir, an OCI layout dir, or an OCI/docker-save tar) instead of the "
+                          "host's system dirs")
+    run.add_argument("--image-cache", default=None, metavar="DIR",
+                     help="where images are unpacked (default $TREADLE_CACHE/images, else "
+                          "/var/cache/treadle/images as root, ~/.cache/treadle/images "
+                          "otherwise)")
     run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD ...",
                      help="the command and its arguments, after --")
     run.set_defaults(func=run_exec)
@@ -78,6 +87,13 @@ def run_exec(args: argparse.Namespace) -> int:
         if not args.server or not token:
             return _fail(f"--backend remote needs --server URL and --token (or ${TOKEN_ENV})")
         options = {"servers": args.server, "token": token}
+    if args.image is not None or args.image_cache is not None:
+        if args.backend != "bwrap":
+            return _fail("--image and --image-cache need --backend bwrap")
+        from treadle.sandbox.images import ImageCache
+
+        options = {"image": args.image,
+                   "image_cache": ImageCache(args.image_cache) if args.image_cache else None}
     try:
         result = asyncio.run(exec_once(args.backend, argv, timeout_s, memory_mb,
                                        backend_options=options))
