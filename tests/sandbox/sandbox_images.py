@@ -22,7 +22,7 @@ import shutil
 import subprocess
 import tarfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from treadle.sandbox.images import default_cache_root
@@ -82,7 +82,7 @@ def debian_rootfs() -> tuple[Path, float | None]:
         return target, elapsed
 
 
-def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) -> None:
+def add_bytes(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) -> None:
     info = tarfile.TarInfo(name)
     info.size, info.mode, info.mtime = len(data), mode, 1_700_000_000
     tar.addfile(info, io.BytesIO(data))
@@ -97,13 +97,13 @@ def _add_dir(tar: tarfile.TarFile, name: str) -> None:
 def _top_layer(tar: tarfile.TarFile) -> None:
     """Deletes /etc/debian_version (a whiteout), replaces /usr/share/doc (opaque),
     adds /etc/treadle-layer and the working dir with a file in it."""
-    _add_bytes(tar, "etc/.wh.debian_version", b"")
+    add_bytes(tar, "etc/.wh.debian_version", b"")
     _add_dir(tar, "usr/share/doc")
-    _add_bytes(tar, "usr/share/doc/.wh..wh..opq", b"")
-    _add_bytes(tar, "usr/share/doc/only-this", b"opaque\n")
-    _add_bytes(tar, "etc/treadle-layer", b"second layer\n")
+    add_bytes(tar, "usr/share/doc/.wh..wh..opq", b"")
+    add_bytes(tar, "usr/share/doc/only-this", b"opaque\n")
+    add_bytes(tar, "etc/treadle-layer", b"second layer\n")
     _add_dir(tar, WORKING_DIR.lstrip("/"))
-    _add_bytes(tar, WORKING_DIR.lstrip("/") + "/hello.py", b"print('hello from the image')\n")
+    add_bytes(tar, WORKING_DIR.lstrip("/") + "/hello.py", b"print('hello from the image')\n")
 
 
 def _blob(layout: Path, data: bytes) -> tuple[str, int]:
@@ -130,9 +130,9 @@ def _config(diff_ids: list[str]) -> bytes:
 
 
 def oci_layout(rootfs: Path | None, dest: Path, *, gzip_top: bool = True,
-               extra: list[tuple[str, bytes]] | None = None) -> Path:
+               extra: Callable[[tarfile.TarFile], None] | None = None) -> Path:
     """An OCI image layout at `dest`: `rootfs` as one layer (if given), then the top
-    layer (gzipped if `gzip_top`), plus `extra` raw members in a last layer."""
+    layer (gzipped if `gzip_top`), then a layer `extra` writes, if given."""
     dest.mkdir(parents=True)
     (dest / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
     layers, diff_ids = [], []
@@ -149,8 +149,7 @@ def oci_layout(rootfs: Path | None, dest: Path, *, gzip_top: bool = True,
     if extra:
         last = io.BytesIO()
         with tarfile.open(fileobj=last, mode="w") as tar:
-            for name, data in extra:
-                _add_bytes(tar, name, data)
+            extra(tar)
         tars.append((last.getvalue(), False))
     for raw, zipped in tars:
         diff_ids.append("sha256:" + hashlib.sha256(raw).hexdigest())
@@ -189,9 +188,9 @@ def docker_archive(layout: Path, out: Path) -> Path:
             data = (blobs / layer["digest"].split(":")[1]).read_bytes()
             if layer["mediaType"].endswith("+gzip"):
                 data = gzip.decompress(data)
-            _add_bytes(tar, f"layer{n}/layer.tar", data)
+            add_bytes(tar, f"layer{n}/layer.tar", data)
             names.append(f"layer{n}/layer.tar")
-        _add_bytes(tar, "manifest.json", json.dumps([{
+        add_bytes(tar, "manifest.json", json.dumps([{
             "Config": f"{config_hex}.json", "RepoTags": ["treadle/test:latest"],
             "Layers": names}]).encode())
     return out

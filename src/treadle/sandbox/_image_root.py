@@ -20,6 +20,7 @@ import os
 import subprocess
 
 from treadle.errors import SandboxImageError, SandboxStartError
+from treadle.sandbox._view import image_dir
 from treadle.sandbox.images import CachedImage
 
 _PRLIMIT = ("/usr/bin/prlimit", "/bin/prlimit", "/usr/sbin/prlimit", "/sbin/prlimit")
@@ -60,8 +61,8 @@ def seed_workdir(image: CachedImage, working_dir: str, host_dir: str,
     """Copy the image's `working_dir` into the (empty) work dir `host_dir`, owned by
     `owner` if given. Nothing to copy if the image lacks it. SandboxStartError if
     the copy fails (the caller removes the work dir)."""
-    source = os.path.join(image.rootfs, working_dir.lstrip("/"))
-    if not os.path.isdir(source) or os.path.islink(source):
+    source = image_dir(image.rootfs, working_dir)
+    if source is None:  # absent (the work dir starts empty), or behind a link: never followed
         return
     commands = [["cp", "-a", "--reflink=auto", "--no-target-directory", source, host_dir]]
     if owner is not None:

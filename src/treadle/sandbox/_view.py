@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -71,10 +72,9 @@ class FileView:
             if top in ("/proc", "/dev", "/tmp"):
                 raise ValueError(f"the image's working dir {working_dir} is under {top}, "
                                  "which every sandbox mounts itself")
-            inside = os.path.join(rootfs, working_dir.lstrip("/"))
-            if working_dir != top and not (os.path.isdir(inside) and not os.path.islink(inside)):
+            if working_dir != top and image_dir(rootfs, working_dir) is None:
                 raise ValueError(f"the image's working dir {working_dir} is not a directory "
-                                 "of the image")
+                                 "of the image (or a link is on its path)")
             mount_point = working_dir
         return FileView(mount_point=mount_point, expose=self.expose, hide=self.hide,
                         image_root=rootfs)
@@ -164,6 +164,23 @@ class FileView:
                 opts += ["--ro-bind", "/dev/null", path]
         return [*opts, "--bind", host_dir, self.mount_point, "--remount-ro", "/",
                 "--chdir", self.mount_point]
+
+
+def image_dir(rootfs: str, path: str) -> str | None:
+    """The host path of directory `path` of an image, if every part of it is a real
+    directory; None if it is absent or a symlink is on the way (the host must never
+    follow an image's link: `/a -> /root` would lead out of the image)."""
+    current = rootfs
+    for part in path.strip("/").split("/"):
+        if part in ("", ".", ".."):
+            return None
+        current = os.path.join(current, part)
+        try:
+            if not stat.S_ISDIR(os.lstat(current).st_mode):
+                return None
+        except OSError:
+            return None
+    return current
 
 
 def file_view(mount_point: str, expose: Sequence[str], hide: Sequence[str]) -> FileView:
