@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 import sandbox_images
 from sandbox_helpers import SMALL, require_bwrap, run
+from test_sandbox_bench import check_backend_report
 
+from treadle.bench.sandbox import run_sandbox_bench
 from treadle.errors import SandboxImageError
 from treadle.sandbox import BwrapBackend, ExecResult
 from treadle.sandbox.cli import main
@@ -165,3 +167,16 @@ def test_concurrent_opens_share_one_unpack(tmp_path: Path) -> None:
     unpacked = run(body(), timeout_s=300)
     assert sum(s is not None for s in unpacked) == 1, unpacked
     assert len(cache.entries()) == 1
+
+
+def test_bench_measures_an_image_beside_the_host_view(debian_rootfs: Path) -> None:
+    require_bwrap()
+    report = run_sandbox_bench(["bwrap"], samples=2, concurrency=3, duration_s=0.3,
+                               log=lambda _: None, image=str(debian_rootfs))
+    assert list(report["backends"]) == ["bwrap", "bwrap-image"]
+    entry = report["backends"]["bwrap-image"]
+    for name in ("bwrap", "bwrap-image"):
+        check_backend_report(report["backends"][name], samples=2, concurrency=3)
+    assert entry["image"]["ok"] and entry["image"]["kind"] == "rootfs"
+    assert entry["image"]["unpack_s"] is None and entry["image"]["cold_start_s"] > 0
+    assert report["config"]["image"] == str(debian_rootfs)

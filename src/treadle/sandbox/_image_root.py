@@ -16,10 +16,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import subprocess
 
 from treadle.errors import SandboxImageError, SandboxStartError
+from treadle.sandbox import _workdir
 from treadle.sandbox._view import image_dir
 from treadle.sandbox.images import CachedImage
 
@@ -79,3 +82,29 @@ def seed_workdir(image: CachedImage, working_dir: str, host_dir: str,
             raise SandboxStartError(f"cannot copy {working_dir} of image {image.ref} into the "
                                     f"work dir: {proc.stderr.strip()[-300:]}")
     os.chmod(host_dir, 0o700)  # cp -a gave it the image dir's mode
+
+
+async def seeded_workdir(work_root: str, owner: tuple[int, int] | None,
+                         quota: _workdir.Quota | None, image: CachedImage) -> str:
+    """A new work dir holding a copy of the image's working dir (in a thread: a big tree
+    takes a while); a cancelled start waits for the copy, then removes the dir."""
+    assert image.config.working_dir is not None
+    working_dir = image.config.working_dir
+
+    def create() -> str:
+        host_dir = _workdir.create_workdir(work_root, owner, quota)
+        try:
+            seed_workdir(image, working_dir, host_dir, owner)
+        except BaseException:
+            _workdir.remove_workdir(host_dir)
+            raise
+        return host_dir
+
+    task = asyncio.ensure_future(asyncio.to_thread(create))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            host_dir = await asyncio.shield(task)
+            await asyncio.to_thread(_workdir.remove_workdir, host_dir)
+        raise

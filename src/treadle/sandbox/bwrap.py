@@ -282,6 +282,11 @@ class BwrapBackend(SandboxBackend):
         """Where the work dir appears (with an image: known once a sandbox has started)."""
         return self._view(self._setup).mount_point
 
+    @property
+    def cached_image(self) -> CachedImage | None:
+        """The image sandboxes run on, once the first start has opened it; else None."""
+        return self._setup.image if self._setup is not None else None
+
     def _view(self, setup: _Setup | None) -> FileView:
         return setup.view if setup is not None and setup.view is not None else self.view
 
@@ -311,36 +316,13 @@ class BwrapBackend(SandboxBackend):
         setup = await self._ensure_setup()
         cgroups = detect_cgroups() if self._use_cgroups else None
         if setup.image is not None and setup.image.config.working_dir not in (None, "/"):
-            host_dir = await self._seeded_workdir(setup, limits)
+            host_dir = await _image_root.seeded_workdir(self.work_root, setup.run_as,
+                                                        self._quota(limits), setup.image)
         else:
             # Synchronous (mkdir, chown, mount): a cancelled start cannot leak the dir.
             host_dir = _workdir.create_workdir(self.work_root, setup.run_as, self._quota(limits))
         return BwrapSandbox(backend=self, setup=setup, host_dir=host_dir, limits=limits,
                             cgroups=cgroups)
-
-    async def _seeded_workdir(self, setup: _Setup, limits: Limits) -> str:
-        """A work dir holding a copy of the image's working dir (in a thread: a big tree
-        takes a while); a cancelled start waits for the copy, then removes the dir."""
-        assert setup.image is not None and setup.image.config.working_dir is not None
-        image, working_dir = setup.image, setup.image.config.working_dir
-
-        def create() -> str:
-            host_dir = _workdir.create_workdir(self.work_root, setup.run_as, self._quota(limits))
-            try:
-                _image_root.seed_workdir(image, working_dir, host_dir, setup.run_as)
-            except BaseException:
-                _workdir.remove_workdir(host_dir)
-                raise
-            return host_dir
-
-        task = asyncio.ensure_future(asyncio.to_thread(create))
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            with contextlib.suppress(Exception):
-                host_dir = await asyncio.shield(task)
-                await asyncio.to_thread(_workdir.remove_workdir, host_dir)
-            raise
 
     def _quota(self, limits: Limits) -> _workdir.Quota | None:
         if not self._bounded_workdirs:
