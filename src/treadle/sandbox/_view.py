@@ -16,6 +16,11 @@ password/ssh/sudo files of /etc (`DEFAULT_HIDE`) and any `hide` path are covered
 `bounded_workdirs`, a tmpfs of `workdir_mb` where treadle may mount, see
 _workdir.py) bound read-write at the mount point (default /work), the cwd and HOME.
 
+With an image (`FileView.for_image`), the image's top-level entries take the
+place of the host's system dirs, read-only (all but /proc, /dev and /tmp, which
+are the sandbox's own as above), and the work dir may be mounted at the image's
+working dir, at any depth; the rest is the same.
+
 bwrap mounts in the order of its options, and a mount hides what an earlier one put
 below its path: hence this order, and the paths `expose` refuses (/tmp as a whole,
 /proc, /dev and the mount point, and what is under those three).

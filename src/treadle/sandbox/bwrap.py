@@ -24,6 +24,10 @@ Each exec is one fresh `bwrap` process tree:
   A fresh /proc (/proc/1 and the key lists covered), a minimal read-only /dev, a
   /dev/shm and a /tmp of their own per exec, each `memory_mb` in size; the work
   dir bound read-write at `mount_point` (default /work), the cwd and HOME.
+  With an `image`, the image's root file system takes the place of the host's
+  system directories (read-only; its Env set, the work dir at its WorkingDir as a
+  private copy of the image's; `prlimit` and the agent's python3 are the image's):
+  see treadle.sandbox.images and _image_root.py.
 - Environment: cleared (`--clearenv`), then PATH, HOME, LANG and the caller's `env`.
   The bwrap options travel in a memfd (`--args`), so they are not in any cmdline.
 - Limits: the gate sets the CPU, file-size, fd, core and address-space rlimits on
@@ -71,7 +75,7 @@ from treadle.sandbox._host import BASE_LANG, HostSandbox
 from treadle.sandbox._seccomp import SyscallFilter, syscall_filter
 from treadle.sandbox._view import FileView, file_view
 from treadle.sandbox.base import MIB, ExecResult, Limits, Sandbox, SandboxBackend
-from treadle.sandbox.images import CachedImage, ImageCache
+from treadle.sandbox.images import CachedImage, ImageCache, default_cache
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +249,7 @@ class BwrapBackend(SandboxBackend):
         is set and, when it names a WorkingDir, the work dir is mounted there as a
         private copy of the image's (`_image_root.py`); `mount_point` otherwise.
         Unpacked (once per host) on the first start; SandboxImageError if unusable.
-    image_cache: where images are unpacked (default `ImageCache()`).
+    image_cache: where images are unpacked (default: `images.default_cache()`).
     """
 
     name = "bwrap"
@@ -397,7 +401,7 @@ class BwrapBackend(SandboxBackend):
         """The backend's image, unpacked if need be, and the file view on it."""
         if self.image is None:
             return None, None
-        cache = self.image_cache or ImageCache()
+        cache = self.image_cache or default_cache()
         image = await asyncio.to_thread(cache.open, self.image)
         try:
             view = self.view.for_image(image.rootfs, image.config.working_dir)

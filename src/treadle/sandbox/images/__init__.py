@@ -8,7 +8,12 @@ sandboxes on them. See docs/sandbox.md, "Images".
 """
 
 from treadle.sandbox.images._layout import ImageConfig, Source, identify
-from treadle.sandbox.images.cache import CachedImage, ImageCache, default_cache_root
+from treadle.sandbox.images.cache import (
+    CachedImage,
+    ImageCache,
+    default_cache,
+    default_cache_root,
+)
 
-__all__ = ["CachedImage", "ImageCache", "ImageConfig", "Source", "default_cache_root",
-           "identify"]
+__all__ = ["CachedImage", "ImageCache", "ImageConfig", "Source", "default_cache",
+           "default_cache_root", "identify"]

@@ -56,6 +56,7 @@ from treadle.sandbox.images._layout import (
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BYTES = 20 << 30
+_DEFAULT_CACHES: dict[str, ImageCache] = {}
 _UMOCI_HINT = ("reading OCI and docker images needs umoci: `bash scripts/system-deps.sh "
                "umoci` (or apt-get install umoci)")
 _UMOCI_TIMEOUT_S = 1800.0
@@ -70,6 +71,15 @@ def default_cache_root() -> str:
         # Not under /root (mode 0700): the sandbox uid must traverse to the rootfs.
         return "/var/cache/treadle/images"
     return os.path.join(os.path.expanduser("~"), ".cache", "treadle", "images")
+
+
+def default_cache() -> ImageCache:
+    """One `ImageCache` per process at `default_cache_root()` (backends share its memo)."""
+    root = default_cache_root()
+    cache = _DEFAULT_CACHES.get(root)
+    if cache is None:
+        cache = _DEFAULT_CACHES[root] = ImageCache(root)
+    return cache
 
 
 @dataclass(slots=True, weakref_slot=True)
@@ -108,6 +118,9 @@ class ImageCache:
             raise ValueError(f"max_bytes must be > 0, got {max_bytes}")
         self.root = os.path.abspath(root or default_cache_root())
         self.max_bytes = max_bytes
+        # An archive's digest means reading its index (a gzipped one: all of it); an
+        # unchanged file (same inode, size and mtime) is not read again.
+        self._identified: dict[tuple[str, int, int, int, int], Source] = {}
 
     def open(self, ref: str) -> CachedImage:
         """The image `ref` names, unpacked here first if not yet cached (blocking).
@@ -115,7 +128,7 @@ class ImageCache:
         SandboxImageError for a missing, corrupt or unreadable image, or one umoci
         refuses; SandboxUnavailable for a cache root that is not private.
         """
-        source = identify(ref)
+        source = self._identify(ref)
         if source.kind == "rootfs":
             return CachedImage(ref=ref, kind="rootfs", digest=None, rootfs=source.ref,
                                config=ImageConfig())
@@ -181,6 +194,19 @@ class ImageCache:
         return removed
 
     # -- internals -------------------------------------------------------------
+
+    def _identify(self, ref: str) -> Source:
+        try:
+            st = os.stat(ref)
+        except OSError:
+            return identify(ref)  # raises the image error
+        if not os.path.isfile(ref):
+            return identify(ref)  # a directory: its index.json is small
+        key = (os.path.abspath(ref), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        source = self._identified.get(key)
+        if source is None:
+            source = self._identified[key] = identify(ref)
+        return source
 
     def _ensure_root(self) -> None:
         try:
