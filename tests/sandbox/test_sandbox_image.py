@@ -144,9 +144,13 @@ def test_a_missing_or_foreign_image_is_a_clear_error(
         capsys: pytest.CaptureFixture[str]) -> None:
     require_bwrap()
     (tmp_path / "notes.txt").write_text("not an image")
+    (tmp_path / "bare" / "usr").mkdir(parents=True)
+    tiny = sandbox_images.oci_layout(None, tmp_path / "tiny")  # no shell, no prlimit
     for ref, words in [(tmp_path / "absent", "no such file"),
                        (tmp_path / "notes.txt", "not a readable tar"),
-                       (tmp_path, "neither an OCI image layout")]:
+                       (tmp_path, "neither an OCI image layout"),
+                       (tmp_path / "bare", "cannot reach its root file system|no /bin/sh"),
+                       (tiny, "no /bin/sh")]:
         backend = BwrapBackend(work_root=work_root, image=str(ref), image_cache=image_cache)
         with pytest.raises(SandboxImageError, match=words):
             run(backend.start(SMALL))

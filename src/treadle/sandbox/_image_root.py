@@ -39,7 +39,11 @@ def _has(rootfs: str, path: str) -> bool:
 
 
 def image_prlimit(image: CachedImage) -> str:
-    """The image's prlimit, as a path inside the sandbox; SandboxImageError if it has none."""
+    """The image's prlimit, as a path inside the sandbox; SandboxImageError if it has none
+    (or no /bin/sh, which the backend's start-up check runs)."""
+    if not _has(image.rootfs, "/bin/sh"):
+        raise SandboxImageError(f"image {image.ref}: no /bin/sh; bwrap sandboxes check that "
+                                "one starts before serving execs")
     for path in _PRLIMIT:
         if _has(image.rootfs, path):
             return path
