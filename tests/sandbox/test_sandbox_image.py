@@ -10,6 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
+import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -184,3 +187,31 @@ def test_bench_measures_an_image_beside_the_host_view(debian_rootfs: Path) -> No
     assert entry["image"]["ok"] and entry["image"]["kind"] == "rootfs"
     assert entry["image"]["unpack_s"] is None and entry["image"]["cold_start_s"] > 0
     assert report["config"]["image"] == str(debian_rootfs)
+
+
+def test_an_image_python_that_cannot_run_the_agent_falls_back_to_per_call_execs(
+        debian_rootfs: Path, work_root: str, image_cache: ImageCache) -> None:
+    require_bwrap()
+    root = Path(tempfile.mkdtemp(prefix="treadle-test-oldpy-", dir="/tmp"))
+    try:
+        os.chmod(root, 0o755)
+        rootfs = root / "rootfs"
+        copy = subprocess.run(["cp", "-al", str(debian_rootfs), str(rootfs)], check=False)
+        if copy.returncode != 0:  # another file system: a real copy
+            shutil.rmtree(rootfs, ignore_errors=True)
+            shutil.copytree(debian_rootfs, rootfs, symlinks=True)
+        python = rootfs / "usr" / "bin" / "python3"
+        python.unlink()
+        python.write_text("#!/bin/sh\necho too old >&2\nexit 3\n")
+        python.chmod(0o755)
+        backend = BwrapBackend(work_root=work_root, image=str(rootfs), image_cache=image_cache)
+
+        async def body() -> tuple[ExecResult, bool]:
+            async with await backend.start(SMALL) as sb:
+                result = await sb.exec(["sh", "-c", "echo served"], timeout_s=10)
+                return result, sb.keeps_python_session  # type: ignore[attr-defined]
+
+        result, session = run(body())
+        assert result.ok and result.stdout == "served\n" and not session, result
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
