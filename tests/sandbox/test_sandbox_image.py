@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -38,21 +39,25 @@ def sh(backend: BwrapBackend, script: str) -> ExecResult:
 
 
 @pytest.fixture(scope="session")
-def oci_dir(debian_rootfs: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The Debian tree as an OCI layout: its tree as a layer, then the top layer."""
-    return sandbox_images.oci_layout(debian_rootfs,
-                                     tmp_path_factory.mktemp("oci") / "layout")
+def oci_dir(debian_rootfs: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The Debian tree as an OCI layout: its tree as a layer, then the top layer
+    (removed at the end: pytest keeps its last temporary dirs, and this is ~150 MB)."""
+    where = tmp_path_factory.mktemp("oci")
+    yield sandbox_images.oci_layout(debian_rootfs, where / "layout")
+    shutil.rmtree(where, ignore_errors=True)
 
 
 @pytest.fixture(scope="session", params=["oci-layout", "oci-archive", "docker-archive"])
 def image_ref(request: pytest.FixtureRequest, oci_dir: Path,
-              tmp_path_factory: pytest.TempPathFactory) -> str:
+              tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if request.param == "oci-layout":
-        return str(oci_dir)
-    out = tmp_path_factory.mktemp("archive") / "image.tar"
+        yield str(oci_dir)
+        return
+    where = tmp_path_factory.mktemp("archive")
     write = sandbox_images.oci_archive if request.param == "oci-archive" \
         else sandbox_images.docker_archive
-    return str(write(oci_dir, out))
+    yield str(write(oci_dir, where / "image.tar"))
+    shutil.rmtree(where, ignore_errors=True)
 
 
 def test_cli_shows_the_images_os_release_not_the_hosts(
