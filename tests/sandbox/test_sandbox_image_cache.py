@@ -7,6 +7,7 @@ Real umoci unpacks every image; the images are a few layers of a few files each
 from __future__ import annotations
 
 import gc
+import json
 import os
 import secrets
 import tarfile
@@ -18,6 +19,7 @@ import sandbox_images
 from treadle.errors import SandboxImageError
 from treadle.sandbox._image_root import seed_workdir
 from treadle.sandbox._view import file_view
+from treadle.sandbox.cli import main
 from treadle.sandbox.images import CachedImage, ImageCache, ImageConfig, identify
 
 pytestmark = pytest.mark.integration
@@ -158,3 +160,20 @@ def test_a_working_dir_behind_a_link_is_never_followed_on_the_host(tmp_path: Pat
         seed_workdir(image, working_dir, str(work), None)
         assert os.listdir(work) == []
         work.rmdir()
+
+
+def test_the_unpack_command_prewarms_the_cache(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    layout = tiny(tmp_path)
+    argv = ["sandbox", "unpack", str(layout), "--image-cache", str(tmp_path / "cache")]
+    assert main(argv) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert first["kind"] == "oci-layout" and first["unpacked_s"] is not None
+    assert first["working_dir"] == "/project" and first["env"] == sandbox_images.ENV
+    assert (Path(first["rootfs"]) / "project" / "hello.py").exists()
+    assert main(argv) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["unpacked_s"] is None and again["digest"] == first["digest"]
+    assert main(["sandbox", "unpack", str(tmp_path / "absent"), "--image-cache",
+                 str(tmp_path / "cache")]) == 2
+    assert "no such file" in capsys.readouterr().err

@@ -1,4 +1,5 @@
-"""`treadle sandbox exec`: run one command in a fresh sandbox and print a JSON result.
+"""`treadle sandbox exec`: run one command in a fresh sandbox and print a JSON result;
+`treadle sandbox unpack`: unpack an environment image into the cache ahead of use.
 
     treadle sandbox exec --backend bwrap --timeout 5 --memory-mb 256 -- python3 -c 'print(1)'
 
@@ -8,6 +9,7 @@ status is in the JSON); exits 2 with one line on stderr for bad input or a backe
 that cannot run here (e.g. bwrap not installed).
 
     treadle sandbox exec --backend bwrap --image ./rootfs -- cat /etc/os-release
+    treadle sandbox unpack task-image.tar    # pre-warm: unpack into the image cache now
     treadle sandbox exec --backend remote --server http://10.0.0.5:8790 -- true
     treadle sandbox-server --port 8790 --backend bwrap --max-live 64
 
@@ -60,6 +62,13 @@ def add_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
     run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD ...",
                      help="the command and its arguments, after --")
     run.set_defaults(func=run_exec)
+    unpack = commands.add_parser("unpack", help="unpack an environment image into the cache "
+                                                "now (pre-warm a host), print JSON")
+    unpack.add_argument("image", metavar="REF",
+                        help="an OCI layout dir, an OCI/docker-save tar, or a rootfs dir")
+    unpack.add_argument("--image-cache", default=None, metavar="DIR",
+                        help="the image cache (default as for `sandbox exec`)")
+    unpack.set_defaults(func=run_unpack)
 
 
 def run_exec(args: argparse.Namespace) -> int:
@@ -107,6 +116,24 @@ def run_exec(args: argparse.Namespace) -> int:
         "killed": result.killed,
         "duration_s": round(result.duration_s, 4),
         "truncated": result.truncated,
+    }))
+    return 0
+
+
+def run_unpack(args: argparse.Namespace) -> int:
+    """Handler of `sandbox unpack`: 0 with the image as JSON, 2 with an error line."""
+    from treadle.sandbox.images import ImageCache, default_cache
+
+    try:
+        cache = ImageCache(args.image_cache) if args.image_cache else default_cache()
+        image = cache.open(args.image)
+    except (SandboxError, ValueError) as e:
+        return _fail(str(e))
+    print(json.dumps({
+        "ref": image.ref, "kind": image.kind, "digest": image.digest, "rootfs": image.rootfs,
+        "unpacked_s": None if image.unpacked_s is None else round(image.unpacked_s, 3),
+        "env": dict(image.config.env), "working_dir": image.config.working_dir,
+        "user": image.config.user,
     }))
     return 0
 
