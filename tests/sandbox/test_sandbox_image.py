@@ -125,6 +125,9 @@ def test_oci_and_docker_images_run_with_their_layers_env_and_working_dir(
     async def body() -> tuple[ExecResult, ExecResult]:
         async with await backend.start(SMALL) as sb:
             first = await sb.exec(["sh", "-c", script], timeout_s=20)
+            await sb.put_file("/project/put.txt", b"from the host")
+            assert await sb.get_file("new.txt") == b"mine\n"
+            assert (await sb.exec(["cat", "put.txt"], timeout_s=20)).stdout == "from the host"
         async with await backend.start(SMALL) as sb:
             again = await sb.exec(["ls"], timeout_s=20)
         return first, again
