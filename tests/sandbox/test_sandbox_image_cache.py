@@ -177,3 +177,13 @@ def test_the_unpack_command_prewarms_the_cache(tmp_path: Path,
     assert main(["sandbox", "unpack", str(tmp_path / "absent"), "--image-cache",
                  str(tmp_path / "cache")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_evict_on_demand_keeps_what_is_in_use(tmp_path: Path) -> None:
+    cache = ImageCache(str(tmp_path / "cache"))
+    held = cache.open(str(tiny(tmp_path, "held")))
+    free = cache.open(str(tiny(tmp_path, "free", gzip_top=False)))
+    free.release()
+    cache.max_bytes = 1
+    assert cache.evict() == 1
+    assert [e[0] for e in cache.entries()] == [os.path.dirname(held.rootfs)]

@@ -144,7 +144,7 @@ class ImageCache:
                     raise SandboxImageError(f"image {ref}: its cache entry {entry} vanished "
                                             "while the cache was locked")
                 if unpacked_s is not None:
-                    self.evict(keep=entry)
+                    self._evict(keep=entry)
         return image
 
     def entries(self) -> list[tuple[str, int, float]]:
@@ -164,11 +164,17 @@ class ImageCache:
                 out.append((path, size, used))
         return sorted(out, key=lambda e: e[2])
 
-    def evict(self, *, keep: str | None = None) -> int:
-        """Remove least recently used images not in use until at most `max_bytes` remain.
+    def evict(self) -> int:
+        """Remove least recently used images not in use until at most `max_bytes` remain
+        (`open` does after each unpack). Returns how many were removed."""
+        self._ensure_root()
+        with self._locked():
+            return self._evict(keep=None)
 
-        Call with the cache lock held (`open` does). Returns how many were removed.
-        """
+    # -- internals -------------------------------------------------------------
+
+    def _evict(self, *, keep: str | None) -> int:
+        """`evict`, with the cache lock held, never removing `keep`."""
         entries = self.entries()
         total = sum(size for _, size, _ in entries)
         removed = 0
@@ -192,8 +198,6 @@ class ImageCache:
             log.info("evicted image %s (%d MiB) from %s", os.path.basename(path), size >> 20,
                      self.root)
         return removed
-
-    # -- internals -------------------------------------------------------------
 
     def _identify(self, ref: str) -> Source:
         try:
