@@ -29,6 +29,7 @@ from treadle.sandbox.images import default_cache_root
 
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "TREADLE_IMAGE_VAR": "from-the-image"}
 WORKING_DIR = "/project"
+DEBIAN_MIRROR = os.environ.get("TREADLE_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 _LAYER = "application/vnd.oci.image.layer.v1.tar"
 _MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 
@@ -71,9 +72,11 @@ def debian_rootfs() -> tuple[Path, float | None]:
         building = base / f".build-{os.getpid()}"
         shutil.rmtree(building, ignore_errors=True)
         started = time.monotonic()
+        # The mirror named: without one mmdebstrap reads a sources list from a stdin
+        # that is not a terminal.
         proc = subprocess.run([mmdebstrap, "--quiet", "--variant=essential", "--include=python3",
-                               suite, str(building)], capture_output=True, text=True,
-                              check=False)
+                               suite, str(building), DEBIAN_MIRROR], capture_output=True,
+                              text=True, check=False, stdin=subprocess.DEVNULL)
         assert proc.returncode == 0, f"mmdebstrap failed: {proc.stderr[-2000:]}"
         elapsed = time.monotonic() - started
         for path in (base.parent, base, building):  # the sandbox uid must traverse to it
