@@ -37,6 +37,8 @@ escaping treadle is a bug. Each package owns a branch::
     │   │   └── SandboxUnavailable      the backend cannot run on this host at all
     │   │                               (bwrap missing, user namespaces disabled);
     │   │                               retrying will not help
+    │   │       └── SandboxImageError   an environment image missing, corrupt or
+    │   │                               unusable (treadle.sandbox.images)
     │   ├── SandboxClosed               the sandbox or pool was closed before the call
     │   │   └── UnknownSandbox          treadle.sandbox.server: no sandbox by that id
     │   ├── SandboxSupervisorError      an exec's supervisor (bwrap) died or failed: killed
@@ -138,6 +140,11 @@ class SandboxStartError(SandboxError):
 
 class SandboxUnavailable(SandboxStartError):
     """The backend cannot run on this host; the message says what to install or enable."""
+
+
+class SandboxImageError(SandboxUnavailable):
+    """An environment image cannot be used: missing, corrupt, of a format treadle does
+    not read, or lacking what a sandbox needs; the message names the image and why."""
 
 
 class SandboxClosed(SandboxError):

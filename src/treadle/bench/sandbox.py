@@ -20,6 +20,12 @@ over loopback to a `treadle sandbox-server` process with bwrap behind it):
   median of per-second counts after the first completion), latency p50/p99.
 - `fresh`: the same, but every call is start + exec + close.
 
+With `--image REF`, one more entry, `bwrap-image`: the resident bwrap backend on
+that environment image (treadle.sandbox.images), unpacked into a fresh temporary
+image cache, so that its `image.cold_start_s` is the first start + exec(true) +
+close including the unpack (`image.unpack_s`); every phase above then measures the
+cached image, side by side with `bwrap` on the host's system dirs.
+
 Bounded in time: a phase stops starting calls at its deadline and then waits for
 the calls in flight (each bounded by `EXEC_TIMEOUT_S` and the backend's start);
 the cold phase also stops after `max(10, 3 * duration_s)` seconds. Client and
@@ -55,6 +61,7 @@ from treadle.reports import log, write_report
 from treadle.sandbox.base import Limits, Sandbox, SandboxBackend
 
 BACKEND_CHOICES = ("bwrap", "bwrap-per-call", "local", "remote")
+IMAGE_BACKEND = "bwrap-image"  # measured in addition when an image is given
 EXEC_TIMEOUT_S = 10.0
 # Small limits: 64 live sandboxes must fit a small host.
 BENCH_LIMITS = Limits(cpu_s=5, memory_mb=256, max_processes=32, max_output_bytes=64 * 1024,
@@ -196,10 +203,23 @@ async def throughput(backend: SandboxBackend, concurrency: int, duration_s: floa
 
 
 @contextlib.contextmanager
-def _backend(name: str, concurrency: int) -> Iterator[SandboxBackend]:
-    """The backend to measure; for `remote`, a loopback server process hosting bwrap."""
+def _backend(name: str, concurrency: int, image: str | None = None) -> Iterator[SandboxBackend]:
+    """The backend to measure; for `remote`, a loopback server process hosting bwrap;
+    for `bwrap-image`, bwrap on `image` with a temporary image cache (removed after)."""
     from treadle.sandbox.registry import get_backend
 
+    if name == IMAGE_BACKEND:
+        from treadle.sandbox import _workdir
+        from treadle.sandbox.images import ImageCache
+
+        root = tempfile.mkdtemp(prefix="treadle-bench-images-", dir="/tmp")
+        try:
+            os.chmod(root, 0o711)  # the sandbox uid traverses it to the image
+            yield get_backend("bwrap", image=image,
+                              image_cache=ImageCache(os.path.join(root, "cache")))
+        finally:
+            _workdir.remove_workdir(root)
+        return
     if name == "bwrap-per-call":
         yield get_backend("bwrap", executor="per-call")
         return
@@ -279,8 +299,23 @@ async def _measure(backend: SandboxBackend, samples: int, concurrency: int, dura
             "fresh": fresh}
 
 
+async def _image_cold_start(backend: SandboxBackend) -> dict[str, Any]:
+    """The first start + exec(true) + close on an image not yet unpacked, and the image."""
+    started = time.perf_counter()
+    async with await backend.start(BENCH_LIMITS) as sb:
+        result = await sb.exec(["true"], timeout_s=EXEC_TIMEOUT_S)
+    elapsed = time.perf_counter() - started
+    image = getattr(backend, "cached_image", None)
+    return {"cold_start_s": round(elapsed, 3), "ok": result.ok,
+            "ref": getattr(image, "ref", None), "kind": getattr(image, "kind", None),
+            "digest": getattr(image, "digest", None),
+            "unpack_s": None if image is None or image.unpacked_s is None
+            else round(image.unpacked_s, 3)}
+
+
 def run_sandbox_bench(backends: Sequence[str], samples: int, concurrency: int,
-                      duration_s: float, log: Callable[[str], None]) -> dict[str, Any]:
+                      duration_s: float, log: Callable[[str], None],
+                      image: str | None = None) -> dict[str, Any]:
     """Measure each backend (see the module docstring); the JSON-ready report.
 
     A backend that cannot run here is reported as {"error": ...}, not raised.
@@ -305,11 +340,17 @@ def run_sandbox_bench(backends: Sequence[str], samples: int, concurrency: int,
                    "remote": "sandbox-server process on 127.0.0.1, bwrap behind it"},
         "backends": {},
     }
-    for name in backends:
+    if image is not None:
+        report["config"]["image"] = image
+    for name in [*backends, *([IMAGE_BACKEND] if image is not None else [])]:
         try:
-            with _backend(name, concurrency) as backend:
-                result = asyncio.run(_measure(backend, samples, concurrency, duration_s, log,
-                                              name))
+            with _backend(name, concurrency, image) as backend:
+                result: dict[str, Any] = {}
+                if name == IMAGE_BACKEND:
+                    log(f"sandbox bench: {name}: first start on {image} (unpack included)")
+                    result["image"] = asyncio.run(_image_cold_start(backend))
+                result.update(asyncio.run(_measure(backend, samples, concurrency, duration_s,
+                                                   log, name)))
                 isolation = getattr(backend, "isolation", None)
                 if isolation is not None:
                     result["isolation"] = isolation
@@ -359,6 +400,10 @@ def add_bench_parser(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--backends", default=",".join(BACKEND_CHOICES),
                    help=f"comma-separated, some of {','.join(BACKEND_CHOICES)} "
                         "(remote = loopback server with bwrap behind it)")
+    p.add_argument("--image", default=None, metavar="REF",
+                   help="also measure bwrap on this environment image (rootfs dir, OCI "
+                        "layout, OCI/docker-save tar): cold start with the unpack, then "
+                        "every phase on the cached image")
     p.add_argument("--samples", type=int, default=100,
                    help="sequential cold calls per backend (default 100)")
     p.add_argument("--concurrency", type=int, default=64,
@@ -373,7 +418,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     try:
         report = run_sandbox_bench(backends, args.samples, args.concurrency, args.duration,
-                                   log=log)
+                                   log=log, image=args.image)
     except ValueError as e:
         print(f"treadle bench sandbox: {e}", file=sys.stderr)
         return 2

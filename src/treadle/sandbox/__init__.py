@@ -9,7 +9,10 @@ backends, and a pool:
   root; a seccomp filter (no ptrace, no kernel keys, no calls a tool never needs);
   rlimits on the whole tree; cgroup (v1 or v2) memory/pids limits where writable; on
   request, a work dir of bounded size and file count where treadle may mount.
-  This is the backend for running model-written code.
+  This is the backend for running model-written code. With `image=`, sandboxes
+  run on an environment image's root file system instead of the host's system
+  dirs (`treadle.sandbox.images`: root file system dirs, OCI layouts, OCI and
+  docker-save archives, unpacked once per host into a cache by digest).
 - `local` (`LocalBackend`): the same limits, timeout, output cap and tree kill on
   plain child processes. It isolates nothing; development only.
 - `remote` (`treadle.sandbox.remote.RemoteBackend`; needs the `server` extra, so

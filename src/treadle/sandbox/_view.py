@@ -16,6 +16,11 @@ password/ssh/sudo files of /etc (`DEFAULT_HIDE`) and any `hide` path are covered
 `bounded_workdirs`, a tmpfs of `workdir_mb` where treadle may mount, see
 _workdir.py) bound read-write at the mount point (default /work), the cwd and HOME.
 
+With an image (`FileView.for_image`), the image's top-level entries take the
+place of the host's system dirs, read-only (all but /proc, /dev and /tmp, which
+are the sandbox's own as above), and the work dir may be mounted at the image's
+working dir, at any depth; the rest is the same.
+
 bwrap mounts in the order of its options, and a mount hides what an earlier one put
 below its path: hence this order, and the paths `expose` refuses (/tmp as a whole,
 /proc, /dev and the mount point, and what is under those three).
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -52,9 +58,31 @@ _PID1_COVER_BYTES = 4096
 class FileView:
     """The host paths one backend's sandboxes see; built by `file_view`."""
 
-    mount_point: str  # where the work dir appears: one top-level path
+    mount_point: str  # where the work dir appears: one top-level path (an image's: any)
     expose: tuple[str, ...]  # extra host paths, read-only at their place (normalised)
     hide: tuple[str, ...]  # extra host paths to cover, besides the defaults
+    image_root: str | None = None  # an image's root file system: `/` shows it, not the host
+
+    def for_image(self, rootfs: str, working_dir: str | None) -> FileView:
+        """This view with `rootfs` as `/` and the work dir at `working_dir` if given.
+
+        The image's top-level entries are bound read-only in place of the host's
+        system dirs; nothing of the host shows but `expose`. `working_dir` must be a
+        top-level path or a directory the image has (bwrap cannot create a mount
+        point inside a read-only bind); ValueError otherwise.
+        """
+        mount_point = self.mount_point
+        if working_dir is not None and working_dir != "/":
+            top = "/" + working_dir.strip("/").split("/", 1)[0]
+            if top in ("/proc", "/dev", "/tmp"):
+                raise ValueError(f"the image's working dir {working_dir} is under {top}, "
+                                 "which every sandbox mounts itself")
+            if working_dir != top and image_dir(rootfs, working_dir) is None:
+                raise ValueError(f"the image's working dir {working_dir} is not a directory "
+                                 "of the image (or a link is on its path)")
+            mount_point = working_dir
+        return FileView(mount_point=mount_point, expose=self.expose, hide=self.hide,
+                        image_root=rootfs)
 
     def masks(self, run_as: tuple[int, int] | None) -> tuple[str, ...]:
         """Visible host paths to cover: the caller's cwd, treadle's checkout, the hides."""
@@ -80,9 +108,29 @@ class FileView:
         top = "/" + path.strip("/").split("/", 1)[0]
         if top == self.mount_point:
             return False
-        if top.lstrip("/") in VISIBLE_TOP_LEVEL:
+        if self.image_root is None and top.lstrip("/") in VISIBLE_TOP_LEVEL:
             return True
         return any(path == e or path.startswith(e + "/") for e in self.expose)
+
+    def _root_options(self) -> list[str]:
+        """The system dirs: the host's `VISIBLE_TOP_LEVEL`, or every top-level entry of
+        the image (but those each sandbox mounts itself, and the work dir's)."""
+        opts: list[str] = []
+        if self.image_root is None:
+            names: list[str] = list(VISIBLE_TOP_LEVEL)
+            source = "/"
+        else:
+            source = self.image_root
+            names = sorted(set(os.listdir(source)) - {"proc", "dev", "tmp"})
+        for name in names:
+            path, host = "/" + name, os.path.join(source, name)
+            if path == self.mount_point:
+                continue
+            if os.path.islink(host):  # merged /usr: /bin -> usr/bin
+                opts += ["--symlink", os.readlink(host), path]
+            elif os.path.isdir(host) or (self.image_root is not None and os.path.isfile(host)):
+                opts += ["--ro-bind", host, path]
+        return opts
 
     def options(self, *, host_dir: str, masks: Sequence[str], scratch_bytes: int,
                 sized: bool, mqueue: bool) -> list[str]:
@@ -93,15 +141,7 @@ class FileView:
         the IPC namespace's POSIX message queues at /dev/mqueue (the resident agent
         empties them).
         """
-        opts: list[str] = []
-        for name in VISIBLE_TOP_LEVEL:
-            path = "/" + name
-            if path == self.mount_point:
-                continue
-            if os.path.islink(path):  # merged /usr: /bin -> usr/bin
-                opts += ["--symlink", os.readlink(path), path]
-            elif os.path.isdir(path):
-                opts += ["--ro-bind", path, path]
+        opts = self._root_options()
 
         def size(n: int) -> list[str]:
             return ["--size", str(n)] if sized else []
@@ -129,6 +169,23 @@ class FileView:
                 opts += ["--ro-bind", "/dev/null", path]
         return [*opts, "--bind", host_dir, self.mount_point, "--remount-ro", "/",
                 "--chdir", self.mount_point]
+
+
+def image_dir(rootfs: str, path: str) -> str | None:
+    """The host path of directory `path` of an image, if every part of it is a real
+    directory; None if it is absent or a symlink is on the way (the host must never
+    follow an image's link: `/a -> /root` would lead out of the image)."""
+    current = rootfs
+    for part in path.strip("/").split("/"):
+        if part in ("", ".", ".."):
+            return None
+        current = os.path.join(current, part)
+        try:
+            if not stat.S_ISDIR(os.lstat(current).st_mode):
+                return None
+        except OSError:
+            return None
+    return current
 
 
 def file_view(mount_point: str, expose: Sequence[str], hide: Sequence[str]) -> FileView:

@@ -24,6 +24,10 @@ Each exec is one fresh `bwrap` process tree:
   A fresh /proc (/proc/1 and the key lists covered), a minimal read-only /dev, a
   /dev/shm and a /tmp of their own per exec, each `memory_mb` in size; the work
   dir bound read-write at `mount_point` (default /work), the cwd and HOME.
+  With an `image`, the image's root file system takes the place of the host's
+  system directories (read-only; its Env set, the work dir at its WorkingDir as a
+  private copy of the image's; `prlimit` and the agent's python3 are the image's):
+  see treadle.sandbox.images and _image_root.py.
 - Environment: cleared (`--clearenv`), then PATH, HOME, LANG and the caller's `env`.
   The bwrap options travel in a memfd (`--args`), so they are not in any cmdline.
 - Limits: the gate sets the CPU, file-size, fd, core and address-space rlimits on
@@ -64,13 +68,14 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from treadle.errors import SandboxError, SandboxUnavailable
-from treadle.sandbox import _process, _resident, _seccomp, _workdir
+from treadle.errors import SandboxError, SandboxImageError, SandboxUnavailable
+from treadle.sandbox import _image_root, _process, _resident, _seccomp, _workdir
 from treadle.sandbox._cgroup import Cgroups, detect_cgroups
 from treadle.sandbox._host import BASE_LANG, HostSandbox
 from treadle.sandbox._seccomp import SyscallFilter, syscall_filter
-from treadle.sandbox._view import file_view
+from treadle.sandbox._view import FileView, file_view
 from treadle.sandbox.base import MIB, ExecResult, Limits, Sandbox, SandboxBackend
+from treadle.sandbox.images import CachedImage, ImageCache, default_cache
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +107,8 @@ class _Setup:
     masks: tuple[str, ...]  # host paths covered with an empty tmpfs
     seccomp: SyscallFilter | None  # the system-call filter; None without libseccomp
     resident_python: str | None = None  # python3 for the resident executor; None: per-call
+    view: FileView | None = None  # the file view when it is not the backend's (an image's)
+    image: CachedImage | None = None  # the image sandboxes run on; None: the host's dirs
 
 
 class BwrapSandbox(HostSandbox):
@@ -125,8 +132,9 @@ class BwrapSandbox(HostSandbox):
         return _workdir.workdir_bounded(self.host_dir)
 
     def _base_env(self) -> dict[str, str]:
-        return {"PATH": SANDBOX_PATH, "HOME": self.workdir, "LANG": BASE_LANG,
-                "TMPDIR": "/tmp"}
+        return _image_root.image_env(self._setup.image,
+                                     {"PATH": SANDBOX_PATH, "LANG": BASE_LANG, "TMPDIR": "/tmp"},
+                                     home=self.workdir)
 
     @property
     def keeps_python_session(self) -> bool:
@@ -235,6 +243,13 @@ class BwrapBackend(SandboxBackend):
         by default: each tmpfs is a mount in the host's mount table, which every
         exec's new mount namespace copies and tears down, so with N live sandboxes
         every exec pays for N more mounts (docs/sandbox.md has the numbers).
+    image: an environment image (a root file system dir, an OCI layout dir, or an
+        OCI/docker tar archive; see treadle.sandbox.images) whose root file system
+        sandboxes see as `/`, read-only, instead of the host's system dirs; its Env
+        is set and, when it names a WorkingDir, the work dir is mounted there as a
+        private copy of the image's (`_image_root.py`); `mount_point` otherwise.
+        Unpacked (once per host) on the first start; SandboxImageError if unusable.
+    image_cache: where images are unpacked (default: `images.default_cache()`).
     """
 
     name = "bwrap"
@@ -250,6 +265,8 @@ class BwrapBackend(SandboxBackend):
         use_cgroups: bool = True,
         bounded_workdirs: bool = False,
         executor: str = "resident",
+        image: str | None = None,
+        image_cache: ImageCache | None = None,
     ) -> None:
         if executor not in ("resident", "per-call"):
             raise ValueError(f"executor must be 'resident' or 'per-call', got {executor!r}")
@@ -259,12 +276,23 @@ class BwrapBackend(SandboxBackend):
         self.sandbox_user = sandbox_user
         self._use_cgroups = use_cgroups
         self._bounded_workdirs = bounded_workdirs
+        self.image = image
+        self.image_cache = image_cache
         self._setup: _Setup | None = None
         self._setup_lock = asyncio.Lock()
 
     @property
     def mount_point(self) -> str:
-        return self.view.mount_point
+        """Where the work dir appears (with an image: known once a sandbox has started)."""
+        return self._view(self._setup).mount_point
+
+    @property
+    def cached_image(self) -> CachedImage | None:
+        """The image sandboxes run on, once the first start has opened it; else None."""
+        return self._setup.image if self._setup is not None else None
+
+    def _view(self, setup: _Setup | None) -> FileView:
+        return setup.view if setup is not None and setup.view is not None else self.view
 
     @property
     def isolation(self) -> str:
@@ -291,8 +319,12 @@ class BwrapBackend(SandboxBackend):
     async def start(self, limits: Limits) -> Sandbox:
         setup = await self._ensure_setup()
         cgroups = detect_cgroups() if self._use_cgroups else None
-        # Synchronous (mkdir, chown, mount): a cancelled start cannot leak the dir.
-        host_dir = _workdir.create_workdir(self.work_root, setup.run_as, self._quota(limits))
+        if setup.image is not None and setup.image.config.working_dir not in (None, "/"):
+            host_dir = await _image_root.seeded_workdir(self.work_root, setup.run_as,
+                                                        self._quota(limits), setup.image)
+        else:
+            # Synchronous (mkdir, chown, mount): a cancelled start cannot leak the dir.
+            host_dir = _workdir.create_workdir(self.work_root, setup.run_as, self._quota(limits))
         return BwrapSandbox(backend=self, setup=setup, host_dir=host_dir, limits=limits,
                             cgroups=cgroups)
 
@@ -313,10 +345,12 @@ class BwrapBackend(SandboxBackend):
         bwrap = shutil.which("bwrap")
         if bwrap is None:
             raise SandboxUnavailable(f"bwrap not found on PATH; {_INSTALL_HINT}")
-        prlimit = shutil.which("prlimit", path=SANDBOX_PATH)
+        root = os.geteuid() == 0
+        image, view = await self._open_image(root)
+        prlimit = shutil.which("prlimit", path=SANDBOX_PATH) if image is None \
+            else _image_root.image_prlimit(image)
         if prlimit is None or not prlimit.startswith(("/usr/", "/bin/", "/sbin/")):
             raise SandboxUnavailable("prlimit (util-linux) not found under /usr, /bin or /sbin")
-        root = os.geteuid() == 0
         await asyncio.to_thread(_workdir.ensure_work_root, self.work_root,
                                 traversable=root and self.sandbox_user is not None)
         # What a crashed predecessor left behind (only once the root is known to be ours).
@@ -337,9 +371,11 @@ class BwrapBackend(SandboxBackend):
                 disable_userns="--disable-userns" in help_text,
                 tmpfs_size="--size" in help_text,
                 json_status="--json-status-fd" in help_text,
-                masks=self.view.masks(run_as),
+                masks=(view or self.view).masks(run_as),
                 seccomp=seccomp,
-                resident_python=self._resident_python(help_text),
+                resident_python=self._resident_python(help_text, image),
+                view=view,
+                image=image,
             )
             failure = await self._self_test(setup)
             if failure and seccomp is not None and "seccomp" in failure.lower():
@@ -361,8 +397,27 @@ class BwrapBackend(SandboxBackend):
         raise SandboxUnavailable("bwrap cannot start a sandbox on this host: "
                                  + "; ".join(failures))
 
-    def _resident_python(self, help_text: str) -> str | None:
-        python = shutil.which("python3", path=SANDBOX_PATH)
+    async def _open_image(self, root: bool) -> tuple[CachedImage | None, FileView | None]:
+        """The backend's image, unpacked if need be, and the file view on it."""
+        if self.image is None:
+            return None, None
+        cache = self.image_cache or default_cache()
+        image = await asyncio.to_thread(cache.open, self.image)
+        try:
+            view = self.view.for_image(image.rootfs, image.config.working_dir)
+        except ValueError as e:
+            raise SandboxImageError(f"image {self.image}: {e}") from None
+        if root and self.sandbox_user is not None \
+                and not _workdir.traversable(image.rootfs, *self.sandbox_user):
+            raise SandboxImageError(f"image {self.image}: the sandbox uid "
+                                    f"{self.sandbox_user[0]} cannot reach its root file system "
+                                    f"{image.rootfs}; keep images where every user may "
+                                    "traverse (e.g. the default /var/cache/treadle/images)")
+        return image, view
+
+    def _resident_python(self, help_text: str, image: CachedImage | None) -> str | None:
+        python = shutil.which("python3", path=SANDBOX_PATH) if image is None \
+            else _image_root.image_python(image)
         if self.executor != "resident" or "--as-pid-1" not in help_text or python is None \
                 or not python.startswith(("/usr/", "/bin/")):
             return None
@@ -403,7 +458,7 @@ class BwrapBackend(SandboxBackend):
         opts.append("--clearenv")
         for key, value in env.items():
             opts += ["--setenv", key, value]
-        return [*opts, *self.view.options(host_dir=host_dir, masks=setup.masks,
+        return [*opts, *self._view(setup).options(host_dir=host_dir, masks=setup.masks,
                                           scratch_bytes=limits.memory_mb * MIB,
                                           sized=setup.tmpfs_size, mqueue=as_pid_1)]
 

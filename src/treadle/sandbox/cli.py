@@ -1,4 +1,5 @@
-"""`treadle sandbox exec`: run one command in a fresh sandbox and print a JSON result.
+"""`treadle sandbox exec`: run one command in a fresh sandbox and print a JSON result;
+`treadle sandbox unpack`: unpack an environment image into the cache ahead of use.
 
     treadle sandbox exec --backend bwrap --timeout 5 --memory-mb 256 -- python3 -c 'print(1)'
 
@@ -7,6 +8,8 @@ duration_s (and truncated). Exits 0 whenever the command ran, whatever it did (i
 status is in the JSON); exits 2 with one line on stderr for bad input or a backend
 that cannot run here (e.g. bwrap not installed).
 
+    treadle sandbox exec --backend bwrap --image ./rootfs -- cat /etc/os-release
+    treadle sandbox unpack task-image.tar    # pre-warm: unpack into the image cache now
     treadle sandbox exec --backend remote --server http://10.0.0.5:8790 -- true
     treadle sandbox-server --port 8790 --backend bwrap --max-live 64
 
@@ -48,9 +51,24 @@ def add_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
                      help="a sandbox server for --backend remote (repeatable)")
     run.add_argument("--token", default=None,
                      help=f"the servers' token for --backend remote (default ${TOKEN_ENV})")
+    run.add_argument("--image", default=None, metavar="REF",
+                     help="--backend bwrap: run on this environment image (a root file system "
+                          "dir, an OCI layout dir, or an OCI/docker-save tar) instead of the "
+                          "host's system dirs")
+    run.add_argument("--image-cache", default=None, metavar="DIR",
+                     help="where images are unpacked (default $TREADLE_CACHE/images, else "
+                          "/var/cache/treadle/images as root, ~/.cache/treadle/images "
+                          "otherwise)")
     run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD ...",
                      help="the command and its arguments, after --")
     run.set_defaults(func=run_exec)
+    unpack = commands.add_parser("unpack", help="unpack an environment image into the cache "
+                                                "now (pre-warm a host), print JSON")
+    unpack.add_argument("image", metavar="REF",
+                        help="an OCI layout dir, an OCI/docker-save tar, or a rootfs dir")
+    unpack.add_argument("--image-cache", default=None, metavar="DIR",
+                        help="the image cache (default as for `sandbox exec`)")
+    unpack.set_defaults(func=run_unpack)
 
 
 def run_exec(args: argparse.Namespace) -> int:
@@ -78,6 +96,13 @@ def run_exec(args: argparse.Namespace) -> int:
         if not args.server or not token:
             return _fail(f"--backend remote needs --server URL and --token (or ${TOKEN_ENV})")
         options = {"servers": args.server, "token": token}
+    if args.image is not None or args.image_cache is not None:
+        if args.backend != "bwrap":
+            return _fail("--image and --image-cache need --backend bwrap")
+        from treadle.sandbox.images import ImageCache
+
+        options = {"image": args.image,
+                   "image_cache": ImageCache(args.image_cache) if args.image_cache else None}
     try:
         result = asyncio.run(exec_once(args.backend, argv, timeout_s, memory_mb,
                                        backend_options=options))
@@ -91,6 +116,24 @@ def run_exec(args: argparse.Namespace) -> int:
         "killed": result.killed,
         "duration_s": round(result.duration_s, 4),
         "truncated": result.truncated,
+    }))
+    return 0
+
+
+def run_unpack(args: argparse.Namespace) -> int:
+    """Handler of `sandbox unpack`: 0 with the image as JSON, 2 with an error line."""
+    from treadle.sandbox.images import ImageCache, default_cache
+
+    try:
+        cache = ImageCache(args.image_cache) if args.image_cache else default_cache()
+        image = cache.open(args.image)
+    except (SandboxError, ValueError) as e:
+        return _fail(str(e))
+    print(json.dumps({
+        "ref": image.ref, "kind": image.kind, "digest": image.digest, "rootfs": image.rootfs,
+        "unpacked_s": None if image.unpacked_s is None else round(image.unpacked_s, 3),
+        "env": dict(image.config.env), "working_dir": image.config.working_dir,
+        "user": image.config.user,
     }))
     return 0
 
