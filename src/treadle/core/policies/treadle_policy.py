@@ -227,8 +227,8 @@ def _place_tail(tail: Sequence[tuple[str, float, float]], loads: list[_Load],
             visited: list[tuple[float, int, _LoadKey]] = []
             while heap:
                 now, i, key = heap[0]
-                members = groups.get(key)
-                if not members or members[0] != i:
+                group = groups.get(key)
+                if not group or group[0] != i:
                     heapq.heappop(heap)  # the group changed since
                     continue
                 if ((now + added) * (1.0 - 1e-12), i) > best:
