@@ -15,6 +15,7 @@ from a homogeneous pool, with moves that merge two equal engines or split one.
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections.abc import Sequence
@@ -68,11 +69,19 @@ def group_caps(kv_capacities: Sequence[int], context: float, trajectories: int,
     return [min(max_batch, math.ceil(f * scale)) for f in fit]
 
 
+@functools.lru_cache(maxsize=256)
+def _shared_slot(cost: CostModel, tp: int, context: float, max_batch: int,
+                 weight: int) -> EngineSlot:
+    """One `engine_slot` for every engine of a degree: placement ignores the id, and
+    an annealing run scores hundreds of layouts of the same few degrees (building a
+    slot is `max_batch` step times)."""
+    return engine_slot(cost, f"tp{tp}", tp, context, max_batch, weight)
+
+
 def layout_makespan(layout: Layout, lengths: Sequence[float], cost: CostModel,
                     context: float, max_batch: int, weight: int = 1) -> float:
     """Placement-model makespan of `lengths` (descending, each of `weight`) on `layout`."""
-    slots = [engine_slot(cost, f"L{i}", tp, context, max_batch, weight)
-             for i, tp in enumerate(layout)]
+    slots = [_shared_slot(cost, tp, context, max_batch, weight) for tp in layout]
     if sum(s.max_batch for s in slots) < len(lengths):
         return math.inf
     return place(lengths, slots).makespan
