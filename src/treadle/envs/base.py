@@ -69,6 +69,12 @@ class Suite(ABC):
         """Whether an episode of `task` must be given a sandbox (default: yes)."""
         return True
 
+    def sandbox_backend(self, task: Task, backend: SandboxBackend) -> SandboxBackend:
+        """The backend `open_episode` starts `task`'s sandbox from, given the caller's
+        (default: that one). A suite whose tasks run in their own environment image
+        returns one on the task's image; EnvConfigError if `backend` cannot run it."""
+        return backend
+
     @abstractmethod
     def tasks(self, n: int | None = None, seed: int = 0) -> list[Task]:
         """`n` bundled or generated tasks (None: the whole bundle, where there is one)."""
@@ -271,8 +277,9 @@ async def open_episode(
 ) -> AsyncIterator[Episode]:
     """A started episode of `task`, with a fresh sandbox when the suite needs one.
 
-    `sandboxes` is a backend (a sandbox is started with `limits` or the suite's
-    limits, and closed afterwards) or a pool (one is borrowed and returned). The
+    `sandboxes` is a backend (a sandbox is started from `suite.sandbox_backend(task,
+    sandboxes)` with `limits` or the suite's limits, and closed afterwards) or a pool
+    (one is borrowed and returned). The
     episode is closed and the sandbox released on exit, whatever happened.
     """
     if not suite.needs_sandbox(task):
@@ -284,7 +291,8 @@ async def open_episode(
         if isinstance(sandboxes, SandboxPool):
             sandbox = await stack.enter_async_context(sandboxes.sandbox())
         elif sandboxes is not None:
-            sandbox = await sandboxes.start(limits or suite.limits)
+            backend = suite.sandbox_backend(task, sandboxes)
+            sandbox = await backend.start(limits or suite.limits)
             stack.push_async_callback(sandbox.close)
         episode = suite.episode(task, sandbox)
         stack.push_async_callback(episode.close)
