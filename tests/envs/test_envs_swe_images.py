@@ -25,6 +25,8 @@ from treadle.envs.suites._pytest_report import Outcome, outcomes
 from treadle.envs.suites.swe_builtin import builtin_specs
 from treadle.envs.suites.swe_images import SweImageSuite
 from treadle.sandbox import BwrapBackend, LocalBackend
+from treadle.sandbox.pool import PoolSettings, SandboxPool
+from treadle.service.sandboxes import SuitePools
 from treadle.types import Task
 
 INSTANCE_ID = "six-add-metaclass-qualname"
@@ -138,8 +140,8 @@ class ScriptedPatchAgent:
 
     patches: list[str]
 
-    async def solve(self, suite: SweImageSuite, task: Task, backend: BwrapBackend
-                    ) -> tuple[RewardResult, list[str]]:
+    async def solve(self, suite: SweImageSuite, task: Task,
+                    backend: BwrapBackend | SandboxPool) -> tuple[RewardResult, list[str]]:
         async with open_episode(suite, task, backend) as episode:
             errors = []
             for patch in self.patches:
@@ -210,3 +212,26 @@ def test_a_patch_that_breaks_a_pass_to_pass_test_is_unresolved(
     assert reward.metrics[f"F2P {F2P}"] == 1.0
     assert reward.metrics["P2P test_six.py::test_add_metaclass"] == 0.0
     assert "test_six.py::test_add_metaclass failed" in reward.detail
+
+
+def test_the_service_pools_run_each_task_on_its_image(
+        image_task: tuple[SweImageSuite, Task], host_backend: BwrapBackend) -> None:
+    suite, task = image_task
+    pools = SuitePools(host_backend, PoolSettings(warm=0))
+    plain, on_image = pools.pool(suite), pools.pool(suite, task)
+    assert plain is not None and on_image is not None
+    assert plain.backend is host_backend and on_image is pools.pool(suite, task)
+    assert on_image.backend.image == task.metadata["image"]  # type: ignore[attr-defined]
+
+    async def body() -> tuple[RewardResult, list[str]]:
+        try:
+            with pytest.raises(EnvConfigError, match="runs on a backend of its own"):
+                async with open_episode(suite, task, plain):
+                    pass
+            return await ScriptedPatchAgent([task.metadata["patch"]]).solve(
+                suite, task, on_image)
+        finally:
+            await pools.close()
+
+    reward, errors = run(body(), timeout_s=240)
+    assert errors == [""] and reward.reward == 1.0, reward.detail

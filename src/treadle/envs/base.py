@@ -279,7 +279,8 @@ async def open_episode(
 
     `sandboxes` is a backend (a sandbox is started from `suite.sandbox_backend(task,
     sandboxes)` with `limits` or the suite's limits, and closed afterwards) or a pool
-    (one is borrowed and returned). The
+    (one is borrowed and returned; EnvConfigError unless the pool's backend is the
+    one `suite.sandbox_backend` picks for the task). The
     episode is closed and the sandbox released on exit, whatever happened.
     """
     if not suite.needs_sandbox(task):
@@ -289,6 +290,10 @@ async def open_episode(
     async with contextlib.AsyncExitStack() as stack:
         sandbox: Sandbox | None = None
         if isinstance(sandboxes, SandboxPool):
+            if suite.sandbox_backend(task, sandboxes.backend) is not sandboxes.backend:
+                raise EnvConfigError(f"task {task.task_id!r} of suite {suite.name!r} runs on "
+                                     "a backend of its own (its image): give a backend, or a "
+                                     "pool over `suite.sandbox_backend(task, backend)`")
             sandbox = await stack.enter_async_context(sandboxes.sandbox())
         elif sandboxes is not None:
             backend = suite.sandbox_backend(task, sandboxes)
