@@ -6,7 +6,8 @@ built-in ones (`treadle.envs.suites.swe_builtin`: real PyPI projects with a real
 bug put back, images built here on first use).
 
 Episode: the sandbox runs on the instance's image (`Suite.sandbox_backend`: a
-bwrap backend is given the instance's image; a pool must already be on it); its
+bwrap backend is given the instance's image; a pool must be over that backend,
+which the service's `SuitePools` does); its
 work dir is the image's working dir, a private copy of the repository at
 ``base_commit``. Setup reads the repository's own versions of the test files
 (every file the ``test_patch`` touches, and every file a named test lives in)
