@@ -139,6 +139,7 @@ class ScriptedPatchAgent:
     """Test double for a model: applies fixed patches with the suite's own tools, submits."""
 
     patches: list[str]
+    commands: tuple[str, ...] = ()  # bash commands run after the patches
 
     async def solve(self, suite: SweImageSuite, task: Task,
                     backend: BwrapBackend | SandboxPool) -> tuple[RewardResult, list[str]]:
@@ -147,6 +148,9 @@ class ScriptedPatchAgent:
             for patch in self.patches:
                 result = await episode.call("apply_patch", {"patch": patch})
                 errors.append(result.error or "")
+            for command in self.commands:
+                result = await episode.call("bash", {"command": command})
+                assert result.error is None, result.error
             await episode.call("submit_answer", {"answer": "done"})
             return await episode.score(), errors
 
@@ -168,9 +172,9 @@ def host_backend() -> Iterator[BwrapBackend]:
 
 
 def _graded(image_task: tuple[SweImageSuite, Task], backend: BwrapBackend,
-            *patches: str) -> RewardResult:
+            *patches: str, commands: tuple[str, ...] = ()) -> RewardResult:
     suite, task = image_task
-    reward, errors = run(ScriptedPatchAgent(list(patches)).solve(suite, task, backend),
+    reward, errors = run(ScriptedPatchAgent(list(patches), commands).solve(suite, task, backend),
                          timeout_s=240)
     assert errors == [""] * len(patches)
     return reward
@@ -235,3 +239,16 @@ def test_the_service_pools_run_each_task_on_its_image(
 
     reward, errors = run(body(), timeout_s=240)
     assert errors == [""] and reward.reward == 1.0, reward.detail
+
+
+def test_a_test_file_replaced_by_a_directory_or_a_link_is_restored(
+        image_task: tuple[SweImageSuite, Task], host_backend: BwrapBackend) -> None:
+    _, task = image_task
+    reward = _graded(image_task, host_backend, task.metadata["patch"], commands=(
+        "rm test_six.py && mkdir test_six.py && touch test_six.py/x",))
+    assert reward.reward == 1.0, reward.detail
+    reward = _graded(image_task, host_backend, task.metadata["patch"], commands=(
+        "printf 'def test_add_metaclass_nested(): pass\\n' > /tmp/t.py && rm test_six.py "
+        "&& ln -s /tmp/t.py test_six.py",))
+    assert reward.reward == 1.0, reward.detail
+    assert reward.metrics["pass_to_pass_passed"] == 6.0

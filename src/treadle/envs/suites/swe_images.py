@@ -204,13 +204,16 @@ class SweImageSuite(Suite):
     async def reward(self, ctx: ToolContext, final_message: str | None) -> RewardResult:
         sandbox = ctx.require_sandbox()
         instance = instance_of(ctx.task)
-        for path, content in patched_tests(instance, ctx.state[_STATE]).items():
+        restored = patched_tests(instance, ctx.state[_STATE])
+        # Whatever the agent left at these paths (a directory, a link) goes first.
+        removed = await sandbox.exec(["rm", "-rf", "--", *restored], timeout_s=60)
+        for path, content in restored.items():
             try:
-                if content is None:
-                    await sandbox.exec(["rm", "-rf", "--", path], timeout_s=30)
-                else:
+                if not removed.ok:
+                    raise SandboxFileError(removed.stderr.strip()[-300:])
+                if content is not None:
                     await sandbox.put_file(path, content)
-            except SandboxPathError as e:  # the agent put a link on the way
+            except (SandboxFileError, SandboxPathError) as e:  # e.g. a link on the way
                 return RewardResult(0.0, {"resolved": 0.0},
                                     f"could not restore the test file {path}: {e}")
         tests = [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS]
