@@ -121,12 +121,14 @@ class SweImageSuite(Suite):
         self.tool_timeout_s = tool_timeout_s
         self.grade_timeout_s = grade_timeout_s
         self._backends: dict[int, tuple[BwrapBackend, dict[str, BwrapBackend]]] = {}
+        # Read now: the service hands a file it holds open only while the suite is built.
+        self._loaded = None if instances is None else self.load_tasks(instances)
 
     def tasks(self, n: int | None = None, seed: int = 0) -> list[Task]:
-        """`n` instances (None: all) in a seeded order: the file's, or the built-in ones
-        (whose images are built on first use)."""
-        if self.instances is not None:
-            tasks = self.load_tasks(self.instances)
+        """`n` instances (None: all) in a seeded order: the file's (read when the suite
+        was made), or the built-in ones (whose images are built on first use)."""
+        if self._loaded is not None:
+            tasks = list(self._loaded)
         else:
             from treadle.envs.suites.swe_builtin import builtin_records
             tasks = [self.task_from_record(r) for r in builtin_records()]
