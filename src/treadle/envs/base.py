@@ -69,6 +69,11 @@ class Suite(ABC):
         """Whether an episode of `task` must be given a sandbox (default: yes)."""
         return True
 
+    def host_paths(self, task: Task) -> tuple[str, ...]:
+        """Host paths `task` names that treadle will read for it (an environment image);
+        a service refuses a task whose paths lie outside its data roots. Default: none."""
+        return ()
+
     def sandbox_backend(self, task: Task, backend: SandboxBackend) -> SandboxBackend:
         """The backend `open_episode` starts `task`'s sandbox from, given the caller's
         (default: that one). A suite whose tasks run in their own environment image

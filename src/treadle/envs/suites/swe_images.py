@@ -121,6 +121,7 @@ class SweImageSuite(Suite):
         self.tool_timeout_s = tool_timeout_s
         self.grade_timeout_s = grade_timeout_s
         self._backends: dict[int, tuple[BwrapBackend, dict[str, BwrapBackend]]] = {}
+        self._builtin_images: set[str] = set()
         # Read now: the service hands a file it holds open only while the suite is built.
         self._loaded = None if instances is None else self.load_tasks(instances)
 
@@ -132,6 +133,7 @@ class SweImageSuite(Suite):
         else:
             from treadle.envs.suites.swe_builtin import builtin_records
             tasks = [self.task_from_record(r) for r in builtin_records()]
+            self._builtin_images.update(t.metadata["image"] for t in tasks)
         rng_for(self.name, seed).shuffle(tasks)
         if n is not None and not 0 <= n <= len(tasks):
             raise ValueError(f"n must be between 0 and {len(tasks)}, got {n}")
@@ -169,6 +171,11 @@ class SweImageSuite(Suite):
 
     def task_to_record(self, task: Task) -> dict[str, Any]:
         return dict(task.metadata)
+
+    def host_paths(self, task: Task) -> tuple[str, ...]:
+        """The task's image, unless it is a built-in one (which treadle built)."""
+        image = task.metadata["image"]
+        return () if image in self._builtin_images else (image,)
 
     def sandbox_backend(self, task: Task, backend: SandboxBackend) -> SandboxBackend:
         """A bwrap backend like `backend` on the instance's image (made once per image)."""
