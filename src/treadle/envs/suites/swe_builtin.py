@@ -9,7 +9,8 @@ patch = the upstream fix, test_patch = its regression test). Building its image:
 1. a Debian root file system, ``mmdebstrap --variant=essential
    --include=python3,python3-pytest`` (the release `DEBIAN_SUITE`, mirror
    ``$TREADLE_DEBIAN_MIRROR``), built once per host;
-2. the sdist, fetched with ``pip download --no-binary :all: --no-deps`` and checked
+2. the sdist, fetched with ``pip download --no-binary :all: --no-deps`` (treadle's
+   interpreter's pip, else ``pip3`` on PATH) and checked
    against its sha256, unpacked, ``bug_patch`` applied;
 3. an OCI image layout: the root file system as one layer, the project in
    ``/testbed`` (the config's ``WorkingDir``) as a second.
@@ -25,6 +26,7 @@ import contextlib
 import fcntl
 import functools
 import hashlib
+import importlib.util
 import io
 import json
 import os
@@ -114,8 +116,15 @@ def debian_rootfs(base: Path) -> Path:
 def _sdist(sdist: dict[str, str], into: Path) -> Path:
     """The sdist unpacked under `into` (checked against its sha256); its top directory."""
     name, version = sdist["name"], sdist["version"]
-    _run([sys.executable, "-m", "pip", "download", "--quiet", "--no-binary", ":all:",
-          "--no-deps", "--dest", str(into), f"{name}=={version}"], f"pip download {name}")
+    if importlib.util.find_spec("pip") is not None:
+        pip = [sys.executable, "-m", "pip"]
+    elif (found := shutil.which("pip3") or shutil.which("pip")) is not None:
+        pip = [found]
+    else:
+        raise SweImageBuildError("building the built-in images needs pip (to download "
+                                 f"the {name} sdist)")
+    _run([*pip, "download", "--quiet", "--no-binary", ":all:", "--no-deps", "--dest",
+          str(into), f"{name}=={version}"], f"pip download {name}")
     archives = list(into.glob("*.tar.gz"))
     if len(archives) != 1:
         raise SweImageBuildError(f"pip download {name}=={version} gave {archives}")
