@@ -100,6 +100,11 @@ def test_only_a_bwrap_backend_can_run_an_image_task(tmp_path: Path) -> None:
     derived = suite.sandbox_backend(task, host)
     assert derived.image == "/images/six.oci" and host.image is None  # type: ignore[attr-defined]
     assert suite.sandbox_backend(task, host) is derived
+    few = SweImageSuite(images_kept=1)
+    other = few.task_from_record(_record(image="/images/other.oci"))
+    first = few.sandbox_backend(task, host)
+    assert few.sandbox_backend(other, host) is not first  # one image kept: the first goes
+    assert few.sandbox_backend(task, host) is not first
 
 
 # --- pytest's report --------------------------------------------------------------------

@@ -34,6 +34,7 @@ report (see `_pytest_report`): honest failures are caught, not an adversary.
 
 from __future__ import annotations
 
+import collections
 import shlex
 from collections.abc import Mapping
 from pathlib import Path
@@ -116,11 +117,17 @@ class SweImageSuite(Suite):
     limits = Limits(cpu_s=120, memory_mb=1024, wall_timeout_s=300)
 
     def __init__(self, instances: str | None = None, *, tool_timeout_s: float = 60.0,
-                 grade_timeout_s: float = 300.0) -> None:
+                 grade_timeout_s: float = 300.0, images_kept: int = 32) -> None:
+        if images_kept < 1:
+            raise ValueError(f"images_kept must be >= 1, got {images_kept}")
+        self.images_kept = images_kept
         self.instances = instances
         self.tool_timeout_s = tool_timeout_s
         self.grade_timeout_s = grade_timeout_s
-        self._backends: dict[int, tuple[BwrapBackend, dict[str, BwrapBackend]]] = {}
+        # (id of the caller's backend, image) -> (that backend, ours on the image), most
+        # recently used last: each holds its image in use (not evictable) while it lives.
+        self._backends: collections.OrderedDict[
+            tuple[int, str], tuple[BwrapBackend, BwrapBackend]] = collections.OrderedDict()
         self._builtin_images: set[str] = set()
         # Read now: the service hands a file it holds open only while the suite is built.
         self._loaded = None if instances is None else self.load_tasks(instances)
@@ -178,17 +185,22 @@ class SweImageSuite(Suite):
         return () if image in self._builtin_images else (image,)
 
     def sandbox_backend(self, task: Task, backend: SandboxBackend) -> SandboxBackend:
-        """A bwrap backend like `backend` on the instance's image (made once per image)."""
+        """A bwrap backend like `backend` on the instance's image; the last `images_kept`
+        are kept (an image is then opened once, and stays in use, not evictable)."""
         image = task.metadata["image"]
         if not isinstance(backend, BwrapBackend):
             raise EnvConfigError(f"suite {self.name!r} runs each task in its image: it needs "
                                  f"a bwrap backend, got {backend.name!r}")
         if backend.image == image:
             return backend
-        _, derived = self._backends.setdefault(id(backend), (backend, {}))
-        if image not in derived:
-            derived[image] = backend.with_image(image)
-        return derived[image]
+        key = (id(backend), image)
+        if key in self._backends:
+            self._backends.move_to_end(key)
+        else:
+            self._backends[key] = (backend, backend.with_image(image))
+            while len(self._backends) > self.images_kept:
+                self._backends.popitem(last=False)  # its image is released once unused
+        return self._backends[key][1]
 
     def tools(self, task: Task) -> list[Tool]:
         return [BashTool(timeout_s=self.tool_timeout_s), ReadFileTool(), WriteFileTool(),
