@@ -227,11 +227,12 @@ def test_a_patch_that_breaks_a_pass_to_pass_test_is_unresolved(
 def test_the_service_pools_run_each_task_on_its_image(
         image_task: tuple[SweImageSuite, Task], host_backend: BwrapBackend) -> None:
     suite, task = image_task
-    pools = SuitePools(host_backend, PoolSettings(warm=0))
+    pools = SuitePools(host_backend, PoolSettings(warm=1))
     plain, on_image = pools.pool(suite), pools.pool(suite, task)
     assert plain is not None and on_image is not None
     assert plain.backend is host_backend and on_image is pools.pool(suite, task)
     assert on_image.backend.image == task.metadata["image"]  # type: ignore[attr-defined]
+    assert plain.warm == 1 and on_image.warm == 0  # no idle spares piling up per image
 
     async def body() -> tuple[RewardResult, list[str]]:
         try:

@@ -2,7 +2,8 @@
 
 A suite's trajectories share a pool (`sandbox.pool.SandboxPool`) made on first use
 with the suite's limits and the service's `PoolSettings`; a suite whose tasks run
-on their own images (`Suite.sandbox_backend`, e.g. swe-images) gets one per image.
+on their own images (`Suite.sandbox_backend`, e.g. swe-images) gets one per image,
+without warm spares.
 The job runner and the gateway (a harness run's verifier) are given the same
 `SuitePools`. `close` closes them all.
 """
@@ -10,6 +11,7 @@ The job runner and the gateway (a harness run's verifier) are given the same
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 from treadle.envs.base import Suite
 from treadle.envs.errors import EnvConfigError
@@ -44,7 +46,11 @@ class SuitePools:
                 key = f"{suite.name} {getattr(backend, 'image', None) or id(backend)}"
         pool = self._pools.get(key)
         if pool is None:
-            pool = SandboxPool(backend, suite.limits, self.settings)
+            # No warm spares on a task's own image: with one image per task they would
+            # pile up idle, `warm` per image.
+            settings = self.settings if backend is self.backend \
+                else dataclasses.replace(self.settings, warm=0)
+            pool = SandboxPool(backend, suite.limits, settings)
             self._pools[key] = pool
         return pool
 
