@@ -75,6 +75,8 @@ def test_instances_load_from_jsonl_with_relative_images_and_json_string_lists(
     ({"FAIL_TO_PASSS": [F2P]}, ":2: field 'FAIL_TO_PASSS': unknown field"),
     ({"test_patch": "--- a/x\n+++ b/x\nnot a hunk\n"}, ":2: field 'test_patch'"),
     ({"instance_id": INSTANCE_ID}, ":2: duplicate instance_id"),
+    ({"FAIL_TO_PASS": ["../up.py::test"]}, "'../up.py' is not a path inside the repository"),
+    ({"test_patch": "--- /etc/x\n+++ /etc/x\n@@ -1 +1 @@\n-a\n+b\n"}, "not a path inside"),
 ])
 def test_bad_instances_name_the_line_and_the_field(tmp_path: Path, change: dict[str, Any],
                                                    expected: str) -> None:

@@ -35,7 +35,6 @@ report (see `_pytest_report`): honest failures are caught, not an adversary.
 from __future__ import annotations
 
 import collections
-import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -83,6 +82,9 @@ def _graded_files(instance: SweInstance) -> list[str]:
             paths.update(p for p in (patch.old_path, patch.new_path) if p is not None)
     for test in (*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS):
         paths.add(test.split("::", 1)[0])
+    for path in paths:
+        if path.startswith("/") or ".." in path.split("/") or not path.strip("/"):
+            raise PatchError(f"{path!r} is not a path inside the repository")
     return sorted(paths)
 
 
@@ -171,7 +173,7 @@ class SweImageSuite(Suite):
         try:
             _graded_files(instance)
         except PatchError as e:
-            raise TaskFormatError(f"field 'test_patch': {e}") from None
+            raise TaskFormatError(f"field 'test_patch' or a test id: {e}") from None
         prompt = PROMPT.format(repo=instance.repo, workdir=instance.workdir or "the work dir",
                                issue=instance.problem_statement)
         return self._task(instance.instance_id, prompt, instance.record())
@@ -238,8 +240,11 @@ class SweImageSuite(Suite):
                 return RewardResult(0.0, {"resolved": 0.0},
                                     f"could not restore the test file {path}: {e}")
         tests = [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS]
-        command = " ".join([instance.command, _PYTEST_ARGS, *map(shlex.quote, tests)])
-        result = await sandbox.exec(["/bin/sh", "-c", command], timeout_s=self.grade_timeout_s,
+        # The ids as arguments of their own, not in the command string: SWE-bench's
+        # lists run to thousands of ids, past the kernel's 128 KiB for one argument.
+        command = f'{instance.command} {_PYTEST_ARGS} "$@"'
+        result = await sandbox.exec(["/bin/sh", "-c", command, "sh", *tests],
+                                    timeout_s=self.grade_timeout_s,
                                     env={"PYTHONDONTWRITEBYTECODE": "1"})
         found = outcomes(result.stdout, tests)
         graded = _grade(instance, found, result.killed)
