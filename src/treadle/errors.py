@@ -55,6 +55,8 @@ escaping treadle is a bug. Each package owns a branch::
     ├── EnvError                        anything from treadle.envs (its classes live in
     │   ├── TaskFormatError             treadle.envs.errors): a malformed task record,
     │   ├── EnvConfigError              an environment set up wrongly by its caller,
+    │   │   └── SweImageBuildError      treadle.envs.suites.swe_builtin: a built-in
+    │   │                               SWE image that could not be built
     │   ├── ResourcesServerError        an external resources server that failed;
     │   │   └── MaskedSampleError       treadle.envs.adapters.nemo_gym: its verify
     │   │                               masked the sample (a judge failure: excluded)

@@ -21,7 +21,7 @@ from treadle.envs import (
 from treadle.envs.suites.math import MathSuite
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "suites.md"
-BUILTIN = ["code", "gym_text", "math", "nemo_gym", "search", "stem", "swe"]
+BUILTIN = ["code", "gym_text", "math", "nemo_gym", "search", "stem", "swe", "swe-images"]
 
 
 def test_builtin_suites_by_name() -> None:

@@ -134,6 +134,29 @@ def test_the_search_corpus_is_fenced_too(client: httpx.Client, data_root: Path) 
     client.post(f"/v1/jobs/{r.json()['job_id']}/cancel")
 
 
+def test_an_image_a_swe_task_names_must_lie_under_a_data_root(client: httpx.Client,
+                                                              data_root: Path) -> None:
+    # A root file system dir may be any dir with a usr/: "/" would show the host's root.
+    from treadle.envs.suites.swe_builtin import builtin_specs
+
+    [spec] = builtin_specs().values()
+    for name, image in (("swe-out.jsonl", "/"), ("swe-link.jsonl", "escape"),
+                        ("swe-in.jsonl", "images/six.oci")):
+        (data_root / name).write_text(json.dumps({**spec["instance"], "image": image}) + "\n")
+    for name in ("swe-out.jsonl", "swe-link.jsonl"):
+        r = client.post("/v1/jobs", json={"tasks": {"suite": "swe-images", "count": 1, "options": {
+            "instances": str(data_root / name)}}})
+        assert r.status_code == 422 and "not under the service's data roots" in r.text, r.text
+    inline = {**spec["instance"], "image": "/usr/.."}
+    r = client.post("/v1/jobs", json={"tasks": {"suite": "swe-images", "tasks": [inline]}})
+    assert r.status_code == 422 and "not under the service's data roots" in r.text, r.text
+    r = client.post("/v1/jobs", json={"tasks": {"suite": "swe-images", "count": 1, "options": {
+        "instances": str(data_root / "swe-in.jsonl")}}})
+    assert "data roots" not in r.text, r.text  # under the root (the service has no sandbox)
+    if r.status_code == 201:
+        client.post(f"/v1/jobs/{r.json()['job_id']}/cancel")
+
+
 def test_inline_tasks_of_a_suite_without_bundled_ones_are_planned(client: httpx.Client
                                                                   ) -> None:
     # Planning asked every suite for a generated task first, and nemo_gym without rows

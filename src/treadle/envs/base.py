@@ -69,6 +69,17 @@ class Suite(ABC):
         """Whether an episode of `task` must be given a sandbox (default: yes)."""
         return True
 
+    def host_paths(self, task: Task) -> tuple[str, ...]:
+        """Host paths `task` names that treadle will read for it (an environment image);
+        a service refuses a task whose paths lie outside its data roots. Default: none."""
+        return ()
+
+    def sandbox_backend(self, task: Task, backend: SandboxBackend) -> SandboxBackend:
+        """The backend `open_episode` starts `task`'s sandbox from, given the caller's
+        (default: that one). A suite whose tasks run in their own environment image
+        returns one on the task's image; EnvConfigError if `backend` cannot run it."""
+        return backend
+
     @abstractmethod
     def tasks(self, n: int | None = None, seed: int = 0) -> list[Task]:
         """`n` bundled or generated tasks (None: the whole bundle, where there is one)."""
@@ -277,8 +288,10 @@ async def open_episode(
 ) -> AsyncIterator[Episode]:
     """A started episode of `task`, with a fresh sandbox when the suite needs one.
 
-    `sandboxes` is a backend (a sandbox is started with `limits` or the suite's
-    limits, and closed afterwards) or a pool (one is borrowed and returned). The
+    `sandboxes` is a backend (a sandbox is started from `suite.sandbox_backend(task,
+    sandboxes)` with `limits` or the suite's limits, and closed afterwards) or a pool
+    (one is borrowed and returned; EnvConfigError unless the pool's backend is the
+    one `suite.sandbox_backend` picks for the task). The
     episode is closed and the sandbox released on exit, whatever happened.
     """
     if not suite.needs_sandbox(task):
@@ -288,9 +301,14 @@ async def open_episode(
     async with contextlib.AsyncExitStack() as stack:
         sandbox: Sandbox | None = None
         if isinstance(sandboxes, SandboxPool):
+            if suite.sandbox_backend(task, sandboxes.backend) is not sandboxes.backend:
+                raise EnvConfigError(f"task {task.task_id!r} of suite {suite.name!r} runs on "
+                                     "a backend of its own (its image): give a backend, or a "
+                                     "pool over `suite.sandbox_backend(task, backend)`")
             sandbox = await stack.enter_async_context(sandboxes.sandbox())
         elif sandboxes is not None:
-            sandbox = await sandboxes.start(limits or suite.limits)
+            backend = suite.sandbox_backend(task, sandboxes)
+            sandbox = await backend.start(limits or suite.limits)
             stack.push_async_callback(sandbox.close)
         episode = suite.episode(task, sandbox)
         stack.push_async_callback(episode.close)

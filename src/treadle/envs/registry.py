@@ -1,6 +1,7 @@
 """Suites by name: `get_suite("math")`, `register_suite("mine", MySuite)`.
 
-Built-in names: math, code, swe, search, stem (no arguments needed), and the
+Built-in names: math, code, swe, search, stem, swe-images (no arguments needed;
+``swe-images`` takes ``instances=`` a JSONL of SWE-bench-style instances), and the
 adapters nemo_gym (needs ``base_url=``) and gym_text (needs a ``make_env``
 callable). Options are passed to the suite's constructor: ``get_suite("search",
 python_tool=False)``. Suite modules are imported on first use, so importing the
@@ -22,6 +23,7 @@ _BUILTIN = {
     "math": "treadle.envs.suites.math:MathSuite",
     "code": "treadle.envs.suites.code:CodeSuite",
     "swe": "treadle.envs.suites.swe:SweSuite",
+    "swe-images": "treadle.envs.suites.swe_images:SweImageSuite",
     "search": "treadle.envs.suites.search:SearchSuite",
     "stem": "treadle.envs.suites.stem:StemSuite",
     "nemo_gym": "treadle.envs.adapters.nemo_gym:NemoGymSuite",

@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import dataclasses
 import logging
 import os
@@ -280,6 +281,15 @@ class BwrapBackend(SandboxBackend):
         self.image_cache = image_cache
         self._setup: _Setup | None = None
         self._setup_lock = asyncio.Lock()
+
+    def with_image(self, image: str | None) -> BwrapBackend:
+        """A backend with this one's options and image cache whose sandboxes run on
+        `image` (None: the host's dirs); it opens the image on its first start."""
+        other = copy.copy(self)
+        other.image = image
+        other._setup = None
+        other._setup_lock = asyncio.Lock()
+        return other
 
     @property
     def mount_point(self) -> str:

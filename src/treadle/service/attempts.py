@@ -96,7 +96,8 @@ class Attempts:
                     capture = self.judging.capture(work)
                     return await self.judging.judged(work, await run_task(
                         self.runtime, work.suite, work.task, traj_id=tid, key=key,
-                        tokenizer=self.tokenizer, sandboxes=self.sandboxes.pool(work.suite),
+                        tokenizer=self.tokenizer,
+                        sandboxes=self.sandboxes.pool(work.suite, work.task),
                         limits=work.limits, sampling=work.sampling,
                         chat_format=work.chat_format, attempt=attempt, kv=work.kv,
                         journal=journal,

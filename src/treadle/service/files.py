@@ -92,8 +92,20 @@ def _open_beneath(root: str, relative: str) -> int:
         raise
 
 
+def check_under_roots(value: str, roots: Sequence[str], field: str) -> None:
+    """RequestRefused unless `value`, its links resolved, lies under one of `roots` (for a
+    path the service does not open itself, e.g. an image a sandbox runs on). Resolved
+    now: a link swapped in later is not seen (the roots are the operator's)."""
+    if not roots:
+        raise RequestRefused(f"{field}: this service lets no job name host paths (start it "
+                             "with --data-root DIR to allow paths under DIR)")
+    real = os.path.realpath(value)
+    if not any(_inside(real, os.path.realpath(root)) for root in roots):
+        raise RequestRefused(f"{field}: {value!r} is not under the service's data roots")
+
+
 def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-__all__ = ["HeldFile", "held_file"]
+__all__ = ["HeldFile", "check_under_roots", "held_file"]

@@ -470,7 +470,7 @@ class Gateway:
             else session.final_text
         try:
             async with open_episode(work.suite, work.task,
-                                    self.sandboxes.pool(work.suite)) as episode:
+                                    self.sandboxes.pool(work.suite, work.task)) as episode:
                 result = await episode.score(answer)
         except TreadleError as e:
             return None, {}, f"eval: {type(e).__name__}: {e}"

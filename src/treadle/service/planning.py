@@ -37,7 +37,7 @@ from treadle.errors import TreadleError
 from treadle.gateway.harness import Score
 from treadle.sandbox.base import SandboxBackend
 from treadle.service.errors import RequestRefused
-from treadle.service.files import held_file
+from treadle.service.files import check_under_roots, held_file
 from treadle.service.rubric_schemas import RubricParams
 from treadle.service.schemas import (
     MAX_TRAJECTORIES_PER_JOB,
@@ -179,6 +179,9 @@ class Planner:
             raise RequestRefused(f"chat_format: {e}") from None
         key, suite = self._suite(tasks)
         planned_tasks = _suite_tasks(suite, tasks)
+        for task in planned_tasks:
+            for path in suite.host_paths(task):
+                check_under_roots(path, self.data_roots, f"tasks: task {task.task_id!r}")
         if self.sandbox_backend is None and any(suite.needs_sandbox(t) for t in planned_tasks):
             raise RequestRefused(f"tasks.suite: suite {tasks.suite!r} needs a sandbox and this "
                                  "service has none")
