@@ -12,7 +12,6 @@ a project dir), so the tests exercise real layer application by umoci.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import gzip
 import hashlib
 import io
@@ -22,9 +21,10 @@ import shutil
 import subprocess
 import tarfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
+from treadle.envs.suites.swe_builtin import build_lock
 from treadle.sandbox.images import default_cache_root
 
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "TREADLE_IMAGE_VAR": "from-the-image"}
@@ -51,20 +51,12 @@ def test_images_dir() -> Path:
     return Path(default_cache_root()).parent / "test-images"
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        yield
-
-
 def debian_rootfs() -> tuple[Path, float | None]:
     """The cached Debian root file system, and the seconds building it took (None: cached)."""
     base = test_images_dir()
     suite = image_suite()
     target = base / f"debian-{suite}-essential-python3"
-    with _locked(base / ".lock"):
+    with build_lock(base / ".lock"):
         if (target / "etc" / "os-release").exists():
             return target, None
         mmdebstrap = shutil.which("mmdebstrap")

@@ -335,7 +335,7 @@ def sweep_stale_workdirs(root: str) -> int:
         if not pid_text.isdigit():
             continue
         mine = int(pid_text) == os.getpid()
-        if (mine and path not in _abandoned) or (not mine and _alive(int(pid_text))):
+        if (mine and path not in _abandoned) or (not mine and pid_alive(int(pid_text))):
             continue
         removed += remove_workdir(path)
     if removed:
@@ -343,7 +343,8 @@ def sweep_stale_workdirs(root: str) -> int:
     return removed
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process of that id exists (one of another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -150,6 +150,13 @@ def bundled_records() -> list[dict[str, Any]]:
     return records
 
 
+def repo_tools(timeout_s: float) -> list[Tool]:
+    """What an agent fixing a repository gets: a shell, files, patches, python and an
+    answer (the bundled swe suite's and swe-images')."""
+    return [BashTool(timeout_s=timeout_s), ReadFileTool(), WriteFileTool(), ApplyPatchTool(),
+            PythonTool(timeout_s=timeout_s), SubmitAnswerTool("a one-line summary of the fix")]
+
+
 class SweSuite(Suite):
     """Bug-fixing in small repositories; see the module docstring."""
 
@@ -195,9 +202,7 @@ class SweSuite(Suite):
         return files
 
     def tools(self, task: Task) -> list[Tool]:
-        return [BashTool(timeout_s=self.tool_timeout_s), ReadFileTool(), WriteFileTool(),
-                ApplyPatchTool(), PythonTool(timeout_s=self.tool_timeout_s),
-                SubmitAnswerTool("a one-line summary of the fix")]
+        return repo_tools(self.tool_timeout_s)
 
     async def setup(self, ctx: ToolContext) -> str | None:
         sandbox = ctx.require_sandbox()

@@ -74,7 +74,9 @@ def builtin_dir() -> Path:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def build_lock(path: Path) -> Iterator[None]:
+    """Held while one process builds what others wait for (an image under `path`'s
+    folder); released when the block exits or the process dies."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -194,7 +196,7 @@ def builtin_image(instance_id: str) -> Path:
                                     sort_keys=True).encode()).hexdigest()[:16]
     base = builtin_dir()
     target = base / f"{instance_id}-{key}.oci"
-    with _locked(base / ".lock"):
+    with build_lock(base / ".lock"):
         if (target / "index.json").exists():
             return target
         rootfs = debian_rootfs(base)

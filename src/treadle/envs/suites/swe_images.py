@@ -43,13 +43,10 @@ from treadle.envs.base import RewardResult, Suite
 from treadle.envs.errors import EnvConfigError, TaskFormatError
 from treadle.envs.records import read_jsonl, rng_for
 from treadle.envs.suites._pytest_report import Outcome, outcomes
+from treadle.envs.suites.swe import repo_tools
 from treadle.envs.suites.swe_instances import SweInstance, parse_instance
-from treadle.envs.tools.answer import SubmitAnswerTool
 from treadle.envs.tools.base import Tool, ToolContext
-from treadle.envs.tools.exec import BashTool, PythonTool
-from treadle.envs.tools.files import ReadFileTool, WriteFileTool
 from treadle.envs.tools.patch import (
-    ApplyPatchTool,
     PatchError,
     apply_hunks,
     parse_unified_diff,
@@ -205,9 +202,7 @@ class SweImageSuite(Suite):
         return self._backends[key][1]
 
     def tools(self, task: Task) -> list[Tool]:
-        return [BashTool(timeout_s=self.tool_timeout_s), ReadFileTool(), WriteFileTool(),
-                ApplyPatchTool(), PythonTool(timeout_s=self.tool_timeout_s),
-                SubmitAnswerTool("a one-line summary of the fix")]
+        return repo_tools(self.tool_timeout_s)
 
     async def setup(self, ctx: ToolContext) -> str | None:
         sandbox = ctx.require_sandbox()

@@ -330,18 +330,9 @@ class ImageCache:
             if name.startswith(".staging-"):
                 pid = name.split("-")[-2] if name.startswith(".staging-evict-") else \
                     name[len(".staging-"):].split("-", 1)[0]
-                if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+                if pid.isdigit() and int(pid) != os.getpid() and \
+                        not _workdir.pid_alive(int(pid)):
                     _workdir.remove_workdir(os.path.join(self.root, name))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _disk_usage(path: str) -> int:
