@@ -50,7 +50,7 @@ def test_a_failing_cleanup_leaves_a_scored_trajectory_as_it_was(tmp_path: Path) 
                                                       {"answer": task.metadata["answer"]})])
     runner = FakeScriptedRunner(tok, [reply])
     clock = FakeClock()
-    runtime: Any = SimpleNamespace(clock=clock, turns=lambda _tid, _gid, _kv, judge=False: runner)
+    runtime: Any = SimpleNamespace(clock=clock, turns=lambda _tid, _gid, _kv, **_kw: runner)
     backend = FakeBreakingBackend(tmp_path / "work")
 
     traj = asyncio.run(asyncio.wait_for(run_task(
