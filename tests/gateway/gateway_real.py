@@ -6,6 +6,9 @@ the `served` fixture of `tests/gateway/conftest.py`, one for the whole session) 
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +20,7 @@ import pytest
 from service.service_helpers import running_service
 from treadle.client import RolloutClient
 from treadle.engines.base import Engine
+from treadle.sandbox.bwrap import BwrapBackend
 from treadle.service import state
 from treadle.service.schemas import EngineRequest
 from treadle.service.state import ServiceConfig
@@ -99,3 +103,33 @@ def assert_token_exact(traj: Trajectory, engine: RecordingEngine) -> int:
             pos += n
     assert k == len(calls), (k, len(calls))  # no call whose reply is not in the record
     return k
+
+
+@contextlib.contextmanager
+def sandboxed_service(served: Served, trained_checkpoint: Path,
+                      data_roots: tuple[str, ...] = ()
+                      ) -> Iterator[tuple[str, RecordingEngine]]:
+    """A second service, with bwrap sandboxes (and `data_roots`), in front of the
+    served vLLM; every engine call it makes recorded."""
+    recorded: list[RecordingEngine] = []
+    real_client = state.engine_client
+
+    def recording(request: EngineRequest) -> Engine:
+        recorded.append(RecordingEngine(real_client(request)))
+        return recorded[-1]
+
+    # Under /tmp: the sandbox uid must be able to traverse every parent of its work dir.
+    root = Path(tempfile.mkdtemp(prefix="treadle-sandboxed-", dir="/tmp"))
+    os.chmod(root, 0o711)
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, root, True)
+        config = ServiceConfig(db=str(root / "s.db"), token=TOKEN, policy="verl",
+                               engines=[EngineRequest(url=served.vllm.url,
+                                                      model=served.vllm.model)],
+                               tokenizer=str(trained_checkpoint),
+                               sandbox=BwrapBackend(work_root=str(root)),
+                               data_roots=data_roots)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(state, "engine_client", recording)
+            url = stack.enter_context(running_service(config))
+        yield url, recorded[0]

@@ -12,26 +12,16 @@ trajectory then flagged and unscored — never 0."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import os
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from gateway.gateway_real import TOKEN, Served
-from service.service_helpers import running_service
+from gateway.gateway_real import TOKEN, Served, sandboxed_service
 from treadle.client import RolloutClient
 from treadle.core.scheduler import JUDGE_RANK
-from treadle.engines.base import Engine, GenerateRequest, GenerateResult
-from treadle.sandbox.bwrap import BwrapBackend
-from treadle.service import state
-from treadle.service.schemas import EngineRequest
-from treadle.service.state import ServiceConfig
+from treadle.engines.base import GenerateRequest, GenerateResult
 from treadle.types import JudgementStatus, TrajectoryStatus
 from vllm_server import RecordingEngine
 
@@ -39,34 +29,6 @@ pytestmark = [pytest.mark.integration]
 TEMPLATE = ("Task: $task\nAnswer: $answer\nCheck the answer with python, then submit your "
             "verdict on its $dimension from $low to $high as JSON: "
             "{\"score\": n, \"reason\": \"...\"}")
-
-
-@contextlib.contextmanager
-def sandboxed_service(served: Served, trained_checkpoint: Path
-                      ) -> Iterator[tuple[str, RecordingEngine]]:
-    """A second service, with bwrap sandboxes, in front of the served vLLM; every
-    engine call it makes recorded."""
-    recorded: list[RecordingEngine] = []
-    real_client = state.engine_client
-
-    def recording(request: EngineRequest) -> Engine:
-        recorded.append(RecordingEngine(real_client(request)))
-        return recorded[-1]
-
-    # Under /tmp: the sandbox uid must be able to traverse every parent of its work dir.
-    root = Path(tempfile.mkdtemp(prefix="treadle-agent-judge-", dir="/tmp"))
-    os.chmod(root, 0o711)
-    with contextlib.ExitStack() as stack:
-        stack.callback(shutil.rmtree, root, True)
-        config = ServiceConfig(db=str(root / "s.db"), token=TOKEN, policy="verl",
-                               engines=[EngineRequest(url=served.vllm.url,
-                                                      model=served.vllm.model)],
-                               tokenizer=str(trained_checkpoint),
-                               sandbox=BwrapBackend(work_root=str(root)))
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(state, "engine_client", recording)
-            url = stack.enter_context(running_service(config))
-        yield url, recorded[0]
 
 
 def test_an_agentic_judge_runs_on_vllm_as_the_judge_class_in_a_sandbox(
