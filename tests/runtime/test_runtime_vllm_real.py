@@ -256,12 +256,17 @@ async def _frozen_across_an_update(server: VLLMServer, weights: tuple[Path, Path
             version = 30 + 2 * attempt
             await rt.update_weights(str(weights[0]), version)
             before = await _generated_tokens(server.url)
-            call = asyncio.ensure_future(rt.turns(f"k-{kv.value}-{attempt}", "g", kv).generate(
+            turns = rt.turns(f"k-{kv.value}-{attempt}", "g", kv)
+            call = asyncio.ensure_future(turns.generate(
                 prompt, 400, Sampling(temperature=1.0, seed=attempt), []))
             while await _generated_tokens(server.url) < before + 3 and not call.done():
                 await asyncio.sleep(0.01)  # polled: the engine's progress is the event
             update = await rt.update_weights(str(weights[1]), version + 1, "keep")
             out = await call
+            # Its one turn ends it: a trajectory left running holds an engine slot, and
+            # tried again often enough, would fill the engine's batch.
+            turns.turn_finished(len(out.output_ids), len(prompt) + len(out.output_ids),
+                                final=True)
             old = out.policy_versions.count(version)
             if update.kept == 1 and 0 < old < len(out.output_ids):
                 assert out.policy_versions == [version] * old + [version + 1] * (
