@@ -4,10 +4,14 @@ its own `treadle serve` process: `treadle.bench.faults.ServiceProcess`)."""
 from __future__ import annotations
 
 import contextlib
-import time
+import os
+import select
+import subprocess
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
+import inotify_simple
 import uvicorn
 
 from treadle.served import loopback_socket, serving_in_thread
@@ -49,14 +53,28 @@ def service_schema(config: ServiceConfig) -> dict[str, Any]:
     return schema
 
 
-def until(condition: Callable[[], bool], hopeless: Callable[[], str | None]) -> None:
-    """Wait until `condition` holds, a state another process brings about (rows in its
-    store: no event crosses the process boundary, so it is looked at again and again).
-    No deadline decides: `hopeless` names what would keep it from ever holding (the
-    job ended, the process died), checked at every look, and fails the test at once; a
-    hang is pytest-timeout's."""
-    while not condition():
-        why = hopeless()
-        assert why is None, why
-        time.sleep(0.02)  # between two looks, not a wait for the state
-
+def until(condition: Callable[[], bool], hopeless: Callable[[], str | None], store: Path,
+          service: subprocess.Popen[bytes] | None = None) -> None:
+    """Wait until `condition` holds, a state a service brings about by writing its
+    SQLite store `store`. It is looked at once now and again after each write (an
+    inotify event on the store's folder: the file, its WAL, its journal) and when the
+    `service` process ends (its pidfd), never on a timer. No deadline decides:
+    `hopeless` names what would keep it from ever holding (the job ended), checked at
+    every look, and fails the test at once, as does the service's end; a hang is
+    pytest-timeout's. Writes of other files in the folder only cost a look."""
+    with inotify_simple.INotify() as writes, contextlib.ExitStack() as stack:
+        # Watched before the first look, so no write after it goes unseen.
+        writes.add_watch(store.parent, inotify_simple.flags.MODIFY
+                         | inotify_simple.flags.CREATE | inotify_simple.flags.MOVED_TO)
+        ready: list[int] = [writes.fileno()]
+        if service is not None:
+            pidfd = os.pidfd_open(service.pid)
+            stack.callback(os.close, pidfd)
+            ready.append(pidfd)
+        while not condition():
+            why = hopeless()
+            assert why is None, why
+            assert service is None or service.poll() is None, \
+                f"the service ended ({service.returncode})"
+            select.select(ready, [], [])
+            writes.read(timeout=0)  # these writes are looked at next: drop their events

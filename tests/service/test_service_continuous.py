@@ -6,16 +6,13 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import threading
-import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from service_helpers import running_service
+from service_helpers import running_service, until
 
 from treadle.client import RolloutClient, ServiceError, replay_tasks
 from treadle.client.groups import Group
@@ -30,13 +27,17 @@ def _config(tmp_path: Path, time_scale: float = 0.02) -> ServiceConfig:
                          time_scale=time_scale, policy="verl")
 
 
-def _until(predicate: Callable[[], bool], timeout_s: float = 60.0) -> None:
-    """Wait for a condition of the service (polled), not for a duration."""
-    deadline = time.monotonic() + timeout_s
-    idle = threading.Event()
-    while not predicate():
-        assert time.monotonic() < deadline, "the condition did not come about"
-        idle.wait(0.01)
+def _running(client: RolloutClient, job_id: str, db: Path) -> None:
+    """Until a group of the job runs, or, if one ran and ended between two looks, until
+    it completed (the update then falls between groups). The job's store is written at
+    a running trajectory's turns (the journal) and at its end, and each write brings a
+    look (`until`)."""
+    done = client.job(job_id).counts["completed"]
+
+    def running_or_past() -> bool:
+        view = client.job(job_id)
+        return view.running > 0 or view.counts["completed"] > done
+    until(running_or_past, lambda: None, db)
 
 
 def _rows(db: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:
@@ -93,7 +94,7 @@ def test_a_continuous_job_over_five_updates(tmp_path: Path, mode: str) -> None:
             taken += got
             served_at_take += [version - 1] * len(got)
             if version < steps:  # five updates, each while the next groups run
-                _until(lambda: client.job(job.job_id).running > 0)
+                _running(client, job.job_id, tmp_path / "c.db")
                 client.update_weights(str(tmp_path), version, mode=mode, timeout_s=60)
         # The budget is spent: the job has ended.
         assert client.take(job.job_id, 1, timeout_s=TAKE_S) == []
@@ -130,7 +131,7 @@ def test_the_bound_restarts_what_goes_stale_and_counts_what_it_discards(
                     span = d.trajectory.policy_span
                     assert span is not None and span[0] >= version - 1
             taken += got
-            _until(lambda: client.job(job.job_id).running > 0)
+            _running(client, job.job_id, tmp_path / "c.db")
             client.update_weights(str(tmp_path), version, mode="keep", timeout_s=60)
         while len(taken) < budget:
             got = client.take(job.job_id, budget - len(taken), timeout_s=TAKE_S)
@@ -161,7 +162,8 @@ def test_flag_hands_stale_groups_out_flagged(tmp_path: Path) -> None:
         job = client.submit({"continuous": {"in_flight": 2, "budget": 2, "max_staleness": 0,
                                             "on_stale": "flag"}},
                             tasks=replay_tasks("short", trajectories=4, seed=1, group_size=2))
-        _until(lambda: client.job(job.job_id).counts["completed"] == 4)
+        until(lambda: client.job(job.job_id).counts["completed"] == 4, lambda: None,
+              tmp_path / "c.db")
         client.update_weights(str(tmp_path), 1, mode="drain", timeout_s=60)
         got = client.take(job.job_id, 2, timeout_s=TAKE_S)
         with httpx.Client(base_url=url, headers={"authorization": "Bearer t"},
@@ -181,7 +183,7 @@ def test_nothing_is_lost_or_handed_out_twice_across_a_restart(tmp_path: Path) ->
                                             "budget": budget}},
                             tasks=replay_tasks("math", trajectories=8, seed=2, group_size=2))
         first = client.take(job.job_id, 3, timeout_s=TAKE_S)
-        _until(lambda: client.job(job.job_id).running > 0)
+        _running(client, job.job_id, tmp_path / "c.db")
     with running_service(config) as url, RolloutClient(url, token="t") as client:
         again = client.take(job.job_id, budget - 3, timeout_s=TAKE_S)
         assert client.take(job.job_id, 1, timeout_s=TAKE_S) == []

@@ -58,8 +58,7 @@ def test_a_session_continues_after_a_kill_9(tmp_path: Path) -> None:
                     got = store.journaled(made["job_id"], made["trajectory_id"]).turns
                 return len(got) == 2
 
-            until(journaled, lambda: None if service.proc and service.proc.poll() is None
-                  else "the service died")
+            until(journaled, lambda: None, service.db, service.proc)
         finally:
             service.kill()
         service.start()
