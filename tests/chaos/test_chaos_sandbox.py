@@ -56,9 +56,8 @@ class Server:
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True)
         self.starts += 1
-        deadline = time.monotonic() + 60
-        while True:
-            assert self.proc.poll() is None and time.monotonic() < deadline, "not up"
+        while True:  # up, or ended: no deadline decides
+            assert self.proc.poll() is None, "the sandbox server ended before it was up"
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
                     return
@@ -160,8 +159,7 @@ def test_clients_of_killed_and_stopped_servers_get_results_or_sandbox_errors(
     assert done["kill"] + done["stop"] == 6
     # Nothing of the sandboxes is left: a killed server's trees died with it, a
     # stopped one's finished, and the clean shutdowns removed every work dir.
-    deadline = time.monotonic() + 30
-    while _left_on_host() and time.monotonic() < deadline:
+    # (A process left would hang the test: pytest-timeout's, no deadline here.)
+    while _left_on_host():
         time.sleep(0.05)
-    assert _left_on_host() == []
     assert [p for s in servers for p in s.root.iterdir()] == []

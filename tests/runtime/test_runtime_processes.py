@@ -92,22 +92,23 @@ asyncio.run(main())
 
 
 def test_engines_do_not_outlive_a_runtime_that_crashed() -> None:
+    import select
     import subprocess
     import sys
-    import time
 
     out = subprocess.run([sys.executable, "-c", CRASHING_RUNTIME], capture_output=True,
                          text=True, timeout=60)
     pid = int(out.stdout.split()[0])
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.1)
-    os.kill(pid, signal.SIGKILL)
-    raise AssertionError(f"engine {pid} outlived its runtime")
+    # Its end awaited as its pidfd: an engine that outlives its runtime hangs the test
+    # (pytest-timeout's), not a guess at how long an end may take.
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        select.select([pidfd], [], [])
+    finally:
+        os.close(pidfd)
 
 
 def test_vllm_starts_without_chunked_prefill_unless_asked() -> None:

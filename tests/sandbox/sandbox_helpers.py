@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import select
 import shutil
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import pytest
@@ -21,13 +22,10 @@ SMALL = Limits(cpu_s=1, memory_mb=256, max_processes=64, max_file_mb=16, max_ope
                max_output_bytes=64 * 1024, wall_timeout_s=10)
 
 
-def run(coro: Coroutine[Any, Any, T], timeout_s: float = 60.0) -> T:
-    """asyncio.run with a hard ceiling, so that a hang fails the test instead of CI."""
-
-    async def bounded() -> T:
-        return await asyncio.wait_for(coro, timeout_s)
-
-    return asyncio.run(bounded())
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """asyncio.run. No ceiling of its own: a hang is pytest-timeout's, and a test on a
+    loaded machine is never failed for being slow."""
+    return asyncio.run(coro)
 
 
 def marker() -> str:
@@ -89,25 +87,36 @@ def descendants(root: int | None = None) -> list[int]:
     return out
 
 
-def wait_until(predicate: Any, timeout_s: float = 5.0) -> bool:
-    """Poll `predicate` until true or timeout; returns its last value."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return bool(value)
-        time.sleep(0.02)
+def ended(pids: Callable[[], list[int]]) -> None:
+    """Until `pids()` (host processes found by their command lines) is empty: each one's
+    end is awaited as its pidfd becoming readable, an event, and the list read again
+    after (a process may have started one more). A process that never ends is a hang,
+    pytest-timeout's."""
+    while found := pids():
+        for pid in found:
+            try:
+                pidfd = os.pidfd_open(pid)
+            except ProcessLookupError:  # ended since it was listed
+                continue
+            try:
+                select.select([pidfd], [], [])
+            finally:
+                os.close(pidfd)
 
 
-async def eventually(predicate: Any, timeout_s: float = 60.0) -> bool:
-    """Poll `predicate` from a coroutine (the loop keeps running the sandbox's own
-    I/O) until it is true; False if `timeout_s` passes first, a bound for a hang."""
-    deadline = time.monotonic() + timeout_s
+def wait_until(predicate: Callable[[], object]) -> None:
+    """Until `predicate` holds: a state that pushes no event this test can wait on (a
+    process appearing in /proc, another thread's counter), so it is looked at again
+    after a short pause. No deadline decides: a hang is pytest-timeout's."""
     while not predicate():
-        if time.monotonic() > deadline:
-            return False
+        time.sleep(0.02)  # between two looks, not a wait for the state
+
+
+async def eventually(predicate: Callable[[], object]) -> None:
+    """`wait_until` from a coroutine: the loop keeps running the sandbox's own I/O
+    between two looks."""
+    while not predicate():
         await asyncio.sleep(0.02)
-    return True
 
 
 def workdirs(root: str) -> list[str]:

@@ -179,7 +179,7 @@ def test_concurrent_opens_share_one_unpack(tmp_path: Path) -> None:
                                         for _ in range(3)))
         return [image.unpacked_s for image in images]
 
-    unpacked = run(body(), timeout_s=300)
+    unpacked = run(body())
     assert sum(s is not None for s in unpacked) == 1, unpacked
     assert len(cache.entries()) == 1
 

@@ -89,14 +89,14 @@ def test_cancelled_exec_and_close_leave_nothing(local: LocalBackend) -> None:
     async def body() -> None:
         sb = await local.start(SMALL)
         task = asyncio.ensure_future(sb.exec(["sh", "-c", f"sleep {tag}"], timeout_s=30))
-        assert await eventually(lambda: sleepers(tag))
+        await eventually(lambda: sleepers(tag))
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         assert sleepers(tag) == []
         # An exec interrupted by close() raises SandboxClosed, not CancelledError.
         running = asyncio.ensure_future(sb.exec(["sleep", tag], timeout_s=30))
-        assert await eventually(lambda: sleepers(tag))
+        await eventually(lambda: sleepers(tag))
         await sb.close()
         with pytest.raises(SandboxClosed):
             await running

@@ -89,10 +89,8 @@ def test_clients_iterating_across_a_kill_9_and_restart_get_every_trajectory_once
 
     def restart() -> None:
         # Once the clients have met the refused connection (each logs its retries).
-        deadline = time.monotonic() + 60
         while sum("retrying" in r.getMessage() for r in list(caplog.records)) < 2:
-            assert time.monotonic() < deadline, "no client retried"
-            time.sleep(0.02)
+            time.sleep(0.02)  # between two looks at the log; no deadline: pytest's
         service.start()
 
     try:

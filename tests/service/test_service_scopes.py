@@ -300,10 +300,9 @@ def test_a_trainers_session_is_its_own_and_a_key_dies_however_its_session_ends(
     assert joined.status_code == 422 and "no job 'a-sessions'" in joined.text
     # The session ends by itself (idle): its key is refused from then on.
     with _as(url, a["api_key"]) as key_a:
-        deadline = time.monotonic() + 60  # a bound for a hang: it ends in 0.2-1.2 s
         # (Ended by the gateway, it waits out its grace for its owner: still viewable.)
+        # Looked at until it ends (in 0.2-1.2 s); no deadline: a hang is pytest's.
         while admin.get(f"/v1/sessions/{sid}").json().get("status") == "running":
-            assert time.monotonic() < deadline, "the idle session never ended"
             time.sleep(0.05)
         assert key_a.get(f"{_door(a, url)}/models").status_code == 401
 
