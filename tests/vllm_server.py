@@ -10,6 +10,7 @@ session. `serve_vllm(model_dir)` does the same for any model directory.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import subprocess
@@ -53,6 +54,7 @@ class RecordingEngine(Engine):
         self.inner = inner
         self.calls: list[tuple[GenerateRequest, GenerateResult]] = []
         self.updates: list[tuple[PauseMode, bool]] = []  # (mode, recompute_kept) each load
+        self.calling = asyncio.Event()  # set as a call goes to the engine (a test clears it)
 
     @property
     def results(self) -> list[GenerateResult]:
@@ -66,6 +68,7 @@ class RecordingEngine(Engine):
         return await self.inner.context_window()
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
+        self.calling.set()
         result = await self.inner.generate(request)
         self.calls.append((request, result))
         return result

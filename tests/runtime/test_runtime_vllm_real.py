@@ -231,12 +231,16 @@ def test_a_trajectory_across_a_keep_update_never_reuses_stale_kv(
     assert stale > 1e-2
 
 
-async def _generated_tokens(url: str) -> float:
-    """vLLM's count of tokens it has generated (`/metrics`)."""
-    async with httpx.AsyncClient() as client:
-        text = (await client.get(f"{url}/metrics")).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("vllm:generation_tokens_total"))
+async def _decode_steps(server: VLLMServer, steps: int) -> None:
+    """Return once vLLM has run `steps` more decode steps: the reply to a request for
+    exactly that many tokens, sent now, is the event. vLLM decodes every running
+    request at each step, so a call sent just before it has been decoded alongside."""
+    async with httpx.AsyncClient(timeout=None) as client:
+        r = await client.post(f"{server.url}/v1/completions", json={
+            "model": server.model, "prompt": [1, 2, 3], "max_tokens": steps,
+            "ignore_eos": True, "temperature": 0.0})
+    r.raise_for_status()
+    assert r.json()["usage"]["completion_tokens"] == steps
 
 
 async def _frozen_across_an_update(server: VLLMServer, weights: tuple[Path, Path],
@@ -255,12 +259,14 @@ async def _frozen_across_an_update(server: VLLMServer, weights: tuple[Path, Path
         for attempt in itertools.count():
             version = 30 + 2 * attempt
             await rt.update_weights(str(weights[0]), version)
-            before = await _generated_tokens(server.url)
             turns = rt.turns(f"k-{kv.value}-{attempt}", "g", kv)
+            engine.calling.clear()
             call = asyncio.ensure_future(turns.generate(
                 prompt, 400, Sampling(temperature=1.0, seed=attempt), []))
-            while await _generated_tokens(server.url) < before + 3 and not call.done():
-                await asyncio.sleep(0.01)  # polled: the engine's progress is the event
+            await engine.calling.wait()  # admitted, its request on its way to vLLM
+            # Its first tokens sampled (if it reached vLLM first; if not, or if it ends
+            # before the update, nothing is kept and it is tried again below).
+            await _decode_steps(server, 8)
             update = await rt.update_weights(str(weights[1]), version + 1, "keep")
             out = await call
             # Its one turn ends it: a trajectory left running holds an engine slot, and
