@@ -254,7 +254,7 @@ def test_bench_judge_writes_the_three_modes_side_by_side(tmp_path: Path) -> None
     out = tmp_path / "judge.json"
     report = run_judge_bench(Namespace(workload="coding", trajectories=32, gpus=16,
                                        judge_gpus=8, policies="verl@tp8,treadle", seed=0,
-                                       out=str(out)), log=lambda _: None)
+                                       live=False, out=str(out)), log=lambda _: None)
     assert json.loads(out.read_text()) == json.loads(json.dumps(report))
     assert report["modes"] == ["shared", "after", "dedicated:8"]
     for section in ("default", "heavy"):

@@ -233,9 +233,11 @@ class JudgeReport:
     trace_digest: str  # sha256 over the runs' event traces
 
 
-def _policy(spec: PolicySpec, cost: CostModel, gpus: int, n: int, history: Sequence[Outcome],
-            truth: dict[str, Outcome] | None, seed: int) -> TrajectoryScheduler:
-    """The policy as `runner.simulate` builds it, for a pool of `gpus`."""
+def judged_policy(spec: PolicySpec, cost: CostModel, gpus: int, n: int,
+                  history: Sequence[Outcome], truth: dict[str, Outcome] | None,
+                  seed: int) -> TrajectoryScheduler:
+    """The policy as `runner.simulate` builds it, for a pool of `gpus` (the live
+    bench builds its runtimes' schedulers the same way)."""
     scorer = treadle_scorer(cost, gpus, history, n) if spec.name == "treadle" else None
     return build_policy(spec, cost, batch_size=n, history=history, truth=truth, seed=seed,
                         max_batch=MAX_BATCH, layout_scorer=scorer)
@@ -265,16 +267,16 @@ def simulate_judged(workload: Workload, spec: PolicySpec | str, cost: CostModel,
     n = len(trajs)
     if setup.mode is JudgeMode.DEDICATED:
         rollout_gpus = gpus - setup.judge_gpus
-        rp = _policy(spec, cost, rollout_gpus, n, history, truth, seed)
-        jp = _policy(spec, cost, setup.judge_gpus, n, judge_history(history, sizes, seed),
-                     truth, seed)
+        rp = judged_policy(spec, cost, rollout_gpus, n, history, truth, seed)
+        jp = judged_policy(spec, cost, setup.judge_gpus, n,
+                           judge_history(history, sizes, seed), truth, seed)
         pool, judge_pool = rp.initial_pool(rollout_gpus), jp.initial_pool(setup.judge_gpus)
         run = run_dedicated(trajs, calls, rp, jp, cost, rollout_gpus, setup.judge_gpus,
                             pool, judge_pool, record_spans=record_spans)
         scheds = [rp, jp]
     else:
         rollout_gpus = gpus
-        policy = _policy(spec, cost, gpus, n, history, truth, seed)
+        policy = judged_policy(spec, cost, gpus, n, history, truth, seed)
         pool = judge_pool = policy.initial_pool(gpus)
         run = run_shared_engines(trajs, calls, policy, cost, gpus, pool,
                                  after=setup.mode is JudgeMode.AFTER, record_spans=record_spans)
