@@ -26,6 +26,7 @@ from treadle.envs.suites.swe_builtin import builtin_specs
 from treadle.envs.suites.swe_images import SweImageSuite
 from treadle.sandbox import BwrapBackend, LocalBackend
 from treadle.sandbox.pool import PoolSettings, SandboxPool
+from treadle.sandbox.remote import RemoteBackend
 from treadle.service.sandboxes import SuitePools
 from treadle.types import Task
 
@@ -93,14 +94,18 @@ def test_a_line_that_is_not_json_is_named(tmp_path: Path) -> None:
         SweImageSuite().load_tasks(path)
 
 
-def test_only_a_bwrap_backend_can_run_an_image_task(tmp_path: Path) -> None:
+def test_an_image_task_needs_a_backend_that_runs_images(tmp_path: Path) -> None:
     task = SweImageSuite().task_from_record(_record(image="/images/six.oci"))
-    with pytest.raises(EnvConfigError, match="needs a bwrap backend"):
+    with pytest.raises(EnvConfigError, match="the local backend runs no environment images"):
         SweImageSuite().sandbox_backend(task, LocalBackend(work_root=str(tmp_path)))
+    # A remote backend asks its servers for the image (they refuse it if they do not
+    # serve it: test_sandbox_remote_image.py).
+    remote = RemoteBackend(["http://127.0.0.1:1"], "t" * 16)
+    assert SweImageSuite().sandbox_backend(task, remote).image == "/images/six.oci"
     host = BwrapBackend(work_root=str(tmp_path))
     suite = SweImageSuite()
     derived = suite.sandbox_backend(task, host)
-    assert derived.image == "/images/six.oci" and host.image is None  # type: ignore[attr-defined]
+    assert derived.image == "/images/six.oci" and host.image is None
     assert suite.sandbox_backend(task, host) is derived
     few = SweImageSuite(images_kept=1)
     other = few.task_from_record(_record(image="/images/other.oci"))

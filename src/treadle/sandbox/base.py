@@ -266,6 +266,16 @@ class SandboxBackend(ABC):
     """Makes sandboxes of one kind (bwrap, local; remote later)."""
 
     name: str = ""  # registry name, e.g. "bwrap"
+    image: str | None = None  # the environment image its sandboxes run on; None: the host's
+
+    def with_image(self, image: str | None) -> SandboxBackend:
+        """A backend like this one whose sandboxes run on `image` (a ref of
+        `treadle.sandbox.images`; None: the host's dirs). SandboxUnsupported where
+        this kind of backend runs no images."""
+        if image is None:
+            return self
+        raise SandboxUnsupported(f"the {self.name} backend runs no environment images "
+                                 "(bwrap does, and remote on a server started with --images)")
 
     @abstractmethod
     async def start(self, limits: Limits) -> Sandbox:

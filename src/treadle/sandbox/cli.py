@@ -52,9 +52,10 @@ def add_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
     run.add_argument("--token", default=None,
                      help=f"the servers' token for --backend remote (default ${TOKEN_ENV})")
     run.add_argument("--image", default=None, metavar="REF",
-                     help="--backend bwrap: run on this environment image (a root file system "
-                          "dir, an OCI layout dir, or an OCI/docker-save tar) instead of the "
-                          "host's system dirs")
+                     help="run on this environment image (a root file system dir, an OCI "
+                          "layout dir, or an OCI/docker-save tar) instead of the host's "
+                          "system dirs: --backend bwrap, or remote on a server started with "
+                          "--images (REF as the server's host names it)")
     run.add_argument("--image-cache", default=None, metavar="DIR",
                      help="where images are unpacked (default $TREADLE_CACHE/images, else "
                           "/var/cache/treadle/images as root, ~/.cache/treadle/images "
@@ -96,16 +97,17 @@ def run_exec(args: argparse.Namespace) -> int:
         if not args.server or not token:
             return _fail(f"--backend remote needs --server URL and --token (or ${TOKEN_ENV})")
         options = {"servers": args.server, "token": token}
-    if args.image is not None or args.image_cache is not None:
+    if args.image is not None and args.backend not in ("bwrap", "remote"):
+        return _fail("--image needs --backend bwrap, or remote on a server with --images")
+    if args.image_cache is not None:
         if args.backend != "bwrap":
-            return _fail("--image and --image-cache need --backend bwrap")
+            return _fail("--image-cache needs --backend bwrap (a server has its own cache)")
         from treadle.sandbox.images import ImageCache
 
-        options = {"image": args.image,
-                   "image_cache": ImageCache(args.image_cache) if args.image_cache else None}
+        options = {"image_cache": ImageCache(args.image_cache)}
     try:
         result = asyncio.run(exec_once(args.backend, argv, timeout_s, memory_mb,
-                                       backend_options=options))
+                                       backend_options=options, image=args.image))
     except (SandboxError, ValueError, KeyError) as e:
         return _fail(str(e).strip("'\""))
     print(json.dumps({
@@ -160,6 +162,10 @@ def add_server_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
                        help="largest request body, MiB (default 32)")
     serve.add_argument("--work-root", default=None,
                        help="host directory for work dirs (default <tmp>/treadle-sandboxes)")
+    serve.add_argument("--images", default=None, metavar="DIR",
+                       help="run sandboxes on the environment images under DIR that clients "
+                            "name (root file system dirs, OCI layout dirs, OCI/docker-save "
+                            "tars); default: no images (bwrap backend only)")
     serve.set_defaults(func=run_server)
 
 
@@ -172,6 +178,8 @@ def run_server(args: argparse.Namespace) -> int:
                      "print(secrets.token_urlsafe(32))'`")
     if args.max_live < 1 or args.idle_ttl < 0 or args.max_request_mb < 1:
         return _fail("--max-live and --max-request-mb must be >= 1, --idle-ttl >= 0")
+    if args.images is not None and (args.backend != "bwrap" or not os.path.isdir(args.images)):
+        return _fail("--images needs --backend bwrap and an existing directory")
     try:
         from treadle.sandbox.server import SandboxHost, serve
     except ImportError as e:
@@ -186,7 +194,7 @@ def run_server(args: argparse.Namespace) -> int:
             "serving on %s without TLS: the token and all traffic are readable on the "
             "network; keep it private or put a TLS proxy in front", args.host)
     host = SandboxHost(get_backend(args.backend, work_root=args.work_root),
-                       max_live=args.max_live, idle_ttl_s=args.idle_ttl)
+                       max_live=args.max_live, idle_ttl_s=args.idle_ttl, images=args.images)
     try:
         asyncio.run(serve(host, token, bind=args.host, port=args.port,
                           max_body_bytes=args.max_request_mb * 1024 * 1024))

@@ -73,14 +73,17 @@ async def exec_once(
     *,
     stdin: bytes | None = None,
     backend_options: Mapping[str, Any] | None = None,
+    image: str | None = None,
 ) -> ExecResult:
     """Run one command in a fresh sandbox (default limits otherwise), then close it.
 
     The wall ceiling is set to `timeout_s`; `backend_options` go to the backend's
-    constructor. Raises KeyError for an unknown backend, SandboxUnavailable if it
-    cannot run here, ValueError for bad arguments.
+    constructor; `image`: the environment image it runs on (`SandboxBackend.with_image`).
+    Raises KeyError for an unknown backend, SandboxUnavailable if it cannot run here
+    (SandboxImageError: not on that image), SandboxUnsupported where the backend runs
+    no images, ValueError for bad arguments.
     """
-    backend = get_backend(backend_name, **(backend_options or {}))
+    backend = get_backend(backend_name, **(backend_options or {})).with_image(image)
     limits = Limits(memory_mb=memory_mb, wall_timeout_s=timeout_s)
     sandbox = await backend.start(limits)
     async with sandbox:

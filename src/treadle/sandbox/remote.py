@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import copy
 import functools
 import logging
 import secrets
@@ -56,6 +57,7 @@ from treadle.errors import (
     SandboxClosed,
     SandboxError,
     SandboxFileTooLarge,
+    SandboxImageError,
     SandboxStartError,
     SandboxUnavailable,
 )
@@ -137,6 +139,7 @@ class _Refused(Exception):
     def __init__(self, cause: Exception, *, unreachable: bool = False,
                  permanent: bool = False) -> None:
         super().__init__(str(cause))
+        self.cause = cause
         self.unreachable = unreachable  # transport failure: back off, probe before reuse
         self.permanent = permanent  # retrying cannot help (wrong token, no backend there)
 
@@ -161,6 +164,15 @@ class RemoteBackend(SandboxBackend):
         self._token = token
         self._connect_timeout_s = connect_timeout_s
         self._turn = 0  # rotates the order among equally loaded servers
+        self.image: str | None = None  # asked of the servers at each start (with_image)
+
+    def with_image(self, image: str | None) -> RemoteBackend:
+        """A backend on the same servers (the same pool: their load, a fleet's changes)
+        whose sandboxes run on `image`, a ref as the servers' hosts name it under their
+        `--images` root; a server that does not run it refuses (SandboxImageError)."""
+        other = copy.copy(self)  # shallow: the server list is shared
+        other.image = image
+        return other
 
     def outstanding(self) -> dict[str, int]:
         """Sandboxes this backend has open (or is creating) per server URL, retiring
@@ -206,15 +218,15 @@ class RemoteBackend(SandboxBackend):
         """A sandbox on the least loaded healthy server.
 
         Raises SandboxUnavailable when every server refused for a reason retrying
-        cannot fix (wrong token, backend unavailable), else SandboxStartError
-        naming each server's failure.
+        cannot fix (wrong token, backend unavailable; SandboxImageError when each
+        refused the image), else SandboxStartError naming each server's failure.
         """
         failures: list[str] = []
-        permanent = True
+        permanent = images = True  # every refusal permanent; every one the image's
         for server in self._placement_order():
             if server.failures and not await self._probe(server):
                 failures.append(f"{server.url}: failed its health check")
-                permanent = False
+                permanent = images = False
                 continue
             server.outstanding += 1  # before awaiting: concurrent starts spread out
             try:
@@ -223,6 +235,7 @@ class RemoteBackend(SandboxBackend):
                 server.outstanding -= 1
                 failures.append(str(e))
                 permanent = permanent and e.permanent
+                images = images and isinstance(e.cause, SandboxImageError)
                 if e.unreachable:
                     self._mark_down(server)
             except BaseException:
@@ -231,7 +244,8 @@ class RemoteBackend(SandboxBackend):
         if not failures:
             raise SandboxStartError("no sandbox server takes new sandboxes (none in the "
                                     "pool, or all retiring)")
-        cls = SandboxUnavailable if permanent else SandboxStartError
+        cls = (SandboxImageError if permanent and images else
+               SandboxUnavailable if permanent else SandboxStartError)
         raise cls("no sandbox server could start a sandbox: " + "; ".join(failures))
 
     def _placement_order(self) -> list[_Server]:
@@ -280,7 +294,8 @@ class RemoteBackend(SandboxBackend):
             trust_env=False, verify=_tls(),
             timeout=httpx.Timeout(60.0, connect=self._connect_timeout_s),
             limits=httpx.Limits(max_connections=16, max_keepalive_connections=4))
-        body = CreateRequest(id=secrets.token_urlsafe(18), limits=LimitsModel.from_limits(limits))
+        body = CreateRequest(id=secrets.token_urlsafe(18), limits=LimitsModel.from_limits(limits),
+                             image=self.image)
         try:
             response = await client.post("/v1/sandboxes", content=body.model_dump_json(),
                                          headers=_JSON)

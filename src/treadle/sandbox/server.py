@@ -10,7 +10,8 @@ runners `serve` and `serve_in_thread`.
 Trust (docs/sandbox.md, "remote"): a request with the token comes from the trainer;
 it may keep up to `max_live` sandboxes with any `Limits` and run anything in them,
 and reaches nothing else (no endpoint touches host files outside work dirs, runs
-a command outside a sandbox or shows the server's environment). Without the token
+a command outside a sandbox or shows the server's environment; a sandbox's image,
+with `--images DIR`, is one under DIR: `served_images`). Without the token
 only `/healthz` answers. The token is compared in constant time. No TLS.
 
 Limits: a body over `max_body_bytes` gets 413 before it is held whole; at most
@@ -42,6 +43,7 @@ from treadle.clock import MONOTONIC, Clock
 from treadle.errors import SandboxClosed, SandboxError, SandboxStartError
 from treadle.sandbox import wire
 from treadle.sandbox.base import DEFAULT_MAX_GET_BYTES, ExecResult, Limits, Sandbox, SandboxBackend
+from treadle.sandbox.served_images import ServedImages
 from treadle.served import declared_too_large, limit_body, loopback_socket, serving_in_thread
 
 log = logging.getLogger(__name__)
@@ -76,10 +78,12 @@ class SandboxHost:
     """
 
     def __init__(self, backend: SandboxBackend, *, max_live: int = 64,
-                 idle_ttl_s: float = DEFAULT_IDLE_TTL_S, clock: Clock = MONOTONIC) -> None:
+                 idle_ttl_s: float = DEFAULT_IDLE_TTL_S, clock: Clock = MONOTONIC,
+                 images: str | None = None) -> None:
         if max_live < 1 or idle_ttl_s < 0:
             raise ValueError("max_live must be >= 1 and idle_ttl_s >= 0")
         self.backend = backend
+        self.images = ServedImages(backend, images)  # which images clients may name
         self.max_live = max_live
         self.idle_ttl_s = idle_ttl_s
         self._clock = clock
@@ -96,8 +100,11 @@ class SandboxHost:
     def ids(self) -> list[str]:
         return sorted(self._sandboxes)
 
-    async def create(self, sandbox_id: str, limits: Limits) -> Sandbox:
-        """Start a sandbox under `sandbox_id`; SandboxStartError when full or closing."""
+    async def create(self, sandbox_id: str, limits: Limits, image: str | None = None) -> Sandbox:
+        """Start a sandbox under `sandbox_id` (on `image`: `ServedImages`);
+        SandboxStartError when full or closing, SandboxImageError for an image this
+        server does not run."""
+        backend = self.images.backend_for(image)
         if self.closing:
             raise SandboxStartError("the sandbox server is shutting down")
         if sandbox_id in self._sandboxes or sandbox_id in self._creating:
@@ -106,7 +113,7 @@ class SandboxHost:
             raise SandboxStartError(f"the sandbox server is full ({self.max_live} sandboxes)")
         self._creating.add(sandbox_id)
         try:
-            sandbox = await self.backend.start(limits)
+            sandbox = await backend.start(limits)
         finally:
             self._creating.discard(sandbox_id)
         if self.closing or sandbox_id in self._doomed:
@@ -320,7 +327,7 @@ def create_app(host: SandboxHost, token: str, *,
     @app.post("/v1/sandboxes")
     async def create(request: Request) -> Response:
         body = await read(request, wire.CreateRequest)
-        sandbox = await host.create(body.id, body.limits.to_limits())
+        sandbox = await host.create(body.id, body.limits.to_limits(), body.image)
         return _json(wire.Created(id=body.id, workdir=sandbox.workdir,
                                   idle_ttl_s=host.idle_ttl_s, max_body_bytes=max_body_bytes),
                      status=201)
@@ -442,7 +449,8 @@ class RunningServer:
 def serve_in_thread(backend: SandboxBackend, token: str, *, max_live: int = 64,
                     idle_ttl_s: float = DEFAULT_IDLE_TTL_S,
                     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                    startup_timeout_s: float = 30.0) -> Iterator[RunningServer]:
+                    startup_timeout_s: float = 30.0,
+                    images: str | None = None) -> Iterator[RunningServer]:
     """A server on 127.0.0.1 (a free port) in a thread of this process, for tests and benches.
 
     Its sandboxes are children of this process. On exit it shuts down as on
@@ -451,7 +459,7 @@ def serve_in_thread(backend: SandboxBackend, token: str, *, max_live: int = 64,
     """
     sock = loopback_socket()
     port = sock.getsockname()[1]
-    host = SandboxHost(backend, max_live=max_live, idle_ttl_s=idle_ttl_s)
+    host = SandboxHost(backend, max_live=max_live, idle_ttl_s=idle_ttl_s, images=images)
     server = _Server(host, token, bind="127.0.0.1", port=port, max_body_bytes=max_body_bytes,
                      log_level="warning")
     with serving_in_thread(server, sock, name=f"sandbox-server-{port}",

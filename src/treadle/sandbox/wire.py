@@ -17,6 +17,7 @@ from treadle.errors import (
     SandboxError,
     SandboxFileError,
     SandboxFileTooLarge,
+    SandboxImageError,
     SandboxPathError,
     SandboxStartError,
     SandboxSupervisorError,
@@ -60,6 +61,9 @@ class LimitsModel(_Request):
 class CreateRequest(_Request):
     id: str = Field(pattern=ID_PATTERN)  # chosen by the client, so that it can undo a start
     limits: LimitsModel
+    # An environment image as the server's host names it (its --images root); None:
+    # the server backend's own view of the host.
+    image: str | None = Field(default=None, min_length=1, max_length=4096)
 
 
 class Created(_Reply):
@@ -119,7 +123,8 @@ class ErrorReply(_Reply):
 # Exceptions a server may name, with their HTTP status, and a client re-raises;
 # most specific first (SandboxPathError is also a ValueError).
 WIRE_ERRORS: tuple[tuple[type[Exception], int], ...] = (
-    (SandboxUnavailable, 503), (SandboxStartError, 503), (SandboxClosed, 409),
+    (SandboxImageError, 503), (SandboxUnavailable, 503), (SandboxStartError, 503),
+    (SandboxClosed, 409),
     (SandboxPathError, 400), (SandboxFileTooLarge, 413), (SandboxFileError, 422),
     (SandboxSupervisorError, 502), (SandboxError, 500), (ValueError, 400),
 )

@@ -43,7 +43,7 @@ class SuitePools:
             except EnvConfigError:
                 backend = self.backend
             if backend is not self.backend:
-                key = f"{suite.name} {getattr(backend, 'image', None) or id(backend)}"
+                key = f"{suite.name} {backend.image or id(backend)}"
         pool = self._pools.get(key)
         if pool is None:
             # No warm spares on a task's own image: with one image per task they would

@@ -51,9 +51,8 @@ from treadle.envs.tools.patch import (
     apply_hunks,
     parse_unified_diff,
 )
-from treadle.errors import SandboxFileError, SandboxPathError
+from treadle.errors import SandboxFileError, SandboxPathError, SandboxUnsupported
 from treadle.sandbox.base import Limits, SandboxBackend
-from treadle.sandbox.bwrap import BwrapBackend
 from treadle.types import Task
 
 PROMPT = (
@@ -126,7 +125,7 @@ class SweImageSuite(Suite):
         # (id of the caller's backend, image) -> (that backend, ours on the image), most
         # recently used last: each holds its image in use (not evictable) while it lives.
         self._backends: collections.OrderedDict[
-            tuple[int, str], tuple[BwrapBackend, BwrapBackend]] = collections.OrderedDict()
+            tuple[int, str], tuple[SandboxBackend, SandboxBackend]] = collections.OrderedDict()
         self._builtin_images: set[str] = set()
         # Read now: the service hands a file it holds open only while the suite is built.
         self._loaded = None if instances is None else self.load_tasks(instances)
@@ -184,19 +183,22 @@ class SweImageSuite(Suite):
         return () if image in self._builtin_images else (image,)
 
     def sandbox_backend(self, task: Task, backend: SandboxBackend) -> SandboxBackend:
-        """A bwrap backend like `backend` on the instance's image; the last `images_kept`
-        are kept (an image is then opened once, and stays in use, not evictable)."""
+        """A backend like `backend` on the instance's image (bwrap; remote, where the
+        servers run the image: `--images`); the last `images_kept` are kept (an image is
+        then opened once, and stays in use, not evictable)."""
         image = task.metadata["image"]
-        if not isinstance(backend, BwrapBackend):
-            raise EnvConfigError(f"suite {self.name!r} runs each task in its image: it needs "
-                                 f"a bwrap backend, got {backend.name!r}")
         if backend.image == image:
             return backend
         key = (id(backend), image)
         if key in self._backends:
             self._backends.move_to_end(key)
         else:
-            self._backends[key] = (backend, backend.with_image(image))
+            try:
+                on_image = backend.with_image(image)
+            except SandboxUnsupported as e:
+                raise EnvConfigError(f"suite {self.name!r} runs each task in its image: {e}") \
+                    from None
+            self._backends[key] = (backend, on_image)
             while len(self._backends) > self.images_kept:
                 self._backends.popitem(last=False)  # its image is released once unused
         return self._backends[key][1]
