@@ -115,19 +115,21 @@ def _base_layer(rootfs: Path, out: Path) -> None:
             tar.add(rootfs / entry, arcname=entry)
 
 
-def _config(diff_ids: list[str]) -> bytes:
+def _config(diff_ids: list[str], user: str) -> bytes:
     return json.dumps({
         "architecture": "amd64", "os": "linux",
         "config": {"Env": [f"{k}={v}" for k, v in ENV.items()], "WorkingDir": WORKING_DIR,
-                   "User": "nobody"},
+                   "User": user},
         "rootfs": {"type": "layers", "diff_ids": diff_ids},
     }, sort_keys=True).encode()
 
 
 def oci_layout(rootfs: Path | None, dest: Path, *, gzip_top: bool = True,
-               extra: Callable[[tarfile.TarFile], None] | None = None) -> Path:
+               extra: Callable[[tarfile.TarFile], None] | None = None,
+               user: str = "nobody") -> Path:
     """An OCI image layout at `dest`: `rootfs` as one layer (if given), then the top
-    layer (gzipped if `gzip_top`), then a layer `extra` writes, if given."""
+    layer (gzipped if `gzip_top`), then a layer `extra` writes, if given; its config's
+    User is `user`."""
     dest.mkdir(parents=True)
     (dest / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
     layers, diff_ids = [], []
@@ -151,7 +153,7 @@ def oci_layout(rootfs: Path | None, dest: Path, *, gzip_top: bool = True,
         digest, size = _blob(dest, gzip.compress(raw, mtime=0) if zipped else raw)
         layers.append({"mediaType": _LAYER + ("+gzip" if zipped else ""), "digest": digest,
                        "size": size})
-    config_digest, config_size = _blob(dest, _config(diff_ids))
+    config_digest, config_size = _blob(dest, _config(diff_ids, user))
     manifest = json.dumps({"schemaVersion": 2, "mediaType": _MANIFEST,
                            "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
                                       "digest": config_digest, "size": config_size},

@@ -7,6 +7,12 @@
   without python3 under /usr/bin or /bin runs every exec in its own bwrap launch.
 - Environment: the image's `Env` over treadle's base (PATH, LANG, TMPDIR), then
   HOME = the work dir, then the exec's own `env`.
+- User: the image's `User` (a name or uid, with an optional group or gid) is the
+  uid and gid commands see inside the sandbox's user namespace (`image_ids`; names
+  through the image's /etc/passwd and /etc/group, as Docker reads them). On the
+  host they stay the sandbox uid: the mapping names the one id the namespace has,
+  it grants nothing. A `User` of root (uid 0) is not applied: uid 0 inside would
+  hold every capability of the namespace, so commands keep the sandbox uid.
 - Work tree: when the image's config names a `WorkingDir` (other than `/`), the
   sandbox's private work dir is mounted there and starts as a copy of what the
   image holds at that path (`cp -a --reflink=auto` as the sandbox's uid, sharing
@@ -31,6 +37,8 @@ from treadle.sandbox.images import CachedImage
 _PRLIMIT = ("/usr/bin/prlimit", "/bin/prlimit", "/usr/sbin/prlimit", "/sbin/prlimit")
 _PYTHON = ("/usr/bin/python3", "/bin/python3")
 _SEED_TIMEOUT_S = 600.0
+_MAX_ID = 2**32 - 1  # (uid_t)-1 is "no id"
+_MAX_TABLE_BYTES = 4 * 1024 * 1024
 
 
 def _has(rootfs: str, path: str) -> bool:
@@ -54,6 +62,63 @@ def image_prlimit(image: CachedImage) -> str:
 def image_python(image: CachedImage) -> str | None:
     """The image's python3 for the resident executor, or None (per-call execs)."""
     return next((path for path in _PYTHON if _has(image.rootfs, path)), None)
+
+
+def image_ids(image: CachedImage) -> tuple[int, int] | None:
+    """The (uid, gid) the image's `User` names inside the sandbox; None without a
+    `User` or for root (module docstring). A uid without a group takes its passwd
+    entry's group, else 0. SandboxImageError for a name the image does not know, a
+    malformed `User`, or a passwd or group file that leads out of the image."""
+    user = image.config.user
+    if not user:
+        return None
+    name, _, group = user.partition(":")
+    users = _table(image, "/etc/passwd")
+    if name.isdigit():
+        uid = int(name)
+        default_gid = next((g for u, g in users.values() if u == uid), 0)
+    elif name in users:
+        uid, default_gid = users[name]
+    else:
+        raise SandboxImageError(f"image {image.ref}: its User {user!r} names no user of its "
+                                "/etc/passwd")
+    if not group:
+        gid = default_gid
+    elif group.isdigit():
+        gid = int(group)
+    else:
+        groups = _table(image, "/etc/group")
+        if group not in groups:
+            raise SandboxImageError(f"image {image.ref}: its User {user!r} names no group "
+                                    "of its /etc/group")
+        gid = groups[group][0]
+    if uid >= _MAX_ID or gid >= _MAX_ID:
+        raise SandboxImageError(f"image {image.ref}: its User {user!r} is out of range")
+    return None if uid == 0 else (uid, gid)
+
+
+def _table(image: CachedImage, path: str) -> dict[str, tuple[int, int]]:
+    """name -> (id, group id) of the image's passwd (or id, id of its group file);
+    absent: empty. Read only where it resolves inside the image: a link out of it
+    would have treadle read a host file."""
+    rootfs = os.path.realpath(image.rootfs)
+    real = os.path.realpath(os.path.join(rootfs, path.lstrip("/")))
+    if os.path.commonpath([rootfs, real]) != rootfs:
+        raise SandboxImageError(f"image {image.ref}: its {path} leads out of the image")
+    try:
+        with open(real, encoding="utf-8", errors="replace") as f:
+            lines = f.read(_MAX_TABLE_BYTES).splitlines()
+    except FileNotFoundError:
+        return {}
+    except OSError as e:
+        raise SandboxImageError(f"image {image.ref}: cannot read its {path}: {e}") from None
+    table: dict[str, tuple[int, int]] = {}
+    for line in lines:  # passwd: name:x:uid:gid:...; group: name:x:gid:members
+        fields = line.split(":")
+        if len(fields) >= 3 and fields[2].isdigit():
+            gid = fields[3] if path == "/etc/passwd" and len(fields) > 3 else fields[2]
+            table.setdefault(fields[0], (int(fields[2]), int(gid) if gid.isdigit() else 0))
+    return table
 
 
 def image_env(image: CachedImage | None, base: dict[str, str], home: str) -> dict[str, str]:

@@ -110,6 +110,7 @@ class _Setup:
     resident_python: str | None = None  # python3 for the resident executor; None: per-call
     view: FileView | None = None  # the file view when it is not the backend's (an image's)
     image: CachedImage | None = None  # the image sandboxes run on; None: the host's dirs
+    ids: tuple[int, int] | None = None  # (uid, gid) inside, from the image's User; None: ours
 
 
 class BwrapSandbox(HostSandbox):
@@ -386,6 +387,7 @@ class BwrapBackend(SandboxBackend):
                 resident_python=self._resident_python(help_text, image),
                 view=view,
                 image=image,
+                ids=None if image is None else _image_root.image_ids(image),
             )
             failure = await self._self_test(setup)
             if failure and seccomp is not None and "seccomp" in failure.lower():
@@ -457,6 +459,8 @@ class BwrapBackend(SandboxBackend):
         """The bwrap options (everything before the command) for one exec."""
         opts = ["--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
                 "--hostname", "sandbox", *(["--as-pid-1"] if as_pid_1 else [])]
+        if setup.ids is not None:
+            opts += ["--uid", str(setup.ids[0]), "--gid", str(setup.ids[1])]
         if setup.disable_userns:
             opts.append("--disable-userns")
         if setup.drop_caps:
