@@ -14,8 +14,10 @@ is replayed after it:
 
 Both runtimes of a dedicated run share one clock, so every figure is in modelled
 seconds from the first arrival (wall seconds / time scale). Each row beside the
-same policy's rollout phase alone on all the GPUs, run live the same way
-(`bench.live.live_run`), gives judging's overhead. Limits: those of `bench live`
+same policy's rollout phase alone on all the GPUs, run live the same way (no
+setup), gives judging's overhead. A rollout that fails (an engine error) is
+counted in `errors` and gets no judge call; `after` waits for every rollout to
+end, failed ones included. Limits: those of `bench live`
 (the engines share this machine's cores with the runtime; a loaded machine adds
 latency the model does not have).
 """
@@ -99,7 +101,8 @@ async def live_judged(workload: Workload, spec: PolicySpec, cost: CostModel, gpu
                                         judge_history(history, sizes, seed), clock,
                                         model=model, gpu=gpu, seed=seed,
                                         time_scale=time_scale)
-    finished: dict[str, float] = {}  # a rollout's finish, by trajectory id
+    finished: dict[str, float] = {}  # a completed rollout's finish, by trajectory id
+    ended = 0  # rollouts over, completed or failed
     all_rolled = asyncio.Event()
     started_wall = time.monotonic()
 
@@ -109,13 +112,17 @@ async def live_judged(workload: Workload, spec: PolicySpec, cost: CostModel, gpu
                                                judge=not dedicated), clock)
 
     async def one(t: TrajectorySpec) -> tuple[ReplayResult, ReplayResult | None]:
-        rolled = await replay(t, rollouts.turns(t.traj_id, t.group_id), clock)
-        finished[t.traj_id] = rolled.finished_at
-        if len(finished) == len(trajs):
-            all_rolled.set()
-        if log is not None and len(finished) % max(1, len(trajs) // 4) == 0:
-            log(f"  {len(finished)}/{len(trajs)} rollouts done at "
-                f"t={clock.now() - started:.0f}s (modelled)")
+        nonlocal ended
+        try:
+            rolled = await replay(t, rollouts.turns(t.traj_id, t.group_id), clock)
+            finished[t.traj_id] = rolled.finished_at
+        finally:
+            ended += 1
+            if ended == len(trajs):
+                all_rolled.set()
+            if log is not None and ended % max(1, len(trajs) // 4) == 0:
+                log(f"  {ended}/{len(trajs)} rollouts done at "
+                    f"t={clock.now() - started:.0f}s (modelled)")
         if setup is None:
             return rolled, None
         if setup.mode is JudgeMode.AFTER:
