@@ -277,6 +277,11 @@ class SandboxBackend(ABC):
         raise SandboxUnsupported(f"the {self.name} backend runs no environment images "
                                  "(bwrap does, and remote on a server started with --images)")
 
+    async def prepare(self) -> None:
+        """Do now what this backend's first start does once (open its image, unpacking
+        it if need be; check the host), so that its first sandbox starts at once.
+        Raises what that start would; the default does nothing."""
+
     @abstractmethod
     async def start(self, limits: Limits) -> Sandbox:
         """Create one sandbox. Raises SandboxStartError (SandboxUnavailable if never possible).

@@ -327,6 +327,9 @@ class BwrapBackend(SandboxBackend):
         cgroups = detect_cgroups() if self._use_cgroups else None
         return cgroups.controllers if cgroups is not None else ()
 
+    async def prepare(self) -> None:
+        await self._ensure_setup()
+
     async def start(self, limits: Limits) -> Sandbox:
         setup = await self._ensure_setup()
         cgroups = detect_cgroups() if self._use_cgroups else None

@@ -57,7 +57,9 @@ from treadle.service.follow import follow_results, interrupted, not_started
 from treadle.service.metrics import Metrics
 from treadle.service.outbox import Outbox
 from treadle.service.planning import (
+    HarnessWork,
     Planner,
+    SuiteWork,
     Work,
     planned_sessions,
 )
@@ -77,6 +79,9 @@ log = logging.getLogger(__name__)
 POLICY_WINDOW = "policy_window"  # the event kind of a job's window (when not the default)
 TRAINER_METRICS = "trainer_metrics"  # the event kind of a trainer's reports
 MAX_TRAINER_METRICS = 256  # names a job keeps (each GET of the job merges them)
+# Trajectories next to start whose sandbox images are opened ahead (unpacking one
+# takes seconds to minutes; a few ahead covers the slots that free up meanwhile).
+PREWARM_AHEAD = 4
 
 
 @dataclass(slots=True)
@@ -402,6 +407,16 @@ class Rollouts:
             job.running[work.planned.trajectory_id] = task
             job.started[work.planned.trajectory_id] = self.runtime.clock.now()
             job.versions[work.planned.trajectory_id] = self.runtime.policy_version
+        self._prewarm()
+
+    def _prewarm(self) -> None:
+        """Open the sandbox images of the next `PREWARM_AHEAD` trajectories to start, in
+        the order they will (`SuitePools.prepare`: each image once, in the background)."""
+        ahead = (work for _, _, job_id in sorted(self._ready) if job_id in self._jobs
+                 for work in self._jobs[job_id].queue)
+        for work in itertools.islice(ahead, PREWARM_AHEAD):
+            if isinstance(work, SuiteWork | HarnessWork):
+                self.attempts.sandboxes.prepare(work.suite, work.task)
 
     async def _run(self, work: Work) -> None:
         tid = work.planned.trajectory_id
