@@ -5,12 +5,14 @@ custom resource, with emulated engines (they only pretend to use the GPUs).
 One cluster of two nodes serves the module (a Ray node takes seconds to start): a
 head node with 6 GPUs of which it lends 4 to engines (`treadle_engine`), and a node
 "two" with 3 GPUs, all lent, which also lends room for 2 sandbox servers
-(`treadle_sandbox`: `RaySandboxFleet`). Node "two" is removed by the last test."""
+(`treadle_sandbox`: `RaySandboxFleet`). Each node has room for one runner actor
+(`treadle_runner`: `RayRunners`). Node "two" is removed by the last test."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import time
@@ -29,6 +31,7 @@ from treadle.bench.faults import ServiceProcess
 from treadle.engines.errors import EngineStartError
 from treadle.runtime.launcher import EmulatedProcess
 from treadle.runtime.ray_launcher import RayCluster, RayLauncher
+from treadle.runtime.ray_runners import RunnerActors
 from treadle.runtime.ray_sandboxes import RaySandboxFleet, SandboxServers
 from treadle.sandbox.autoscale import ScaleDecision, Scaling
 from treadle.sandbox.base import Limits
@@ -76,10 +79,10 @@ def cluster() -> Iterator[tuple[Cluster, dict[str, str]]]:
 
 def _cluster() -> Cluster:
     c = Cluster(initialize_head=True, connect=True, head_node_args={
-        "num_cpus": 2, "num_gpus": 6, "resources": {"treadle_engine": 4},
+        "num_cpus": 2, "num_gpus": 6, "resources": {"treadle_engine": 4, "treadle_runner": 1},
         "include_dashboard": False})
     c.add_node(num_cpus=1, num_gpus=3,  # "two"
-               resources={"treadle_engine": 3, "treadle_sandbox": 2})
+               resources={"treadle_engine": 3, "treadle_sandbox": 2, "treadle_runner": 1})
     c.wait_for_nodes(timeout=300)
     return c
 
@@ -246,6 +249,78 @@ def test_sandbox_servers_follow_demand_on_the_nodes_that_lend_room_for_them(
         assert fleet.servers() == [] and backend.outstanding() == {}
 
     asyncio.run(scenario())
+
+
+RUNNERS = RunnerActors(count=2, num_cpus=0, resources=(("treadle_runner", 1.0),))
+
+
+def _runners_config(tmp_path: Path, c: Cluster, name: str) -> ServiceConfig:
+    return ServiceConfig(db=str(tmp_path / f"{name}.db"), token=TOKEN, emulate=2,
+                         time_scale=SCALE, policy="verl@tp1",
+                         ray=RayCluster(c.address, resources=LENDS), runners=RUNNERS)
+
+
+def test_replays_run_in_runner_actors_one_per_node_none_lost_or_twice(
+        cluster: tuple[Cluster, dict[str, str]], tmp_path: Path) -> None:
+    c, nodes = cluster
+    n = 24
+    with running(_runners_config(tmp_path, c, "runners"), startup_timeout_s=240) as (
+            url, service), httpx.Client(base_url=url, timeout=30, headers={
+                "authorization": f"Bearer {TOKEN}"}) as client:
+        runners = service.runners
+        assert runners is not None
+        where = runners.where()
+        r = client.post("/v1/jobs", json={"tasks": {"workload": "math", "trajectories": n,
+                                                    "group_size": 4}, "job_id": "r"})
+        assert r.status_code == 201, r.text
+        lines = list(_stream(client, "r"))
+        ran = runners.ran()
+        decisions = service.runtime.control.decisions
+    assert [x["seq"] for x in lines] == list(range(1, n + 1))  # none lost, none twice
+    records = [x["trajectory"] for x in lines]
+    assert len({t["trajectory_id"] for t in records}) == n
+    assert [t["status"] for t in records] == ["completed"] * n
+    assert all(t["turns"] for t in records)
+    # Two actors, one on each node (each lends room for one), processes of their own;
+    # every trajectory finished in one of them, both had some, and the service's
+    # scheduler made the decisions.
+    assert sorted(node for _, node in where.values()) == sorted(nodes.values())
+    pids = {pid for pid, _ in where.values()}
+    assert len(pids) == 2 and os.getpid() not in pids
+    assert sum(ran.values()) == n and all(ran.values()), ran
+    assert decisions > 0
+
+
+def test_a_runner_actor_killed_mid_job_has_its_trajectories_run_again(
+        cluster: tuple[Cluster, dict[str, str]], tmp_path: Path) -> None:
+    c, _ = cluster
+    n = 32
+    with running(_runners_config(tmp_path, c, "killed"), startup_timeout_s=240) as (
+            url, service), httpx.Client(base_url=url, timeout=30, headers={
+                "authorization": f"Bearer {TOKEN}"}) as client:
+        runners = service.runners
+        assert runners is not None
+        r = client.post("/v1/jobs", json={"tasks": {"workload": "math", "trajectories": n,
+                                                    "group_size": 4}, "job_id": "k"})
+        assert r.status_code == 201, r.text
+        stream = _stream(client, "k")
+        lines = [next(stream)]  # mid-job: every trajectory started, one delivered
+        victim = max(runners.runners, key=lambda x: len(x.trajectories))
+        ray.kill(victim.actor)
+        lines += list(stream)
+        view = client.get("/v1/jobs/k").json()
+        lost, ran = list(runners.lost_runners), runners.ran()
+    assert [x["seq"] for x in lines] == list(range(1, n + 1))  # none lost, none twice
+    records = [x["trajectory"] for x in lines]
+    assert len({t["trajectory_id"] for t in records}) == n
+    assert view["status"] == "completed" and view["delivered"] == n
+    assert lost == [victim.name]
+    # The killed actor's trajectories ran again, each as a new attempt, on the other
+    # actor or its replacement, and completed; the others completed at their first.
+    again = [t for t in records if t["attempt"] > 0]
+    assert again and all(t["attempt"] == 1 for t in again)
+    assert [t["status"] for t in records] == ["completed"] * n
+    assert victim.name not in ran and len(ran) == 2  # a replacement took its place
 
 
 def test_a_node_lost_mid_job_moves_its_turns_and_loses_nothing(
