@@ -135,12 +135,14 @@ def test_serve_ray_runs_a_job_on_the_engines_it_lays_out_on_the_cluster(
     service = ServiceProcess(tmp_path / "s.db", tmp_path / "s.log", TOKEN, [
         "--ray", c.address, "--ray-resource", "treadle_engine=1", "--emulate", "2",
         "--time-scale", str(SCALE), "--policy", "verl@tp1", "--sandbox", "local",
-        "--sandbox-servers", "1:2", "--sandbox-server-resource", "treadle_sandbox=1"])
+        "--sandbox-servers", "1:2", "--sandbox-server-resource", "treadle_sandbox=1",
+        "--runners", "2", "--runner-cpus", "0", "--runner-resource", "treadle_runner=1"])
     service.start()
     try:
         # Its one sandbox server (the minimum: nothing waits for a sandbox) is up on
         # the node that lends room for one, before the service answers.
         assert _sandbox_servers() == [nodes["two"]]
+        assert sorted(_actors("treadle-runner-")) == sorted(nodes.values())  # one a node
         with httpx.Client(base_url=service.url, timeout=30,
                           headers={"authorization": f"Bearer {TOKEN}"}) as client:
             engines = client.get("/v1/engines").json()
@@ -151,7 +153,7 @@ def test_serve_ray_runs_a_job_on_the_engines_it_lays_out_on_the_cluster(
             records = [x["trajectory"] for x in _stream(client, "s")]
     finally:
         service.stop()
-    assert _sandbox_servers() == []  # stopped with the service
+    assert _sandbox_servers() == [] and _actors("treadle-runner-") == []  # stopped with it
     # Of the seven GPUs lent, the two --emulate allows: two TP-1 engines on the
     # cluster's nodes (listening on a node's address, not on loopback).
     ip = ray.util.get_node_ip_address()
@@ -161,12 +163,16 @@ def test_serve_ray_runs_a_job_on_the_engines_it_lays_out_on_the_cluster(
 
 
 def _sandbox_servers() -> list[str]:
-    """The nodes of the sandbox servers' actors alive on the cluster, read from Ray's
+    return _actors("treadle-sandbox-server-")
+
+
+def _actors(prefix: str) -> list[str]:
+    """The nodes of the actors alive on the cluster named `prefix`..., read from Ray's
     control store (its state API needs the dashboard, which this cluster runs without)."""
     import ray._private.state
 
     return [a["Address"]["NodeID"] for a in ray._private.state.actors().values()
-            if a["State"] == "ALIVE" and a["Name"].startswith("treadle-sandbox-server-")]
+            if a["State"] == "ALIVE" and a["Name"].startswith(prefix)]
 
 
 @pytest.mark.parametrize(("argv", "line"), [
@@ -183,6 +189,9 @@ def _sandbox_servers() -> list[str]:
      "--sandbox-servers '3:1': MIN:MAX, 0 <= MIN <= MAX, MAX >= 1"),
     (["--ray", "--emulate", "2", "--sandbox-servers", "1:2"],
      "--sandbox-servers: the servers' --sandbox is bwrap or local"),
+    (["--emulate", "2", "--runners", "2"],
+     "--runners starts runner actors on a Ray cluster: give --ray too"),
+    (["--emulate", "2", "--runner-resource", "x=1"], "--runner-resource needs --runners"),
 ])
 def test_serve_ray_without_ray_or_with_bad_options_says_so_in_one_line(
         argv: list[str], line: str) -> None:
