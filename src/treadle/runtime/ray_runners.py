@@ -41,11 +41,11 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from treadle.agent.journal import Resume, TurnJournal
+from treadle.agent.journal import Resume
 from treadle.clock import ScaledClock
 from treadle.runtime.driver import Runtime
 from treadle.runtime.ray_launcher import require_ray
-from treadle.runtime.remote_trajectory import RemoteTrajectory, RunnerLost
+from treadle.runtime.remote_trajectory import BodyJournal, RemoteTrajectory, RunnerLost
 from treadle.runtime.runner_wire import (
     Answer,
     CallFailed,
@@ -60,6 +60,8 @@ from treadle.runtime.runner_wire import (
     ToService,
     Weights,
     engine_address,
+    pack,
+    unpack,
 )
 from treadle.types import GroupKey, KVAcrossUpdates, Trajectory
 from treadle.workloads import TrajectorySpec
@@ -78,6 +80,9 @@ class RunnerActors:
     resources: tuple[tuple[str, float], ...] = ()
     replace: bool = True  # start a new actor for each one lost
     ready_timeout_s: float = 120.0  # real seconds an actor may take to be placed and answer
+    # Real seconds a message waits for others to share its Ray call, each way: a Ray
+    # call costs the service far more CPU than a message (`bench service --runners`).
+    batch_window_s: float = 0.002
 
     def __post_init__(self) -> None:
         if self.count < 1 or self.num_cpus < 0:
@@ -139,9 +144,10 @@ class RunnerChannel:
         try:
             while True:
                 await self._pending.wait()
+                await asyncio.sleep(self._fleet.actors.batch_window_s)
                 batch, self._outbox = self._outbox, []
                 self._pending.clear()
-                await self.actor.push.remote(batch)
+                await self.actor.push.remote(pack(batch))
         except RayActorError as e:
             self._fleet.lost(self, f"runner {self.name} lost: {type(e).__name__}")
 
@@ -150,7 +156,7 @@ class RunnerChannel:
 
         try:
             while True:
-                for m in await self.actor.pull.remote():
+                for m in unpack(await self.actor.pull.remote()):
                     self._hear(m)
         except RayActorError as e:
             self._fleet.lost(self, f"runner {self.name} lost: {type(e).__name__}")
@@ -224,7 +230,7 @@ class RayRunners:
     async def replay(self, spec: TrajectorySpec, *, traj_id: str, key: GroupKey,
                      task_id: str = "", attempt: int = 0,
                      kv: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE,
-                     journal: TurnJournal | None = None, resume: Resume | None = None,
+                     journal: BodyJournal | None = None, resume: Resume | None = None,
                      max_staleness: int | None = None) -> Trajectory:
         """`runtime.rollout.replay_task` in a runner actor; RunnerLost if its actor is
         lost first. Cancelled, the actor's run is cancelled too."""
@@ -329,7 +335,8 @@ class RayRunners:
             name=f"{name}-{id(self):x}", num_cpus=self.actors.num_cpus, max_concurrency=8,
             resources=dict(self.actors.resources), scheduling_strategy="SPREAD",
         ).remote(clock.scale, clock.now(), request_timeout_s=self.runtime.request_timeout_s,
-                 turn_retries=self.runtime.turn_retries)
+                 turn_retries=self.runtime.turn_retries,
+                 batch_window_s=self.actors.batch_window_s)
         runner = RunnerChannel(name, actor, self)
         runner.send(Engines(tuple(self._engines.values())))  # later changes follow it
         runner.send(self._weights())

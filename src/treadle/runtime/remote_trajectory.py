@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Protocol
 
-from treadle.agent.journal import TurnJournal
 from treadle.core.events import (
     ToolCallFinished,
     TrajectoryArrived,
@@ -46,6 +46,15 @@ from treadle.runtime.runner_wire import (
 from treadle.types import KVAcrossUpdates, Trajectory
 
 
+class BodyJournal(Protocol):
+    """Where a remote trajectory's journal goes (the service's `AttemptJournal`): as
+    `agent.journal.TurnJournal`, its turns already encoded by the runner."""
+
+    def sampled(self, tokens: int) -> None: ...
+
+    def turn_body(self, index: int, tokens: int, body: bytes) -> None: ...
+
+
 class RunnerLost(TreadleError):
     """The runner actor of a trajectory was lost before the trajectory finished."""
 
@@ -56,7 +65,7 @@ class RemoteTrajectory:
     actor's messages."""
 
     def __init__(self, send: Callable[[ToRunner], None], runtime: Runtime, traj_id: str,
-                 kv: KVAcrossUpdates, journal: TurnJournal | None) -> None:
+                 kv: KVAcrossUpdates, journal: BodyJournal | None) -> None:
         self.traj_id = traj_id
         self.kv = kv
         self.sampled = 0
@@ -129,7 +138,7 @@ class RemoteTrajectory:
                 self.journal.sampled(m.tokens)
         elif isinstance(m, Journaled):
             if self.journal is not None:
-                self.journal.turn(m.entry)
+                self.journal.turn_body(m.index, m.tokens, m.body)
         elif isinstance(m, Done):
             self._end(None)
         elif isinstance(m, Finished):
@@ -170,4 +179,4 @@ def _readies(event: object) -> bool:
 
 
 
-__all__ = ["RemoteTrajectory", "RunnerLost"]
+__all__ = ["BodyJournal", "RemoteTrajectory", "RunnerLost"]

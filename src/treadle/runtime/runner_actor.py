@@ -55,6 +55,7 @@ from treadle.runtime.runner_wire import (
     Held,
     Hold,
     Journaled,
+    Packed,
     PreemptTurn,
     Sampled,
     StartReplay,
@@ -63,6 +64,8 @@ from treadle.runtime.runner_wire import (
     ToService,
     Weights,
     engine_client,
+    pack,
+    unpack,
 )
 from treadle.runtime.turns import ScheduledTurns
 from treadle.types import GroupKey, KVAcrossUpdates
@@ -268,15 +271,17 @@ class _Journal:
         self._host.send(Sampled(self._traj_id, tokens))
 
     def turn(self, entry: JournaledTurn) -> None:
-        self._host.send(Journaled(self._traj_id, entry))
+        self._host.send(Journaled(self._traj_id, entry.index, entry.tokens, entry.encode()))
 
 
 class RunnerWorker:
     """The runner actor (module docstring). `now`: the service's clock time when it
-    made the actor, on a clock of `scale` (modelled seconds a real second)."""
+    made the actor, on a clock of `scale` (modelled seconds a real second);
+    `batch_window_s`: how long what a pull returns may gather once there is some."""
 
     def __init__(self, scale: float, now: float, *, request_timeout_s: float | None,
-                 turn_retries: int) -> None:
+                 turn_retries: int, batch_window_s: float = 0.0) -> None:
+        self.batch_window_s = batch_window_s  # real seconds a pull waits for more to send
         clock = ScaledClock(scale, origin=time.monotonic() - now * scale)
         self.host = MirrorHost(clock, request_timeout_s=request_timeout_s,
                                turn_retries=turn_retries)
@@ -287,14 +292,17 @@ class RunnerWorker:
 
         return os.getpid(), ray.get_runtime_context().get_node_id()
 
-    async def push(self, batch: list[ToRunner]) -> None:
-        self.host.apply(batch)
+    async def push(self, batch: list[Packed]) -> None:
+        """Apply a batch of messages (`runner_wire.pack`ed)."""
+        self.host.apply(unpack(batch))
 
-    async def pull(self) -> list[ToService]:
+    async def pull(self) -> list[Packed]:
+        """What its trajectories did since the last pull (`pack`ed), once there is some."""
         await self.host.gathered.wait()
+        await asyncio.sleep(self.batch_window_s)
         out, self.host.outbox = self.host.outbox, []
         self.host.gathered.clear()
-        return out
+        return pack(out)
 
     async def close(self) -> None:
         await self.host.close()
