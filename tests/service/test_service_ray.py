@@ -279,10 +279,19 @@ def test_replays_run_in_runner_actors_one_per_node_none_lost_or_twice(
         runners = service.runners
         assert runners is not None
         where = runners.where()
+        urls = [e["url"] for e in client.get("/v1/engines").json()]
         r = client.post("/v1/jobs", json={"tasks": {"workload": "math", "trajectories": n,
                                                     "group_size": 4}, "job_id": "r"})
         assert r.status_code == 201, r.text
-        lines = list(_stream(client, "r"))
+        stream = _stream(client, "r")
+        lines = [next(stream)]
+        # A pause mid-job holds the actors' calls: once it returns, no engine runs one
+        # (each actor had held its calls, and the pool knew of all it had started);
+        # tokens sampled after the resume carry the new version.
+        assert client.post("/v1/weights/pause", json={"mode": "abort"}).status_code == 200
+        assert asyncio.run(_engine_requests(urls)) == 0
+        assert client.post("/v1/weights/resume", json={"policy_version": 1}).status_code == 200
+        lines += list(stream)
         ran = runners.ran()
         decisions = service.runtime.control.decisions
     assert [x["seq"] for x in lines] == list(range(1, n + 1))  # none lost, none twice
@@ -290,6 +299,8 @@ def test_replays_run_in_runner_actors_one_per_node_none_lost_or_twice(
     assert len({t["trajectory_id"] for t in records}) == n
     assert [t["status"] for t in records] == ["completed"] * n
     assert all(t["turns"] for t in records)
+    versions = {turn["policy_version"] for t in records for turn in t["turns"]}
+    assert versions == {0, 1}
     # Two actors, one on each node (each lends room for one), processes of their own;
     # every trajectory finished in one of them, both had some, and the service's
     # scheduler made the decisions.
@@ -298,6 +309,21 @@ def test_replays_run_in_runner_actors_one_per_node_none_lost_or_twice(
     assert len(pids) == 2 and os.getpid() not in pids
     assert sum(ran.values()) == n and all(ran.values()), ran
     assert decisions > 0
+
+
+async def _engine_requests(urls: list[str]) -> int:
+    """Requests running or waiting on the engines at `urls` now."""
+    from treadle.engines.emulated_client import EmulatedEngineClient
+
+    total = 0
+    for url in urls:
+        engine = EmulatedEngineClient(url, "any")
+        try:
+            load = await engine.load()
+        finally:
+            await engine.aclose()
+        total += load.running + load.waiting
+    return total
 
 
 def test_a_runner_actor_killed_mid_job_has_its_trajectories_run_again(

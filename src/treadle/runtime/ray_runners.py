@@ -82,7 +82,7 @@ class RunnerActors:
     ready_timeout_s: float = 120.0  # real seconds an actor may take to be placed and answer
     # Real seconds a message waits for others to share its Ray call, each way: a Ray
     # call costs the service far more CPU than a message (`bench service --runners`).
-    batch_window_s: float = 0.002
+    batch_window_s: float = 0.01
 
     def __post_init__(self) -> None:
         if self.count < 1 or self.num_cpus < 0:
