@@ -36,7 +36,7 @@ from treadle.runtime.ray_sandboxes import RaySandboxFleet, SandboxServers
 from treadle.sandbox.autoscale import ScaleDecision, Scaling
 from treadle.sandbox.base import Limits
 from treadle.sandbox.remote import RemoteBackend
-from treadle.service.state import ServiceConfig
+from treadle.service.state import Service, ServiceConfig
 from treadle.testing import FakeClock
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -263,52 +263,25 @@ def test_sandbox_servers_follow_demand_on_the_nodes_that_lend_room_for_them(
 RUNNERS = RunnerActors(count=2, num_cpus=0, resources=(("treadle_runner", 1.0),))
 
 
-def _runners_config(tmp_path: Path, c: Cluster, name: str) -> ServiceConfig:
-    return ServiceConfig(db=str(tmp_path / f"{name}.db"), token=TOKEN, emulate=2,
-                         time_scale=SCALE, policy="verl@tp1",
-                         ray=RayCluster(c.address, resources=LENDS), runners=RUNNERS)
+RunnerService = tuple[str, Service]
 
 
-def test_replays_run_in_runner_actors_one_per_node_none_lost_or_twice(
-        cluster: tuple[Cluster, dict[str, str]], tmp_path: Path) -> None:
-    c, nodes = cluster
-    n = 24
-    with running(_runners_config(tmp_path, c, "runners"), startup_timeout_s=240) as (
-            url, service), httpx.Client(base_url=url, timeout=30, headers={
-                "authorization": f"Bearer {TOKEN}"}) as client:
-        runners = service.runners
-        assert runners is not None
-        where = runners.where()
-        urls = [e["url"] for e in client.get("/v1/engines").json()]
-        r = client.post("/v1/jobs", json={"tasks": {"workload": "math", "trajectories": n,
-                                                    "group_size": 4}, "job_id": "r"})
-        assert r.status_code == 201, r.text
-        stream = _stream(client, "r")
-        lines = [next(stream)]
-        # A pause mid-job holds the actors' calls: once it returns, no engine runs one
-        # (each actor had held its calls, and the pool knew of all it had started);
-        # tokens sampled after the resume carry the new version.
-        assert client.post("/v1/weights/pause", json={"mode": "abort"}).status_code == 200
-        assert asyncio.run(_engine_requests(urls)) == 0
-        assert client.post("/v1/weights/resume", json={"policy_version": 1}).status_code == 200
-        lines += list(stream)
-        ran = runners.ran()
-        decisions = service.runtime.control.decisions
-    assert [x["seq"] for x in lines] == list(range(1, n + 1))  # none lost, none twice
-    records = [x["trajectory"] for x in lines]
-    assert len({t["trajectory_id"] for t in records}) == n
-    assert [t["status"] for t in records] == ["completed"] * n
-    assert all(t["turns"] for t in records)
-    versions = {turn["policy_version"] for t in records for turn in t["turns"]}
-    assert versions == {0, 1}
-    # Two actors, one on each node (each lends room for one), processes of their own;
-    # every trajectory finished in one of them, both had some, and the service's
-    # scheduler made the decisions.
-    assert sorted(node for _, node in where.values()) == sorted(nodes.values())
-    pids = {pid for pid, _ in where.values()}
-    assert len(pids) == 2 and os.getpid() not in pids
-    assert sum(ran.values()) == n and all(ran.values()), ran
-    assert decisions > 0
+@pytest.fixture(scope="class")
+def runner_service(cluster: tuple[Cluster, dict[str, str]],
+                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunnerService]:
+    """A service whose replays run in two runner actors, one on each node (each lends
+    room for one); shared by `TestRunnerActors` (an engine pool takes seconds to start),
+    stopped after them (its engines hold GPUs the later tests lay out)."""
+    c, _ = cluster
+    config = ServiceConfig(db=str(tmp_path_factory.mktemp("runners") / "r.db"), token=TOKEN,
+                           emulate=2, time_scale=SCALE, policy="verl@tp1",
+                           ray=RayCluster(c.address, resources=LENDS), runners=RUNNERS)
+    with running(config, startup_timeout_s=240) as (url, service):
+        yield url, service
+
+
+def _client(url: str) -> httpx.Client:
+    return httpx.Client(base_url=url, timeout=30, headers={"authorization": f"Bearer {TOKEN}"})
 
 
 async def _engine_requests(urls: list[str]) -> int:
@@ -326,36 +299,77 @@ async def _engine_requests(urls: list[str]) -> int:
     return total
 
 
-def test_a_runner_actor_killed_mid_job_has_its_trajectories_run_again(
-        cluster: tuple[Cluster, dict[str, str]], tmp_path: Path) -> None:
-    c, _ = cluster
-    n = 32
-    with running(_runners_config(tmp_path, c, "killed"), startup_timeout_s=240) as (
-            url, service), httpx.Client(base_url=url, timeout=30, headers={
-                "authorization": f"Bearer {TOKEN}"}) as client:
+class TestRunnerActors:
+    """Workload replays in runner actors (`RayRunners`), one service for both tests."""
+
+    def test_replays_run_in_runner_actors_one_per_node_none_lost_or_twice(
+            self, cluster: tuple[Cluster, dict[str, str]], runner_service: RunnerService) -> None:
+        _, nodes = cluster
+        url, service = runner_service
         runners = service.runners
         assert runners is not None
-        r = client.post("/v1/jobs", json={"tasks": {"workload": "math", "trajectories": n,
-                                                    "group_size": 4}, "job_id": "k"})
-        assert r.status_code == 201, r.text
-        stream = _stream(client, "k")
-        lines = [next(stream)]  # mid-job: every trajectory started, one delivered
-        victim = max(runners.runners, key=lambda x: len(x.trajectories))
-        ray.kill(victim.actor)
-        lines += list(stream)
-        view = client.get("/v1/jobs/k").json()
-        lost, ran = list(runners.lost_runners), runners.ran()
-    assert [x["seq"] for x in lines] == list(range(1, n + 1))  # none lost, none twice
-    records = [x["trajectory"] for x in lines]
-    assert len({t["trajectory_id"] for t in records}) == n
-    assert view["status"] == "completed" and view["delivered"] == n
-    assert lost == [victim.name]
-    # The killed actor's trajectories ran again, each as a new attempt, on the other
-    # actor or its replacement, and completed; the others completed at their first.
-    again = [t for t in records if t["attempt"] > 0]
-    assert again and all(t["attempt"] == 1 for t in again)
-    assert [t["status"] for t in records] == ["completed"] * n
-    assert victim.name not in ran and len(ran) == 2  # a replacement took its place
+        n = 24
+        with _client(url) as client:
+            where, before = runners.where(), runners.ran()
+            urls = [e["url"] for e in client.get("/v1/engines").json()]
+            r = client.post("/v1/jobs", json={"tasks": {"workload": "math", "trajectories": n,
+                                                        "group_size": 4}, "job_id": "r"})
+            assert r.status_code == 201, r.text
+            stream = _stream(client, "r")
+            lines = [next(stream)]
+            # A pause mid-job holds the actors' calls: once it returns, no engine runs one
+            # (each actor had held its calls, and the pool knew of all it had started);
+            # tokens sampled after the resume carry the new version.
+            assert client.post("/v1/weights/pause", json={"mode": "abort"}).status_code == 200
+            assert asyncio.run(_engine_requests(urls)) == 0
+            assert client.post("/v1/weights/resume", json={"policy_version": 1}).status_code == 200
+            lines += list(stream)
+            ran = {name: k - before.get(name, 0) for name, k in runners.ran().items()}
+            decisions = service.runtime.control.decisions
+        assert [x["seq"] for x in lines] == list(range(1, n + 1))  # none lost, none twice
+        records = [x["trajectory"] for x in lines]
+        assert len({t["trajectory_id"] for t in records}) == n
+        assert [t["status"] for t in records] == ["completed"] * n
+        assert all(t["turns"] for t in records)
+        versions = {turn["policy_version"] for t in records for turn in t["turns"]}
+        assert versions == {0, 1}
+        # Two actors, one on each node, processes of their own; every trajectory
+        # finished in one of them, both had some, and the service's scheduler decided.
+        assert sorted(node for _, node in where.values()) == sorted(nodes.values())
+        pids = {pid for pid, _ in where.values()}
+        assert len(pids) == 2 and os.getpid() not in pids
+        assert sum(ran.values()) == n and all(ran.values()), ran
+        assert decisions > 0
+
+
+    def test_a_runner_actor_killed_mid_job_has_its_trajectories_run_again(
+            self, runner_service: RunnerService) -> None:
+        url, service = runner_service
+        runners = service.runners
+        assert runners is not None
+        n = 32
+        with _client(url) as client:
+            r = client.post("/v1/jobs", json={"tasks": {"workload": "math", "trajectories": n,
+                                                        "group_size": 4}, "job_id": "k"})
+            assert r.status_code == 201, r.text
+            stream = _stream(client, "k")
+            lines = [next(stream)]  # mid-job: every trajectory started, one delivered
+            victim = max(runners.runners, key=lambda x: len(x.trajectories))
+            ray.kill(victim.actor)
+            lines += list(stream)
+            view = client.get("/v1/jobs/k").json()
+            lost, ran = list(runners.lost_runners), runners.ran()
+        assert [x["seq"] for x in lines] == list(range(1, n + 1))  # none lost, none twice
+        records = [x["trajectory"] for x in lines]
+        assert len({t["trajectory_id"] for t in records}) == n
+        assert view["status"] == "completed" and view["delivered"] == n
+        assert lost == [victim.name]
+        # The killed actor's trajectories ran again, each as a new attempt, on the other
+        # actor or its replacement, and completed; the others completed at their first.
+        again = [t for t in records if t["attempt"] > 0]
+        assert again and all(t["attempt"] == 1 for t in again)
+        assert [t["status"] for t in records] == ["completed"] * n
+        assert victim.name not in ran and len(ran) == 2  # a replacement took its place
 
 
 def test_a_node_lost_mid_job_moves_its_turns_and_loses_nothing(
