@@ -20,7 +20,9 @@ its calls and the pool knows of every call they had started.
 
 A trajectory goes to the actor with the fewest running (ties: the first). Losing an
 actor (its process or its node gone: a `push` or `pull` fails with Ray's actor
-error) ends its trajectories for the scheduler (`TrajectoryEnded`), releases their
+error; a call failing otherwise counts as a loss too, and the actor is killed, so
+that nothing it still runs is heard of twice) ends its trajectories for the
+scheduler (`TrajectoryEnded`), releases their
 calls from the pool, and raises `RunnerLost` from each `replay` waiting on one, so
 that the caller runs it again as a new attempt or records it as failed
 (`service.attempts`): none is lost, none finishes twice. A new actor replaces the
@@ -139,8 +141,6 @@ class RunnerChannel:
         return future
 
     async def _push(self) -> None:
-        from ray.exceptions import RayActorError
-
         try:
             while True:
                 await self._pending.wait()
@@ -148,18 +148,19 @@ class RunnerChannel:
                 batch, self._outbox = self._outbox, []
                 self._pending.clear()
                 await self.actor.push.remote(pack(batch))
-        except RayActorError as e:
-            self._fleet.lost(self, f"runner {self.name} lost: {type(e).__name__}")
+        except Exception as e:  # its actor gone (Ray's actor error), or a batch refused
+            self._fleet.lost(self, f"runner {self.name} lost: {type(e).__name__}: {e}")
 
     async def _pull(self) -> None:
-        from ray.exceptions import RayActorError
-
         try:
             while True:
                 for m in unpack(await self.actor.pull.remote()):
-                    self._hear(m)
-        except RayActorError as e:
-            self._fleet.lost(self, f"runner {self.name} lost: {type(e).__name__}")
+                    try:
+                        self._hear(m)
+                    except Exception:  # a bug here must not stop the actor's stream
+                        log.exception("runner %s: a message failed: %r", self.name, m)
+        except Exception as e:
+            self._fleet.lost(self, f"runner {self.name} lost: {type(e).__name__}: {e}")
 
     def _hear(self, m: ToService) -> None:
         if isinstance(m, Held):
@@ -308,6 +309,10 @@ class RayRunners:
         self.channels.remove(runner)
         self.lost_runners.append(runner.name)
         runner.close()
+        with contextlib.suppress(Exception):  # gone, or alive and about to be: no twins
+            import ray
+
+            ray.kill(runner.actor)
         for traj in list(runner.trajectories.values()):
             traj.lost(why)
         runner.trajectories.clear()
