@@ -375,9 +375,11 @@ class TestRunnerActors:
 def test_a_node_lost_mid_job_moves_its_turns_and_loses_nothing(
         cluster: tuple[Cluster, dict[str, str]], tmp_path: Path) -> None:
     c, nodes = cluster
+    # Its replays run in two runner actors, one on each node: the node takes an engine
+    # and a runner with it.
     config = ServiceConfig(db=str(tmp_path / "r.db"), token=TOKEN, emulate=7,
                            time_scale=SCALE, policy="verl@tp2",
-                           ray=RayCluster(c.address, resources=LENDS))
+                           ray=RayCluster(c.address, resources=LENDS), runners=RUNNERS)
     with running(config, startup_timeout_s=240) as (url, service), \
             httpx.Client(base_url=url, headers={"authorization": f"Bearer {TOKEN}"},
                          timeout=30) as client:
@@ -390,6 +392,9 @@ def test_a_node_lost_mid_job_moves_its_turns_and_loses_nothing(
         assert sorted(where.values()) == sorted([nodes["head"]] * 2 + [nodes["two"]])
         [lost] = [e for e, node in where.items() if node == nodes["two"]]
         label_of = {s.engine_id: s.label for s in runtime.engines()}
+        assert service.runners is not None
+        [doomed] = [name for name, (_, node) in service.runners.where().items()
+                    if node == nodes["two"]]
         n = 96
         r = client.post("/v1/jobs", json={"tasks": {"workload": "math", "trajectories": n,
                                                     "group_size": 8}, "job_id": "j"})
@@ -402,6 +407,7 @@ def test_a_node_lost_mid_job_moves_its_turns_and_loses_nothing(
         c.remove_node(next(x for x in c.list_all_nodes() if x.node_id == nodes["two"]))
         lines += list(stream)
         view = client.get("/v1/jobs/j").json()
+        lost_runners = list(service.runners.lost_runners)
     assert [x["seq"] for x in lines] == list(range(1, n + 1))  # none lost, none twice
     records = [x["trajectory"] for x in lines]
     assert len({t["trajectory_id"] for t in records}) == n
@@ -410,3 +416,6 @@ def test_a_node_lost_mid_job_moves_its_turns_and_loses_nothing(
     # The lost node's engine, busy when the node went, was failed by the runtime: the
     # turns it ran were run again on the others, and every trajectory completed.
     assert [label for label, _ in runtime.failures] == [label_of[lost]]
+    # Its runner's trajectories ran again, as new attempts, in the head's.
+    assert lost_runners == [doomed]
+    assert any(t["attempt"] == 1 for t in records)
