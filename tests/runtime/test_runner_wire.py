@@ -69,7 +69,7 @@ def _messages() -> list[object]:
         CallStarted("t", "e1"), CallEnded("t", "e1", 17), Sampled("t", 5),
         Journaled("t", 0, 5, b"\x81\xa1a\x01"), Done("t"), Held(7),
         Finished("t", Trajectory("t", GroupKey("g", 1), status=TrajectoryStatus.COMPLETED)),
-        Finished("t", None),
+        Finished("t", None, "cancelled in its runner"),
     ]
 
 

@@ -250,8 +250,8 @@ class RayRunners:
         except asyncio.CancelledError:
             runner.send(Cancel(traj_id))
             raise
-        if result is None:  # cancelled there, not here: only a closing fleet does
-            raise RunnerLost(f"trajectory {traj_id} was cancelled in its runner")
+        if isinstance(result, str):  # cancelled there (not from here), or its run raised
+            raise RunnerLost(f"trajectory {traj_id}: {result}")
         return result
 
     def where(self) -> dict[str, tuple[int, str]]:

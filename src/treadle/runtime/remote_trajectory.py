@@ -71,7 +71,7 @@ class RemoteTrajectory:
         self.sampled = 0
         self._send = send  # to its actor
         self.journal = journal
-        self.result: asyncio.Future[Trajectory | None] = (
+        self.result: asyncio.Future[Trajectory | str] = (
             asyncio.get_running_loop().create_future())
         self._rt = runtime
         self._since: float | None = None  # when its turn began waiting for an admission
@@ -144,7 +144,7 @@ class RemoteTrajectory:
         elif isinstance(m, Finished):
             self._end("ended in its runner")
             if not self.result.done():
-                self.result.set_result(m.trajectory)
+                self.result.set_result(m.error if m.trajectory is None else m.trajectory)
 
     def lost(self, why: str) -> None:
         """Its actor is gone: the runtime forgets it, its `replay` raises RunnerLost."""

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import logging
 import os
 import time
 from collections.abc import Coroutine
@@ -68,7 +70,9 @@ from treadle.runtime.runner_wire import (
     unpack,
 )
 from treadle.runtime.turns import ScheduledTurns
-from treadle.types import GroupKey, KVAcrossUpdates
+from treadle.types import GroupKey, KVAcrossUpdates, Trajectory
+
+log = logging.getLogger(__name__)
 
 
 class MirrorHost:
@@ -88,7 +92,7 @@ class MirrorHost:
         self.gate = asyncio.Event()  # set while engine calls may go
         self.queries: dict[int, asyncio.Future[Literal["failed", "retry"]]] = {}
         self._query_ids = 0
-        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.tasks: dict[str, asyncio.Task[Trajectory]] = {}
         self.attempts: dict[str, int] = {}  # of the trajectories it runs
         self._background: set[asyncio.Task[Any]] = set()
 
@@ -130,12 +134,13 @@ class MirrorHost:
                 self.send(Held(m.hold_id))  # after every CallStarted sent before
             elif isinstance(m, StartReplay):
                 self.attempts[m.traj_id] = m.attempt
-                self.tasks[m.traj_id] = asyncio.get_running_loop().create_task(
-                    self._replay(m))
+                task = asyncio.get_running_loop().create_task(self._replay(m))
+                task.add_done_callback(functools.partial(self._settled, m.traj_id))
+                self.tasks[m.traj_id] = task
             elif isinstance(m, Cancel):
-                task = self.tasks.get(m.traj_id)
-                if task is not None:
-                    task.cancel()
+                running = self.tasks.get(m.traj_id)
+                if running is not None:
+                    running.cancel()
             elif isinstance(m, Answer):
                 future = self.queries.pop(m.query_id, None)
                 if future is not None and not future.done():
@@ -149,23 +154,30 @@ class MirrorHost:
             if slot is not None:
                 self.spawn(slot.engine.aclose())
 
-    async def _replay(self, m: StartReplay) -> None:
+    async def _replay(self, m: StartReplay) -> Trajectory:
         journal = _Journal(self, m.traj_id) if m.journaled else None
         kept = m.resume
-        traj = None
-        try:
-            traj = await replay_task(
-                self, m.spec, traj_id=m.traj_id, key=GroupKey(m.group_id, m.repetition),
-                task_id=m.task_id, attempt=m.attempt, kv=m.kv, journal=journal,
-                resume=None if kept is None else (lambda _replay_of: kept),
-                max_staleness=m.max_staleness)
-        finally:
-            runner = self.runners.pop(m.traj_id, None)
-            if runner is not None and not runner.done:
-                runner.ended("abandoned")  # cancelled before its first event, or after
-            self.tasks.pop(m.traj_id, None)
-            self.attempts.pop(m.traj_id, None)
-            self.send(Finished(m.traj_id, traj))
+        return await replay_task(
+            self, m.spec, traj_id=m.traj_id, key=GroupKey(m.group_id, m.repetition),
+            task_id=m.task_id, attempt=m.attempt, kv=m.kv, journal=journal,
+            resume=None if kept is None else (lambda _replay_of: kept),
+            max_staleness=m.max_staleness)
+
+    def _settled(self, traj_id: str, task: asyncio.Task[Trajectory]) -> None:
+        """A trajectory's task is over, however (a callback: a task cancelled before
+        its first step never runs its body): its end and its record go back."""
+        runner = self.runners.pop(traj_id, None)
+        if runner is not None and not runner.done:
+            runner.ended("abandoned")  # cancelled before its first event, or after
+        self.tasks.pop(traj_id, None)
+        self.attempts.pop(traj_id, None)
+        if task.cancelled():
+            self.send(Finished(traj_id, None, "cancelled in its runner"))
+        elif (error := task.exception()) is not None:
+            log.error("trajectory %s failed in its runner", traj_id, exc_info=error)
+            self.send(Finished(traj_id, None, f"{type(error).__name__}: {error}"))
+        else:
+            self.send(Finished(traj_id, task.result()))
 
     def ask(self, traj_id: str, slot: EngineSlot,
             error: EngineError) -> asyncio.Future[Literal["failed", "retry"]]:

@@ -235,10 +235,12 @@ class Done:
 
 @dataclass(frozen=True, slots=True)
 class Finished:
-    """A trajectory's end: its record, or None when it was cancelled."""
+    """A trajectory's end: its record, or None when it was cancelled or its run
+    raised (`error` says what)."""
 
     traj_id: str
     trajectory: Trajectory | None
+    error: str = ""
 
 
 @dataclass(frozen=True, slots=True)
