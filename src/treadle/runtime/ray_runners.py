@@ -222,6 +222,9 @@ class RayRunners:
         self._mirror_engines()
         await asyncio.gather(*(self._start_one() for _ in range(self.actors.count)))
         self.runtime.follow(self)
+        self._mirror_engines()  # what changed while they started
+        for runner in self.channels:
+            runner.send(self._weights())
 
     @property
     def runners(self) -> list[RunnerChannel]:
