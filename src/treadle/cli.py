@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     from treadle.bench.judge import add_judge_bench_parser
     from treadle.bench.live import add_live_bench_parser
     from treadle.bench.sandbox import add_bench_parser
-    from treadle.bench.service import add_service_bench_parser
+    from treadle.bench.service_cli import add_service_bench_parser
     from treadle.engines.cli import add_engine_parser
     from treadle.run.cli import add_run_parser
     from treadle.sandbox.cli import add_parser as add_sandbox_parser

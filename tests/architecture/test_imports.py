@@ -44,7 +44,8 @@ LAYERS: dict[str, set[str]] = {
 _FREE = {"errors", "types", "clock", ""}  # importable from anywhere (clock: not core)
 # The modules that may import Ray (the optional `ray` extra), each only inside its
 # functions, so that treadle installs and imports without it.
-RAY_MODULES = {"treadle.runtime.ray_launcher", "treadle.runtime.ray_sandboxes"}
+RAY_MODULES = {"treadle.runtime.ray_launcher", "treadle.runtime.ray_sandboxes",
+               "treadle.runtime.ray_runners", "treadle.runtime.runner_actor"}
 # verl's checkpoint engine: loaded only inside a verl trainer's process, which runs on
 # its own Ray (and its own virtualenv, .venv-verl).
 TRAINER_RAY_MODULES = {"treadle.client.verl_weights"}

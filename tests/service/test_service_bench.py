@@ -55,7 +55,8 @@ def test_latencies_summarise_to_percentiles_in_milliseconds() -> None:
 
 @pytest.mark.parametrize("args", [["--trajectories", "20"], ["--workload", "chess"],
                                   ["--time-scale", "0"], ["--jobs", "0"],
-                                  ["--engine-http", "aiohttp"]])
+                                  ["--engine-http", "aiohttp"], ["--runners", "1,x"],
+                                  ["--runners", "-1"]])
 def test_bad_arguments_exit_2_with_one_line(args: list[str], tmp_path: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "service", *args, "--out", str(tmp_path / "r.json")]) == 2

@@ -5,12 +5,14 @@ custom resource, with emulated engines (they only pretend to use the GPUs).
 One cluster of two nodes serves the module (a Ray node takes seconds to start): a
 head node with 6 GPUs of which it lends 4 to engines (`treadle_engine`), and a node
 "two" with 3 GPUs, all lent, which also lends room for 2 sandbox servers
-(`treadle_sandbox`: `RaySandboxFleet`). Node "two" is removed by the last test."""
+(`treadle_sandbox`: `RaySandboxFleet`). Each node has room for one runner actor
+(`treadle_runner`: `RayRunners`). Node "two" is removed by the last test."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import time
@@ -29,11 +31,12 @@ from treadle.bench.faults import ServiceProcess
 from treadle.engines.errors import EngineStartError
 from treadle.runtime.launcher import EmulatedProcess
 from treadle.runtime.ray_launcher import RayCluster, RayLauncher
+from treadle.runtime.ray_runners import RunnerActors
 from treadle.runtime.ray_sandboxes import RaySandboxFleet, SandboxServers
 from treadle.sandbox.autoscale import ScaleDecision, Scaling
 from treadle.sandbox.base import Limits
 from treadle.sandbox.remote import RemoteBackend
-from treadle.service.state import ServiceConfig
+from treadle.service.state import Service, ServiceConfig
 from treadle.testing import FakeClock
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -76,10 +79,10 @@ def cluster() -> Iterator[tuple[Cluster, dict[str, str]]]:
 
 def _cluster() -> Cluster:
     c = Cluster(initialize_head=True, connect=True, head_node_args={
-        "num_cpus": 2, "num_gpus": 6, "resources": {"treadle_engine": 4},
+        "num_cpus": 2, "num_gpus": 6, "resources": {"treadle_engine": 4, "treadle_runner": 1},
         "include_dashboard": False})
     c.add_node(num_cpus=1, num_gpus=3,  # "two"
-               resources={"treadle_engine": 3, "treadle_sandbox": 2})
+               resources={"treadle_engine": 3, "treadle_sandbox": 2, "treadle_runner": 1})
     c.wait_for_nodes(timeout=300)
     return c
 
@@ -132,12 +135,14 @@ def test_serve_ray_runs_a_job_on_the_engines_it_lays_out_on_the_cluster(
     service = ServiceProcess(tmp_path / "s.db", tmp_path / "s.log", TOKEN, [
         "--ray", c.address, "--ray-resource", "treadle_engine=1", "--emulate", "2",
         "--time-scale", str(SCALE), "--policy", "verl@tp1", "--sandbox", "local",
-        "--sandbox-servers", "1:2", "--sandbox-server-resource", "treadle_sandbox=1"])
+        "--sandbox-servers", "1:2", "--sandbox-server-resource", "treadle_sandbox=1",
+        "--runners", "2", "--runner-cpus", "0", "--runner-resource", "treadle_runner=1"])
     service.start()
     try:
         # Its one sandbox server (the minimum: nothing waits for a sandbox) is up on
         # the node that lends room for one, before the service answers.
         assert _sandbox_servers() == [nodes["two"]]
+        assert sorted(_actors("treadle-runner-")) == sorted(nodes.values())  # one a node
         with httpx.Client(base_url=service.url, timeout=30,
                           headers={"authorization": f"Bearer {TOKEN}"}) as client:
             engines = client.get("/v1/engines").json()
@@ -148,7 +153,7 @@ def test_serve_ray_runs_a_job_on_the_engines_it_lays_out_on_the_cluster(
             records = [x["trajectory"] for x in _stream(client, "s")]
     finally:
         service.stop()
-    assert _sandbox_servers() == []  # stopped with the service
+    assert _sandbox_servers() == [] and _actors("treadle-runner-") == []  # stopped with it
     # Of the seven GPUs lent, the two --emulate allows: two TP-1 engines on the
     # cluster's nodes (listening on a node's address, not on loopback).
     ip = ray.util.get_node_ip_address()
@@ -158,12 +163,16 @@ def test_serve_ray_runs_a_job_on_the_engines_it_lays_out_on_the_cluster(
 
 
 def _sandbox_servers() -> list[str]:
-    """The nodes of the sandbox servers' actors alive on the cluster, read from Ray's
+    return _actors("treadle-sandbox-server-")
+
+
+def _actors(prefix: str) -> list[str]:
+    """The nodes of the actors alive on the cluster named `prefix`..., read from Ray's
     control store (its state API needs the dashboard, which this cluster runs without)."""
     import ray._private.state
 
     return [a["Address"]["NodeID"] for a in ray._private.state.actors().values()
-            if a["State"] == "ALIVE" and a["Name"].startswith("treadle-sandbox-server-")]
+            if a["State"] == "ALIVE" and a["Name"].startswith(prefix)]
 
 
 @pytest.mark.parametrize(("argv", "line"), [
@@ -180,6 +189,9 @@ def _sandbox_servers() -> list[str]:
      "--sandbox-servers '3:1': MIN:MAX, 0 <= MIN <= MAX, MAX >= 1"),
     (["--ray", "--emulate", "2", "--sandbox-servers", "1:2"],
      "--sandbox-servers: the servers' --sandbox is bwrap or local"),
+    (["--emulate", "2", "--runners", "2"],
+     "--runners starts runner actors on a Ray cluster: give --ray too"),
+    (["--emulate", "2", "--runner-resource", "x=1"], "--runner-resource needs --runners"),
 ])
 def test_serve_ray_without_ray_or_with_bad_options_says_so_in_one_line(
         argv: list[str], line: str) -> None:
@@ -248,12 +260,126 @@ def test_sandbox_servers_follow_demand_on_the_nodes_that_lend_room_for_them(
     asyncio.run(scenario())
 
 
+RUNNERS = RunnerActors(count=2, num_cpus=0, resources=(("treadle_runner", 1.0),))
+
+
+RunnerService = tuple[str, Service]
+
+
+@pytest.fixture(scope="class")
+def runner_service(cluster: tuple[Cluster, dict[str, str]],
+                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunnerService]:
+    """A service whose replays run in two runner actors, one on each node (each lends
+    room for one); shared by `TestRunnerActors` (an engine pool takes seconds to start),
+    stopped after them (its engines hold GPUs the later tests lay out)."""
+    c, _ = cluster
+    config = ServiceConfig(db=str(tmp_path_factory.mktemp("runners") / "r.db"), token=TOKEN,
+                           emulate=2, time_scale=SCALE, policy="verl@tp1",
+                           ray=RayCluster(c.address, resources=LENDS), runners=RUNNERS)
+    with running(config, startup_timeout_s=240) as (url, service):
+        yield url, service
+
+
+def _client(url: str) -> httpx.Client:
+    return httpx.Client(base_url=url, timeout=30, headers={"authorization": f"Bearer {TOKEN}"})
+
+
+async def _engine_requests(urls: list[str]) -> int:
+    """Requests running or waiting on the engines at `urls` now."""
+    from treadle.engines.emulated_client import EmulatedEngineClient
+
+    total = 0
+    for url in urls:
+        engine = EmulatedEngineClient(url, "any")
+        try:
+            load = await engine.load()
+        finally:
+            await engine.aclose()
+        total += load.running + load.waiting
+    return total
+
+
+class TestRunnerActors:
+    """Workload replays in runner actors (`RayRunners`), one service for both tests."""
+
+    def test_replays_run_in_runner_actors_one_per_node_none_lost_or_twice(
+            self, cluster: tuple[Cluster, dict[str, str]], runner_service: RunnerService) -> None:
+        _, nodes = cluster
+        url, service = runner_service
+        runners = service.runners
+        assert runners is not None
+        n = 24
+        with _client(url) as client:
+            where, before = runners.where(), runners.ran()
+            urls = [e["url"] for e in client.get("/v1/engines").json()]
+            r = client.post("/v1/jobs", json={"tasks": {"workload": "math", "trajectories": n,
+                                                        "group_size": 4}, "job_id": "r"})
+            assert r.status_code == 201, r.text
+            stream = _stream(client, "r")
+            lines = [next(stream)]
+            # A pause mid-job holds the actors' calls: once it returns, no engine runs one
+            # (each actor had held its calls, and the pool knew of all it had started);
+            # tokens sampled after the resume carry the new version.
+            assert client.post("/v1/weights/pause", json={"mode": "abort"}).status_code == 200
+            assert asyncio.run(_engine_requests(urls)) == 0
+            assert client.post("/v1/weights/resume", json={"policy_version": 1}).status_code == 200
+            lines += list(stream)
+            ran = {name: k - before.get(name, 0) for name, k in runners.ran().items()}
+            decisions = service.runtime.control.decisions
+        assert [x["seq"] for x in lines] == list(range(1, n + 1))  # none lost, none twice
+        records = [x["trajectory"] for x in lines]
+        assert len({t["trajectory_id"] for t in records}) == n
+        assert [t["status"] for t in records] == ["completed"] * n
+        assert all(t["turns"] for t in records)
+        versions = {turn["policy_version"] for t in records for turn in t["turns"]}
+        assert versions == {0, 1}
+        # Two actors, one on each node, processes of their own; every trajectory
+        # finished in one of them, both had some, and the service's scheduler decided.
+        assert sorted(node for _, node in where.values()) == sorted(nodes.values())
+        pids = {pid for pid, _ in where.values()}
+        assert len(pids) == 2 and os.getpid() not in pids
+        assert sum(ran.values()) == n and all(ran.values()), ran
+        assert decisions > 0
+
+
+    def test_a_runner_actor_killed_mid_job_has_its_trajectories_run_again(
+            self, runner_service: RunnerService) -> None:
+        url, service = runner_service
+        runners = service.runners
+        assert runners is not None
+        n = 32
+        with _client(url) as client:
+            r = client.post("/v1/jobs", json={"tasks": {"workload": "math", "trajectories": n,
+                                                        "group_size": 4}, "job_id": "k"})
+            assert r.status_code == 201, r.text
+            stream = _stream(client, "k")
+            lines = [next(stream)]  # mid-job: every trajectory started, one delivered
+            victim = max(runners.runners, key=lambda x: len(x.trajectories))
+            ray.kill(victim.actor)
+            lines += list(stream)
+            view = client.get("/v1/jobs/k").json()
+            lost, ran = list(runners.lost_runners), runners.ran()
+        assert [x["seq"] for x in lines] == list(range(1, n + 1))  # none lost, none twice
+        records = [x["trajectory"] for x in lines]
+        assert len({t["trajectory_id"] for t in records}) == n
+        assert view["status"] == "completed" and view["delivered"] == n
+        assert lost == [victim.name]
+        # The killed actor's trajectories ran again, each as a new attempt, on the other
+        # actor or its replacement, and completed; the others completed at their first.
+        again = [t for t in records if t["attempt"] > 0]
+        assert again and all(t["attempt"] == 1 for t in again)
+        assert [t["status"] for t in records] == ["completed"] * n
+        assert victim.name not in ran and len(ran) == 2  # a replacement took its place
+
+
 def test_a_node_lost_mid_job_moves_its_turns_and_loses_nothing(
         cluster: tuple[Cluster, dict[str, str]], tmp_path: Path) -> None:
     c, nodes = cluster
+    # Its replays run in two runner actors, one on each node: the node takes an engine
+    # and a runner with it.
     config = ServiceConfig(db=str(tmp_path / "r.db"), token=TOKEN, emulate=7,
                            time_scale=SCALE, policy="verl@tp2",
-                           ray=RayCluster(c.address, resources=LENDS))
+                           ray=RayCluster(c.address, resources=LENDS), runners=RUNNERS)
     with running(config, startup_timeout_s=240) as (url, service), \
             httpx.Client(base_url=url, headers={"authorization": f"Bearer {TOKEN}"},
                          timeout=30) as client:
@@ -266,6 +392,9 @@ def test_a_node_lost_mid_job_moves_its_turns_and_loses_nothing(
         assert sorted(where.values()) == sorted([nodes["head"]] * 2 + [nodes["two"]])
         [lost] = [e for e, node in where.items() if node == nodes["two"]]
         label_of = {s.engine_id: s.label for s in runtime.engines()}
+        assert service.runners is not None
+        [doomed] = [name for name, (_, node) in service.runners.where().items()
+                    if node == nodes["two"]]
         n = 96
         r = client.post("/v1/jobs", json={"tasks": {"workload": "math", "trajectories": n,
                                                     "group_size": 8}, "job_id": "j"})
@@ -278,6 +407,7 @@ def test_a_node_lost_mid_job_moves_its_turns_and_loses_nothing(
         c.remove_node(next(x for x in c.list_all_nodes() if x.node_id == nodes["two"]))
         lines += list(stream)
         view = client.get("/v1/jobs/j").json()
+        lost_runners = list(service.runners.lost_runners)
     assert [x["seq"] for x in lines] == list(range(1, n + 1))  # none lost, none twice
     records = [x["trajectory"] for x in lines]
     assert len({t["trajectory_id"] for t in records}) == n
@@ -286,3 +416,6 @@ def test_a_node_lost_mid_job_moves_its_turns_and_loses_nothing(
     # The lost node's engine, busy when the node went, was failed by the runtime: the
     # turns it ran were run again on the others, and every trajectory completed.
     assert [label for label, _ in runtime.failures] == [label_of[lost]]
+    # Its runner's trajectories ran again, as new attempts, in the head's.
+    assert lost_runners == [doomed]
+    assert any(t["attempt"] == 1 for t in records)

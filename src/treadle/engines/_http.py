@@ -165,6 +165,8 @@ class HttpEngine(Engine):
                  headers: Mapping[str, str] | None = None,
                  connect_timeout_s: float = 10.0) -> None:
         self.base_url = base_url.rstrip("/")
+        # Sent with every call; kept so that another process can make the same client.
+        self.headers: tuple[tuple[str, str], ...] = tuple(sorted((headers or {}).items()))
         remember_address(self.base_url)  # never shown in an answer to a client
         stack = os.environ.get(HTTP_STACK_ENV, "wire")
         self._legacy = client is not None or stack == "httpx"

@@ -16,6 +16,12 @@ only through `SchedulerInterface`:
 
 `turns` imports only this module of the runtime; `driver` imports `turns` to make
 runners and sees them as `Runner`s.
+
+Runners may also live in other processes (`runtime.ray_runners`): there a host of
+their own (`runtime.runner_actor`) mirrors the runtime for them, and a `Runner` proxy
+in the service stands for each; the runtime tells such a fleet, a `RuntimeFollower`,
+what its runners' hosts must mirror. `TrajectoryHost` is what a rollout
+(`runtime.rollout`) needs of either host: a clock and a runner per trajectory.
 """
 
 from __future__ import annotations
@@ -23,13 +29,14 @@ from __future__ import annotations
 from collections.abc import Coroutine
 from typing import Any, Literal, Protocol
 
+from treadle.agent.runner import TurnRunner
 from treadle.clock import Clock
 from treadle.core.events import Event
 from treadle.engines.errors import EngineError
 from treadle.runtime.pool import EngineSlot
 from treadle.types import KVAcrossUpdates
 
-__all__ = ["EngineSlot", "Runner", "RunnerHost"]
+__all__ = ["EngineSlot", "Runner", "RunnerHost", "RuntimeFollower", "TrajectoryHost"]
 
 
 class RunnerHost(Protocol):
@@ -149,4 +156,34 @@ class Runner(Protocol):
     def fail(self, error: EngineError) -> None:
         """No engine will run the trajectory: its waiting turn raises `error`; from
         now on `waiting_since` is None (until an `admit`)."""
+        ...
+
+
+class RuntimeFollower(Protocol):
+    """Who mirrors the runtime for runners elsewhere, as the runtime sees it."""
+
+    async def hold(self) -> None:
+        """New engine calls are held: return once every runner's host holds them too,
+        with every call started before known to the pool (`call_started`)."""
+        ...
+
+    def released(self) -> None:
+        """Calls may go again; the policy version and cache salt may have changed."""
+        ...
+
+    def engines_changed(self) -> None:
+        """An engine joined, began draining, failed or left the pool."""
+        ...
+
+
+class TrajectoryHost(Protocol):
+    """Where a rollout's trajectory runs (the runtime, or a runner's host)."""
+
+    @property
+    def clock(self) -> Clock: ...
+
+    def turns(self, traj_id: str, group_id: str,
+              kv: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE, *,
+              judge: bool = False, max_staleness: int | None = None) -> TurnRunner:
+        """The runner of a new trajectory (`Runtime.turns`)."""
         ...

@@ -21,7 +21,8 @@ carries out its decisions —
 
 Parts: `runtime.control` feeds the scheduler and times it, `runtime.pool` holds the
 engines, `runtime.turns` runs each trajectory's turns; the runtime and those runners
-see each other only through `runtime.contract` (`RunnerHost`, `Runner`).
+see each other only through `runtime.contract` (`RunnerHost`, `Runner`; runners in
+other processes, `runtime.ray_runners`, are `adopt`ed proxies of a `follow`er).
 
 Time is the `Clock`'s: every wait of the runtime — the scheduler's wake-ups, the
 grace for engines to come back, relaunch back-offs, health checks — is on it, so a
@@ -38,8 +39,8 @@ stopped, and if this runtime launched it, a replacement is launched on its GPUs
 under the `RelaunchPolicy` (bounded attempts, back-off on the clock). A background
 check fails engines that stop answering, busy ones too (a stopped process would
 hold its calls until their timeout); one that says it does not serve the model is
-failed at once. While no engine is live (none
-yet, or the last one failed, was removed or drained), a waiting turn is given a
+failed at once. While no engine is live (none yet, or the last one failed, was
+removed or drained), a waiting turn is given a
 grace of `engine_wait_s` from the later of that moment and the start of its wait:
 an engine registered or launched within it picks the turn up; after it the turn
 fails with `NoEngineAvailable` (its trajectory ends with status error, stage
@@ -86,7 +87,7 @@ from treadle.engines.errors import (
     NoEngineAvailable,
     WeightUpdateTimeout,
 )
-from treadle.runtime.contract import Runner
+from treadle.runtime.contract import Runner, RuntimeFollower
 from treadle.runtime.control import ControlStats, DecisionLoop
 from treadle.runtime.launcher import EngineLauncher, LaunchedEngine
 from treadle.runtime.pool import DEFAULT_RELAUNCH, EnginePool, EngineSlot, RelaunchPolicy
@@ -142,6 +143,7 @@ class Runtime:
         self._grace: asyncio.Task[None] | None = None  # fails waiters while none is live
         self._grace_poke = asyncio.Event()  # capacity changed: the grace looks again
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._followers: list[RuntimeFollower] = []  # runners' hosts elsewhere
         self._closed = False
 
     # -- lifecycle -------------------------------------------------------------------
@@ -193,13 +195,20 @@ class Runtime:
         judge's call, of the scheduler's judge class (after rollouts, preempted first);
         `max_staleness`: its job's bound, which a policy weighing staleness schedules
         it by (None: the policy's own)."""
-        if traj_id in self._runners:
-            raise ValueError(f"trajectory {traj_id!r} is already running")
         runner = ScheduledTurns(self, traj_id, group_id, kv, judge=judge,
                                 max_staleness=max_staleness)
-        self._runners[traj_id] = runner
-        self.control.max_live = max(self.control.max_live, len(self._runners))
+        self.adopt(runner)
         return runner
+
+    def adopt(self, runner: Runner) -> None:
+        """Schedule a trajectory's runner (`turns`', or a runner actor's proxy)."""
+        if runner.traj_id in self._runners:
+            raise ValueError(f"trajectory {runner.traj_id!r} is already running")
+        self._runners[runner.traj_id] = runner
+        self.control.max_live = max(self.control.max_live, len(self._runners))
+
+    def follow(self, follower: RuntimeFollower) -> None:
+        self._followers.append(follower)  # told of holds, releases and engine changes
 
     @property
     def live_trajectories(self) -> int:
@@ -252,6 +261,7 @@ class Runtime:
         """Hold new engine calls; return once none is in flight. "abort" aborts the
         calls in flight (their turns keep their tokens and resume after `resume`)."""
         self._gate.clear()
+        await asyncio.gather(*(f.hold() for f in self._followers))
         if mode == "abort":
             for runner in list(self._runners.values()):
                 runner.abort_for_pause()
@@ -294,6 +304,7 @@ class Runtime:
         kept = aborted = 0
         try:
             async with self.clock.timeout(timeout_s):
+                await asyncio.gather(*(f.hold() for f in self._followers))
                 quiesced = await quiesce(self._runners.values(), self.pool, mode)
                 kept, aborted = quiesced.kept, quiesced.aborted
                 for slot in self.pool.slots():  # with any that joined meanwhile
@@ -353,6 +364,8 @@ class Runtime:
                 self._announced = policy_version
                 self.tell(PolicyUpdated(policy_version))
         self._gate.set()
+        for follower in self._followers:
+            follower.released()
 
     def sampled_tokens(self, traj_id: str) -> int:
         """Tokens the engines returned to a running trajectory so far (0 once it
@@ -394,6 +407,8 @@ class Runtime:
     # -- what the pool tells it (pool.PoolOwner) ---------------------------------------
 
     def engine_event(self, event: Event) -> None:
+        for follower in self._followers:
+            follower.engines_changed()
         self._decisions.tell(event)
         if isinstance(event, EngineFailed):
             for runner in list(self._runners.values()):

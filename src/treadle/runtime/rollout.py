@@ -38,6 +38,7 @@ from treadle.engines.errors import EngineError
 from treadle.envs.base import Suite, open_episode
 from treadle.envs.worktree import WorkTreeCapture
 from treadle.errors import TreadleError
+from treadle.runtime.contract import TrajectoryHost
 from treadle.runtime.driver import Runtime
 from treadle.runtime.replay import replay
 from treadle.sandbox.base import SandboxBackend
@@ -125,14 +126,15 @@ def _log_teardown_failure(traj_id: str, ran: list[Trajectory]) -> Callable[..., 
     return exit_
 
 
-async def replay_task(runtime: Runtime, spec: TrajectorySpec, *, traj_id: str, key: GroupKey,
+async def replay_task(runtime: TrajectoryHost, spec: TrajectorySpec, *, traj_id: str, key: GroupKey,
                       task_id: str = "", attempt: int = 0,
                       kv: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE,
                       journal: TurnJournal | None = None,
                       resume: ResumePlan | None = None,
                       max_staleness: int | None = None) -> Trajectory:
     """A workload trajectory's script, replayed on the runtime's engines; `journal`,
-    `resume` and `max_staleness` as for `run_task` (a replay calls no tools)."""
+    `resume` and `max_staleness` as for `run_task` (a replay calls no tools). `runtime`
+    may be a runner actor's host (`runtime.runner_actor`)."""
     traj = Trajectory(traj_id, key, prompt_tokens=spec.prompt_tokens, task_id=task_id,
                       attempt=attempt, status=TrajectoryStatus.RUNNING, kv_across_updates=kv)
     traj.timings.started_at = runtime.clock.now()

@@ -71,8 +71,11 @@ class ScheduledTurns:
 
     def __init__(self, host: RunnerHost, traj_id: str, group_id: str,
                  kv: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE, *, judge: bool = False,
-                 max_staleness: int | None = None) -> None:
+                 max_staleness: int | None = None, attempt: int = 0) -> None:
         self.traj_id = traj_id
+        # In its calls' request ids after the first attempt: a call of a lost attempt
+        # may still run on its engine, which refuses an id in flight.
+        self._ids = traj_id if attempt == 0 else f"{traj_id}@{attempt}"
         self.group_id = group_id
         self.kv = kv
         self.judge = judge  # a judge's call: the scheduler's judge class
@@ -138,7 +141,7 @@ class ScheduledTurns:
             if seed is not None and ids:
                 seed = derived_seed(seed, len(ids))
             request = GenerateRequest(
-                request_id=f"{self.traj_id}:{self._turn}:{self._calls}",
+                request_id=f"{self._ids}:{self._turn}:{self._calls}",
                 prompt_ids=prompt_ids + ids, max_tokens=max_tokens - len(ids),
                 temperature=sampling.temperature, top_p=sampling.top_p, seed=seed,
                 stop_token_ids=stop_ids, priority=_int_priority(priority),

@@ -9,6 +9,12 @@ attempt after a restart resumes from its last journaled turn; a harness run's
 sessions are the gateway's and start over. It returns the trajectory (a failure
 outside the agent loop is an error record, stage runtime) and raises only
 CancelledError.
+
+With runner actors (`runtime.ray_runners`), replays run in them. A replay whose
+actor is lost runs again as a new attempt (counted in the store, resumed from its
+journaled turns), on another actor, at most `runner_retries` times; after that its
+record is an error, stage runtime, that says so. Suite tasks and harness runs stay
+in the service.
 """
 
 from __future__ import annotations
@@ -20,8 +26,10 @@ from typing import Protocol
 
 from treadle.agent.tokenizer import Tokenizer
 from treadle.runtime.driver import Runtime
+from treadle.runtime.ray_runners import RayRunners
+from treadle.runtime.remote_trajectory import RunnerLost
 from treadle.runtime.rollout import replay_task, run_task
-from treadle.service.journal import JournalWriter
+from treadle.service.journal import AttemptJournal, JournalWriter
 from treadle.service.judging import Judging
 from treadle.service.planning import HarnessWork, ReplayWork, SuiteWork, Work
 from treadle.service.sandboxes import SuitePools
@@ -55,13 +63,16 @@ class Attempts:
 
     def __init__(self, runtime: Runtime, sandboxes: SuitePools, judging: Judging,
                  journal: JournalWriter, *, tokenizer: Tokenizer | None,
-                 harnesses: HarnessRunner | None = None) -> None:
+                 harnesses: HarnessRunner | None = None, runners: RayRunners | None = None,
+                 runner_retries: int = 2) -> None:
         self.runtime = runtime
         self.sandboxes = sandboxes
         self.judging = judging
         self.journal = journal
         self.tokenizer = tokenizer
         self.harnesses = harnesses
+        self.runners = runners  # runner actors the replays run in (None: here)
+        self.runner_retries = runner_retries  # new attempts of a replay whose actor is lost
 
     def start(self) -> None:
         self.journal.start()
@@ -76,9 +87,12 @@ class Attempts:
         p = work.planned
         key = GroupKey(p.group_id, p.repetition)
         tid = p.trajectory_id
-        journal = self.journal.attempt(work.job_id, tid, attempt)
+        journals = [self.journal.attempt(work.job_id, tid, attempt)]
+        journal = journals[0]
         try:
             match work:
+                case ReplayWork() if self.runners is not None:
+                    return await self._remote(work, attempt, journals, self.runners)
                 case ReplayWork():
                     return await replay_task(
                         self.runtime, work.spec, traj_id=tid, key=key, task_id=p.task_id,
@@ -111,7 +125,38 @@ class Attempts:
                               status=TrajectoryStatus.ERROR, failure_stage=FailureStage.RUNTIME,
                               reason=f"runtime: {type(e).__name__}: {e}")
         finally:
-            journal.ended()
+            for each in journals:
+                each.ended()
+
+    async def _remote(self, work: ReplayWork, attempt: int, journals: list[AttemptJournal],
+                      runners: RayRunners) -> Trajectory:
+        """A replay in a runner actor, run again while its actor is lost (module
+        docstring); `journals` gets each attempt's journal."""
+        p = work.planned
+        tid = p.trajectory_id
+        key = GroupKey(p.group_id, p.repetition)
+        for retry in range(self.runner_retries + 1):
+            plan = await self.journal.resume(work.job_id, tid, attempt)
+            try:
+                return await runners.replay(
+                    work.spec, traj_id=tid, key=key, task_id=p.task_id, attempt=attempt,
+                    kv=work.kv, journal=journals[-1],
+                    resume=None if plan is None else plan(None),
+                    max_staleness=work.max_staleness)
+            except RunnerLost as e:
+                lost = e
+            if retry == self.runner_retries:
+                break
+            again = await self.journal.store.start(work.job_id, tid)
+            if again is None:  # finished meanwhile (cancelled): what it returns is dropped
+                break
+            attempt = again
+            log.warning("trajectory %s: %s; attempt %d", tid, lost, attempt)
+            journals.append(self.journal.attempt(work.job_id, tid, attempt))
+        return Trajectory(tid, key, task_id=p.task_id, attempt=attempt,
+                          status=TrajectoryStatus.ERROR, failure_stage=FailureStage.RUNTIME,
+                          reason=f"runtime: {lost} (its runner actor was lost "
+                                 f"{retry + 1} time(s))")
 
 
 __all__ = ["Attempts", "HarnessRunner"]

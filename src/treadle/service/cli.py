@@ -9,7 +9,8 @@ all), `--vllm MODEL_DIR` (vLLM engines started here, RL endpoints on), `--emulat
 (emulated engine processes laid out by the policy on N GPUs,
 for experiments without GPUs), or later `POST /v1/engines`. `--ray [ADDRESS]` starts
 the engines of `--emulate` or `--vllm` on a Ray cluster (`--ray-resource NAME=AMOUNT`:
-what each engine GPU asks of a node besides the GPU). Frozen sub-agents'
+what each engine GPU asks of a node besides the GPU); with `--runners N`, workload
+replays run in N runner actors there (`runtime.ray_runners`). Frozen sub-agents'
 sessions go to `--frozen-engine URL` (repeatable: engines at a pinned version that
 weight updates never reach, `--frozen-served-model`, `--frozen-policy-version`) when
 given. Suite tasks need
@@ -37,6 +38,7 @@ from treadle.agent.chat import DEFAULT_FORMAT, FORMATS
 if TYPE_CHECKING:
     from treadle.core.policies.progressive import Staleness
     from treadle.runtime.ray_launcher import RayCluster
+    from treadle.runtime.ray_runners import RunnerActors
     from treadle.runtime.ray_sandboxes import SandboxServers
     from treadle.sandbox.autoscale import Scaling
     from treadle.service.schemas import EngineRequest
@@ -114,6 +116,15 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
                    metavar="NAME=AMOUNT",
                    help="what each sandbox server asks of a Ray node besides a CPU (a "
                         "custom resource the sandbox nodes declare); repeatable")
+    p.add_argument("--runners", type=int, default=None, metavar="N",
+                   help="with --ray: run workload replays (their agent loops and engine "
+                        "calls) in N runner actors on the cluster, the scheduler staying "
+                        "here")
+    p.add_argument("--runner-cpus", type=float, default=1.0,
+                   help="Ray CPUs each runner actor holds")
+    p.add_argument("--runner-resource", action="append", default=[], metavar="NAME=AMOUNT",
+                   help="what each runner actor asks of a Ray node besides its CPUs (a "
+                        "custom resource the runner nodes declare); repeatable")
     p.add_argument("--tokenizer", default=None, metavar="DIR",
                    help="the served model's tokenizer.json directory (needed for suite tasks)")
     p.add_argument("--chat-format", default=DEFAULT_FORMAT, choices=sorted(FORMATS),
@@ -252,6 +263,7 @@ def run_serve(args: argparse.Namespace) -> int:
                                public_url=args.public_url, frozen_engines=frozen,
                                chat_format=args.chat_format, ray=ray,
                                sandbox_servers=servers, sandbox_scaling=scaling,
+                               runners=_runners(args),
                                frozen_policy_version=args.frozen_policy_version)
         service = build_service(config)
         if service.gateway.url is None:  # where harness jobs' commands reach it
@@ -291,6 +303,22 @@ def _ray_cluster(args: argparse.Namespace) -> RayCluster | None:
     resources = tuple(_resource("--ray-resource", r) for r in args.ray_resource)
     require_ray()
     return RayCluster(args.ray or None, resources=resources)
+
+
+def _runners(args: argparse.Namespace) -> RunnerActors | None:
+    """`--runners N`, `--runner-cpus` and `--runner-resource`s; ValueError in one line."""
+    from treadle.runtime.ray_runners import RunnerActors
+
+    if args.runners is None:
+        if args.runner_resource:
+            raise ValueError("--runner-resource needs --runners")
+        return None
+    if args.ray is None:
+        raise ValueError("--runners starts runner actors on a Ray cluster: give --ray too")
+    if args.runners < 1 or args.runner_cpus < 0:
+        raise ValueError("--runners N: N >= 1 (and --runner-cpus >= 0)")
+    resources = tuple(_resource("--runner-resource", r) for r in args.runner_resource)
+    return RunnerActors(args.runners, num_cpus=args.runner_cpus, resources=resources)
 
 
 def _sandbox_servers(args: argparse.Namespace) -> tuple[SandboxServers | None, Scaling]:

@@ -78,6 +78,12 @@ class AttemptJournal:
         self._pending = 0
         self._writer.add(_Row(*self._key, entry.index, entry.tokens, TURN, entry.encode))
 
+    def turn_body(self, index: int, tokens: int, body: bytes) -> None:
+        """`turn` of a turn encoded elsewhere (a runner actor's)."""
+        self._writer.unjournaled -= self._pending
+        self._pending = 0
+        self._writer.add(_Row(*self._key, index, tokens, TURN, lambda: body))
+
     def ended(self) -> None:
         self._writer.unjournaled -= self._pending
         self._pending = 0

@@ -38,6 +38,7 @@ from treadle.runtime.launcher import (
     VLLMProcess,
 )
 from treadle.runtime.ray_launcher import RayCluster, RayLauncher
+from treadle.runtime.ray_runners import RayRunners, RunnerActors
 from treadle.runtime.ray_sandboxes import RaySandboxFleet, SandboxServers
 from treadle.sandbox.autoscale import Scaling
 from treadle.sandbox.base import SandboxBackend
@@ -126,6 +127,9 @@ class ServiceConfig:
     # is then theirs (a remote backend with a token of this service's own).
     sandbox_servers: SandboxServers | None = None
     sandbox_scaling: Scaling = field(default_factory=Scaling)
+    # With `ray`: run workload replays in these runner actors on the cluster
+    # (runtime.ray_runners), the scheduler staying here; None: in this process.
+    runners: RunnerActors | None = None
     # Directories a job's suite options may name files under (e.g. nemo_gym's
     # rows_path); a path outside them, or any path when there are none, is refused.
     data_roots: tuple[str, ...] = ()
@@ -158,8 +162,10 @@ class Service:
     def __init__(self, config: ServiceConfig, runtime: Runtime, store: AsyncStore,
                  rollouts: Rollouts, gateway: Gateway, keys: KeyRing, sandboxes: SuitePools,
                  *, restart_s: float = _RESTART_BASE_S, frozen: Runtime | None = None,
-                 fleet: RaySandboxFleet | None = None) -> None:
+                 fleet: RaySandboxFleet | None = None,
+                 runners: RayRunners | None = None) -> None:
         self.config = config
+        self.runners = runners  # runner actors on Ray (ServiceConfig.runners)
         self.fleet = fleet  # sandbox servers on Ray (ServiceConfig.sandbox_servers)
         self._fleet_task: asyncio.Task[None] | None = None
         self.keys = keys  # who each request speaks for (service.keys)
@@ -192,6 +198,8 @@ class Service:
             await self.fleet.rebalance()
             self._fleet_task = asyncio.create_task(self.fleet.run())
         await self.runtime.start(pool)
+        if self.runners is not None:  # they mirror the engines started above
+            await self.runners.start()
         if self.frozen is not None:
             await self.frozen.start()
         for request in [*self.config.engines, *self.config.frozen_engines]:
@@ -218,6 +226,8 @@ class Service:
         await self.gateway.close()
         await self.continuous.close()
         await self.rollouts.close()
+        if self.runners is not None:
+            await self.runners.close()
         await self.runtime.close()
         if self.frozen is not None:
             await self.frozen.close()
@@ -317,14 +327,15 @@ def build_service(config: ServiceConfig) -> Service:
                       grace_s=config.session_grace_s, harnesses=config.harnesses,
                       url=config.public_url, keys=session_keys, frozen=frozen,
                       journal=SessionJournal(journal, store), judging=judging)
+    runners = _runners(config, runtime)
     attempts = Attempts(runtime, sandboxes, judging, journal,
-                        tokenizer=tokenizer, harnesses=gateway)
+                        tokenizer=tokenizer, harnesses=gateway, runners=runners)
     rollouts = Rollouts(runtime, store, planner, outbox, attempts, harnesses=gateway,
                         max_live=config.max_live, max_queued=config.max_queued)
     keys = KeyRing(config.token, store, session_keys, _open_sessions(gateway),
                    file_keys=config.trainer_keys)
     return Service(config, runtime, store, rollouts, gateway, keys, sandboxes,
-                   restart_s=restart_s, frozen=frozen, fleet=fleet)
+                   restart_s=restart_s, frozen=frozen, fleet=fleet, runners=runners)
 
 
 def _launcher(config: ServiceConfig) -> tuple[EngineLauncher | None, int]:
@@ -366,6 +377,16 @@ def _sandbox_fleet(config: ServiceConfig,
     token = secrets.token_urlsafe(32)
     return RaySandboxFleet(RemoteBackend([], token), token, config.sandbox_servers,
                            config.sandbox_scaling, demand=demand)
+
+
+def _runners(config: ServiceConfig, runtime: Runtime) -> RayRunners | None:
+    """The runner actors on the Ray cluster (`runners`)."""
+    if config.runners is None:
+        return None
+    if config.ray is None:
+        raise ValueError("runners start on a Ray cluster: give ray too")
+    config.ray.connect(num_gpus=config.emulate or None)
+    return RayRunners(runtime, config.runners)
 
 
 def _open_sessions(gateway: Gateway) -> Callable[[str], bool]:

@@ -1,0 +1,388 @@
+"""Trajectory runners on Ray: the data plane in many processes, the scheduler in one.
+
+    runners = RayRunners(runtime, RunnerActors(count=4))   # connect_ray() first
+    await runners.start()                                   # the actors, up
+    traj = await runners.replay(spec, traj_id="j/q/0", key=GroupKey("j/q", 0))
+    await runners.close()
+
+A workload replay (`runtime.rollout.replay_task`: its agent loop, its engine calls)
+runs in one of `count` runner actors (`runtime.runner_actor.RunnerWorker`, one
+process each, placed by Ray), not in the service. The runtime and its scheduler stay
+in the service and see each remote trajectory through a proxy (`RemoteTrajectory`,
+a `contract.Runner` adopted by the runtime): the scheduler's decisions about it go
+to its actor, the events its runner tells come back and are given to the scheduler.
+Both ways they travel in batches (`runtime.runner_wire`): per actor one `push` in
+flight at a time carries every decision made meanwhile, and one long `pull` brings
+back everything the actor's trajectories did since the last. The fleet follows the
+runtime (`contract.RuntimeFollower`): the actors mirror its engines, its weights
+and its gate, and a hold (a weight update's pause) returns once every actor holds
+its calls and the pool knows of every call they had started.
+
+A trajectory goes to the actor with the fewest running (ties: the first). Losing an
+actor (its process or its node gone: a `push` or `pull` fails with Ray's actor
+error; a call failing otherwise counts as a loss too, and the actor is killed, so
+that nothing it still runs is heard of twice) ends its trajectories for the
+scheduler (`TrajectoryEnded`), releases their
+calls from the pool, and raises `RunnerLost` from each `replay` waiting on one, so
+that the caller runs it again as a new attempt or records it as failed
+(`service.attempts`): none is lost, none finishes twice. A new actor replaces the
+lost one (with `replace`), and trajectories go to the others meanwhile.
+
+Engines must be treadle's HTTP clients (every engine a service holds is): an actor
+makes its own client of each from its address; others are logged and not mirrored.
+Suite tasks (sandboxes, tools, rewards) and gateway sessions run in the service.
+Ray is the `ray` extra, imported inside the functions that use it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from treadle.agent.journal import Resume
+from treadle.clock import ScaledClock
+from treadle.runtime.driver import Runtime
+from treadle.runtime.ray_launcher import require_ray
+from treadle.runtime.remote_trajectory import BodyJournal, RemoteTrajectory, RunnerLost
+from treadle.runtime.runner_wire import (
+    Answer,
+    CallFailed,
+    Cancel,
+    EngineAddress,
+    Engines,
+    Finished,
+    Held,
+    Hold,
+    StartReplay,
+    ToRunner,
+    ToService,
+    Weights,
+    engine_address,
+    pack,
+    unpack,
+)
+from treadle.types import GroupKey, KVAcrossUpdates, Trajectory
+from treadle.workloads import TrajectorySpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerActors:
+    """How many runner actors, and what each asks of a Ray node."""
+
+    count: int = 1
+    num_cpus: float = 1.0  # Ray CPUs each holds (its process runs its trajectories)
+    # What each asks for besides its CPUs, e.g. (("runner", 1),): a custom resource
+    # the nodes meant for runners declare.
+    resources: tuple[tuple[str, float], ...] = ()
+    replace: bool = True  # start a new actor for each one lost
+    ready_timeout_s: float = 120.0  # real seconds an actor may take to be placed and answer
+    # Real seconds a message waits for others to share its Ray call, each way: a Ray
+    # call costs the service far more CPU than a message (`bench service --runners`).
+    batch_window_s: float = 0.01
+
+    def __post_init__(self) -> None:
+        if self.count < 1 or self.num_cpus < 0:
+            raise ValueError("runner actors: count >= 1, num_cpus >= 0")
+
+
+@functools.cache
+def _worker_class() -> Any:
+    import ray
+
+    from treadle.runtime.runner_actor import RunnerWorker
+
+    return ray.remote(RunnerWorker)
+
+
+class RunnerChannel:
+    """One runner actor and its two streams (module docstring)."""
+
+    def __init__(self, name: str, actor: Any, fleet: RayRunners) -> None:
+        self.name = name
+        self.actor = actor
+        self.pid = 0  # its process, once it answered
+        self.node_id = ""
+        self.trajectories: dict[str, RemoteTrajectory] = {}
+        self.ran = 0  # trajectories it finished
+        self.alive = True
+        self.ready = False  # it answered: trajectories may go to it
+        self._fleet = fleet
+        self._outbox: list[ToRunner] = []
+        self._pending = asyncio.Event()
+        self._holds: dict[int, asyncio.Future[None]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def open(self) -> None:
+        """Start its streams (what was sent before goes first), then wait until it
+        answers."""
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._push()), loop.create_task(self._pull())]
+        self.pid, self.node_id = await self.actor.where.remote()
+        self.ready = True
+
+    def send(self, message: ToRunner) -> None:
+        if self.alive:
+            self._outbox.append(message)
+            self._pending.set()
+
+    def hold(self, hold_id: int) -> asyncio.Future[None]:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if not self.alive:
+            future.set_result(None)
+            return future
+        self._holds[hold_id] = future
+        self.send(Hold(hold_id))
+        return future
+
+    async def _push(self) -> None:
+        try:
+            while True:
+                await self._pending.wait()
+                await asyncio.sleep(self._fleet.actors.batch_window_s)
+                batch, self._outbox = self._outbox, []
+                self._pending.clear()
+                await self.actor.push.remote(pack(batch))
+        except Exception as e:  # its actor gone (Ray's actor error), or a batch refused
+            self._fleet.lost(self, f"runner {self.name} lost: {type(e).__name__}: {e}")
+
+    async def _pull(self) -> None:
+        try:
+            while True:
+                for m in unpack(await self.actor.pull.remote()):
+                    try:
+                        self._hear(m)
+                    except Exception:  # a bug here must not stop the actor's stream
+                        log.exception("runner %s: a message failed: %r", self.name, m)
+        except Exception as e:
+            self._fleet.lost(self, f"runner {self.name} lost: {type(e).__name__}: {e}")
+
+    def _hear(self, m: ToService) -> None:
+        if isinstance(m, Held):
+            future = self._holds.pop(m.hold_id, None)
+            if future is not None and not future.done():
+                future.set_result(None)
+        elif isinstance(m, CallFailed):
+            asyncio.get_running_loop().create_task(self._answer(m))
+        else:
+            traj = self.trajectories.get(m.traj_id)
+            if traj is not None:
+                traj.hear(m)
+                if isinstance(m, Finished):
+                    del self.trajectories[m.traj_id]
+                    self.ran += 1
+
+    async def _answer(self, m: CallFailed) -> None:
+        slot = self._fleet.runtime.pool.get(m.engine_id)
+        verdict: Literal["failed", "retry"] = "failed"
+        if slot is not None:
+            verdict = await self._fleet.runtime.call_failed(slot, m.error)
+        self.send(Answer(m.query_id, verdict))
+
+    def close(self) -> list[asyncio.Task[None]]:
+        """Stop its streams; it sends and hears nothing more. Its trajectories are
+        lost (`lost`), its holds answered."""
+        self.alive = False
+        for task in self._tasks:
+            if task is not asyncio.current_task():
+                task.cancel()
+        for future in self._holds.values():
+            if not future.done():
+                future.set_result(None)
+        self._holds.clear()
+        return self._tasks
+
+
+class RayRunners:
+    """The runner actors of one runtime (module docstring)."""
+
+    def __init__(self, runtime: Runtime, actors: RunnerActors) -> None:
+        require_ray()
+        if not isinstance(runtime.clock, ScaledClock):
+            raise ValueError("runner actors need the runtime on a real clock (ScaledClock)")
+        self.runtime = runtime
+        self.actors = actors
+        self.channels: list[RunnerChannel] = []  # the live ones, starting ones too
+        self.lost_runners: list[str] = []  # names of the actors lost, oldest first
+        self._made = 0
+        self._holds = 0
+        self._engines: dict[str, EngineAddress] = {}  # mirrored now
+        self._engines_dirty = False
+        self._replacing: set[asyncio.Task[None]] = set()
+        self._ready = asyncio.Event()  # set while a runner is live
+        self._closed = False
+
+    async def start(self) -> None:
+        """Start the actors and wait until each answers; then follow the runtime."""
+        self._mirror_engines()
+        await asyncio.gather(*(self._start_one() for _ in range(self.actors.count)))
+        self.runtime.follow(self)
+        self._mirror_engines()  # what changed while they started
+        for runner in self.channels:
+            runner.send(self._weights())
+
+    @property
+    def runners(self) -> list[RunnerChannel]:
+        """The live runners that answered."""
+        return [r for r in self.channels if r.ready]
+
+    async def replay(self, spec: TrajectorySpec, *, traj_id: str, key: GroupKey,
+                     task_id: str = "", attempt: int = 0,
+                     kv: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE,
+                     journal: BodyJournal | None = None, resume: Resume | None = None,
+                     max_staleness: int | None = None) -> Trajectory:
+        """`runtime.rollout.replay_task` in a runner actor; RunnerLost if its actor is
+        lost first. Cancelled, the actor's run is cancelled too."""
+        while not self.runners:
+            if self._closed:
+                raise RunnerLost("the runner actors are closed")
+            await self._ready.wait()
+        runner = min(self.runners, key=lambda r: len(r.trajectories))
+        traj = RemoteTrajectory(runner.send, self.runtime, traj_id, kv, journal)
+        self.runtime.adopt(traj)
+        runner.trajectories[traj_id] = traj
+        runner.send(StartReplay(traj_id, key.group_id, key.repetition, spec, task_id, attempt,
+                                kv, resume, max_staleness, journaled=journal is not None))
+        try:
+            result = await asyncio.shield(traj.result)
+        except asyncio.CancelledError:
+            runner.send(Cancel(traj_id))
+            raise
+        if isinstance(result, str):  # cancelled there (not from here), or its run raised
+            raise RunnerLost(f"trajectory {traj_id}: {result}")
+        return result
+
+    def where(self) -> dict[str, tuple[int, str]]:
+        """Each live runner's (process id, Ray node id), by name."""
+        return {r.name: (r.pid, r.node_id) for r in self.runners}
+
+    def ran(self) -> dict[str, int]:
+        """Trajectories each live runner finished, by name."""
+        return {r.name: r.ran for r in self.runners}
+
+    async def close(self) -> None:
+        """Lose every actor (their trajectories raise RunnerLost) and kill them."""
+        import ray
+
+        self._closed = True
+        for task in self._replacing:
+            task.cancel()
+        await asyncio.gather(*self._replacing, return_exceptions=True)
+        runners, self.channels = self.channels, []
+        for runner in runners:
+            tasks = runner.close()
+            for traj in list(runner.trajectories.values()):
+                traj.lost("the service is closing")
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(runner.actor.close.remote(), 10)
+            with contextlib.suppress(Exception):
+                ray.kill(runner.actor)
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self._ready.set()  # waiters see the fleet closed
+
+    # -- contract.RuntimeFollower ----------------------------------------------------------
+
+    async def hold(self) -> None:
+        self._holds += 1
+        await asyncio.gather(*(r.hold(self._holds) for r in self.channels))
+
+    def released(self) -> None:
+        for runner in self.channels:
+            runner.send(self._weights())
+
+    def engines_changed(self) -> None:
+        if not self._engines_dirty:
+            self._engines_dirty = True
+            # After the burst: the pool's slots are up to date by the next callback.
+            asyncio.get_running_loop().call_soon(self._mirror_engines)
+
+    # -- internals -------------------------------------------------------------------------
+
+    def lost(self, runner: RunnerChannel, why: str) -> None:
+        """`runner`'s actor is gone (module docstring)."""
+        if runner not in self.channels:
+            return
+        log.error("%s; its %d trajectories end here and run again", why,
+                  len(runner.trajectories))
+        self.channels.remove(runner)
+        self.lost_runners.append(runner.name)
+        runner.close()
+        with contextlib.suppress(Exception):  # gone, or alive and about to be: no twins
+            import ray
+
+            ray.kill(runner.actor)
+        for traj in list(runner.trajectories.values()):
+            traj.lost(why)
+        runner.trajectories.clear()
+        if not self.runners:
+            self._ready.clear()
+        if self.actors.replace and not self._closed:
+            task = asyncio.get_running_loop().create_task(self._replace())
+            self._replacing.add(task)
+            task.add_done_callback(self._replacing.discard)
+
+    async def _replace(self) -> None:
+        try:
+            await self._start_one()
+        except Exception as e:  # the cluster has no room now: the others carry on
+            log.error("no runner actor replaced the lost one: %s: %s", type(e).__name__, e)
+
+    async def _start_one(self) -> None:
+        self._made += 1
+        name = f"treadle-runner-{self._made}"
+        clock = self.runtime.clock
+        assert isinstance(clock, ScaledClock)
+        # An asyncio actor: its trajectories are coroutines of one call (a `push`),
+        # beside which only a `pull` and a few short calls run.
+        actor = _worker_class().options(
+            name=f"{name}-{id(self):x}", num_cpus=self.actors.num_cpus, max_concurrency=8,
+            resources=dict(self.actors.resources), scheduling_strategy="SPREAD",
+        ).remote(clock.scale, clock.now(), request_timeout_s=self.runtime.request_timeout_s,
+                 turn_retries=self.runtime.turn_retries,
+                 batch_window_s=self.actors.batch_window_s)
+        runner = RunnerChannel(name, actor, self)
+        runner.send(Engines(tuple(self._engines.values())))  # later changes follow it
+        runner.send(self._weights())
+        self.channels.append(runner)
+        try:
+            await asyncio.wait_for(runner.open(), self.actors.ready_timeout_s)
+        except BaseException:
+            self.lost(runner, f"runner {name} did not start")
+            with contextlib.suppress(Exception):
+                import ray
+
+                ray.kill(actor)
+            raise
+        if runner.alive:
+            self._ready.set()
+
+    def _weights(self) -> Weights:
+        rt = self.runtime
+        return Weights(rt.policy_version, rt.cache_salt, open=not rt.paused)
+
+    def _mirror_engines(self) -> None:
+        self._engines_dirty = False
+        now: dict[str, EngineAddress] = {}
+        for s in self.runtime.pool.slots():
+            address = self._engines.get(s.engine_id) or engine_address(
+                s.engine_id, s.engine, tp=s.tp, max_batch=s.max_batch,
+                kv_capacity_tokens=s.kv_capacity_tokens, label=s.label)
+            if address is None:
+                log.warning("engine %s is not an HTTP client treadle knows: runner actors "
+                            "cannot call it", s.label)
+            else:
+                now[s.engine_id] = address
+        added = tuple(a for e, a in now.items() if e not in self._engines)
+        removed = tuple(e for e in self._engines if e not in now)
+        self._engines = now
+        if added or removed:
+            for runner in self.channels:
+                runner.send(Engines(added, removed))
+
+
+__all__ = ["RayRunners", "RemoteTrajectory", "RunnerActors", "RunnerLost"]

@@ -1,0 +1,182 @@
+"""A trajectory running in a runner actor, as the service's runtime sees it.
+
+`RemoteTrajectory` is the `contract.Runner` that `runtime.ray_runners` hands the
+runtime for each trajectory it runs in an actor: what the runtime tells the
+trajectory (admissions, preemptions, engines lost, a pause's abort, a failure) is
+sent to the actor; what the runtime reads of it (`waiting_since`, `admitted_to`,
+`calling_on`, `sampled`) follows from what the actor says its runner did (events,
+calls started and ended). It ends for the scheduler when its runner says so
+(`Done`), when its record comes back (`Finished`), or when its actor is lost
+(`lost`: its call released from the pool, `TrajectoryEnded` if the scheduler knew of
+it, and its `result` the `RunnerLost` error).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Protocol
+
+from treadle.core.events import (
+    ToolCallFinished,
+    TrajectoryArrived,
+    TrajectoryEnded,
+    TurnPreempted,
+)
+from treadle.engines.errors import EngineError
+from treadle.errors import TreadleError
+from treadle.runtime.driver import Runtime
+from treadle.runtime.pool import EngineSlot
+from treadle.runtime.runner_wire import (
+    AbortForPause,
+    AdmitTurn,
+    CallEnded,
+    CallStarted,
+    Done,
+    EngineLost,
+    FailTurn,
+    Finished,
+    Journaled,
+    PreemptTurn,
+    Sampled,
+    Told,
+    ToRunner,
+    ToService,
+)
+from treadle.types import KVAcrossUpdates, Trajectory
+
+
+class BodyJournal(Protocol):
+    """Where a remote trajectory's journal goes (the service's `AttemptJournal`): as
+    `agent.journal.TurnJournal`, its turns already encoded by the runner."""
+
+    def sampled(self, tokens: int) -> None: ...
+
+    def turn_body(self, index: int, tokens: int, body: bytes) -> None: ...
+
+
+class RunnerLost(TreadleError):
+    """The runner actor of a trajectory was lost before the trajectory finished."""
+
+
+class RemoteTrajectory:
+    """A trajectory running in a runner actor, as the runtime sees it (`contract.Runner`):
+    what the runtime tells it goes to the actor, what it reads is tracked from the
+    actor's messages."""
+
+    def __init__(self, send: Callable[[ToRunner], None], runtime: Runtime, traj_id: str,
+                 kv: KVAcrossUpdates, journal: BodyJournal | None) -> None:
+        self.traj_id = traj_id
+        self.kv = kv
+        self.sampled = 0
+        self._send = send  # to its actor
+        self.journal = journal
+        self.result: asyncio.Future[Trajectory | str] = (
+            asyncio.get_running_loop().create_future())
+        self._rt = runtime
+        self._since: float | None = None  # when its turn began waiting for an admission
+        self._admitted: str | None = None
+        self._calling: EngineSlot | None = None
+        self._arrived = False
+        self.done = False
+
+    # -- contract.Runner -----------------------------------------------------------------
+
+    @property
+    def waiting_since(self) -> float | None:
+        return None if self.done or self._admitted is not None else self._since
+
+    @property
+    def admitted_to(self) -> str | None:
+        return self._admitted
+
+    @property
+    def calling_on(self) -> str | None:
+        return None if self._calling is None else self._calling.engine_id
+
+    def admit(self, engine_id: str, priority: float) -> None:
+        self._admitted = engine_id
+        self._send(AdmitTurn(self.traj_id, engine_id, priority))
+
+    def preempt(self, engine_id: str) -> None:
+        self._waiting()
+        self._send(PreemptTurn(self.traj_id, engine_id))
+
+    def engine_lost(self, engine_id: str) -> None:
+        if self._admitted == engine_id or self.calling_on == engine_id:
+            self._waiting()
+            self._send(EngineLost(self.traj_id, engine_id))
+
+    def abort_for_pause(self) -> None:
+        if self._calling is not None:
+            self._send(AbortForPause(self.traj_id))
+
+    def fail(self, error: EngineError) -> None:
+        self._since = None  # failed: not waiting (until an admission)
+        self._send(FailTurn(self.traj_id, error))
+
+    # -- what its actor says ---------------------------------------------------------------
+
+    def hear(self, m: ToService) -> None:
+        if isinstance(m, Told):
+            if isinstance(m.event, TrajectoryArrived):
+                self._arrived = True
+            if _readies(m.event):
+                self._waiting()
+            self._rt.tell(m.event)
+        elif isinstance(m, CallStarted):
+            self._admitted = None  # consumed
+            slot = self._rt.pool.get(m.engine_id)
+            if slot is not None:
+                self._calling = slot
+                self._rt.call_started(slot)
+        elif isinstance(m, CallEnded):
+            self.sampled = m.sampled
+            self._release_call()
+        elif isinstance(m, Sampled):
+            if self.journal is not None:
+                self.journal.sampled(m.tokens)
+        elif isinstance(m, Journaled):
+            if self.journal is not None:
+                self.journal.turn_body(m.index, m.tokens, m.body)
+        elif isinstance(m, Done):
+            self._end(None)
+        elif isinstance(m, Finished):
+            self._end("ended in its runner")
+            if not self.result.done():
+                self.result.set_result(m.error if m.trajectory is None else m.trajectory)
+
+    def lost(self, why: str) -> None:
+        """Its actor is gone: the runtime forgets it, its `replay` raises RunnerLost."""
+        self._end("runner lost")
+        if not self.result.done():
+            self.result.set_exception(RunnerLost(why))
+
+    def _waiting(self) -> None:
+        self._admitted = None
+        self._since = self._rt.clock.now()
+
+    def _release_call(self) -> None:
+        if self._calling is not None:
+            self._rt.call_ended(self._calling)
+            self._calling = None
+
+    def _end(self, reason: str | None) -> None:
+        """No more events; `reason`: end it for the scheduler first (none came)."""
+        self._release_call()
+        if self.done:
+            return
+        self.done = True
+        if reason is not None and self._arrived:
+            self._rt.tell(TrajectoryEnded(self.traj_id, reason))
+        self._rt.trajectory_done(self)
+
+
+def _readies(event: object) -> bool:
+    """Whether `event` makes the trajectory's next turn wait for an admission."""
+    return isinstance(event, TrajectoryArrived | TurnPreempted) or (
+        isinstance(event, ToolCallFinished) and not event.final)
+
+
+
+__all__ = ["BodyJournal", "RemoteTrajectory", "RunnerLost"]

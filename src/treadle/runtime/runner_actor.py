@@ -1,0 +1,320 @@
+"""A runner actor's side of `runtime.ray_runners`: trajectories run away from the scheduler.
+
+`RunnerWorker` becomes a Ray actor (an asyncio one: every method runs on its event
+loop). The service sends it batches of messages (`push`, `runtime.runner_wire`) and
+takes back what its trajectories did (`pull`, which waits until there is something
+and returns everything gathered since). Its trajectories run as they run in the
+service — `runtime.rollout.replay_task` over `runtime.turns.ScheduledTurns` — against
+`MirrorHost`, a `TrajectoryHost` whose runners see a `RunnerHost` that mirrors the
+service's runtime:
+
+- the engines (`Engines`: an HTTP client of its own per engine of the pool), the
+  weights' version and cache salt, and whether calls may go (`Weights`, `Hold`);
+- what a runner tells the runtime (events, calls started and ended, the journal,
+  its end) is queued for the next `pull`, in order; a failed call is a question
+  (`CallFailed`) whose `Answer` comes in a later `push`;
+- what the runtime tells a runner (`AdmitTurn`, `PreemptTurn`, ...) is applied to
+  it on arrival, in the order the scheduler decided.
+
+Its clock is the service's (the same scale, counted from the same instant), so the
+scheduler sees tool latencies and a record's times as if the trajectory ran there.
+The actor keeps no state the service needs: lost, its trajectories are run again
+elsewhere (`ray_runners`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import time
+from collections.abc import Coroutine
+from typing import Any, Literal
+
+from treadle.agent.journal import JournaledTurn
+from treadle.agent.runner import TurnRunner
+from treadle.clock import Clock, ScaledClock
+from treadle.core.events import Event
+from treadle.engines.errors import EngineError
+from treadle.runtime.contract import Runner
+from treadle.runtime.pool import EngineSlot
+from treadle.runtime.rollout import replay_task
+from treadle.runtime.runner_wire import (
+    AbortForPause,
+    AdmitTurn,
+    Answer,
+    CallEnded,
+    CallFailed,
+    CallStarted,
+    Cancel,
+    Done,
+    EngineLost,
+    Engines,
+    FailTurn,
+    Finished,
+    Held,
+    Hold,
+    Journaled,
+    Packed,
+    PreemptTurn,
+    Sampled,
+    StartReplay,
+    Told,
+    ToRunner,
+    ToService,
+    Weights,
+    engine_client,
+    pack,
+    unpack,
+)
+from treadle.runtime.turns import ScheduledTurns
+from treadle.types import GroupKey, KVAcrossUpdates, Trajectory
+
+log = logging.getLogger(__name__)
+
+
+class MirrorHost:
+    """The runtime as this actor's runners see it (module docstring)."""
+
+    def __init__(self, clock: Clock, *, request_timeout_s: float | None,
+                 turn_retries: int) -> None:
+        self.clock = clock
+        self.request_timeout_s = request_timeout_s
+        self.turn_retries = turn_retries
+        self.policy_version = 0
+        self.cache_salt = ""
+        self.engines: dict[str, EngineSlot] = {}
+        self.runners: dict[str, ScheduledTurns] = {}
+        self.outbox: list[ToService] = []
+        self.gathered = asyncio.Event()  # set while `outbox` holds something
+        self.gate = asyncio.Event()  # set while engine calls may go
+        self.queries: dict[int, asyncio.Future[Literal["failed", "retry"]]] = {}
+        self._query_ids = 0
+        self.tasks: dict[str, asyncio.Task[Trajectory]] = {}
+        self.attempts: dict[str, int] = {}  # of the trajectories it runs
+        self._background: set[asyncio.Task[Any]] = set()
+
+    def send(self, message: ToService) -> None:
+        self.outbox.append(message)
+        self.gathered.set()
+
+    # -- TrajectoryHost (for replay_task) -------------------------------------------------
+
+    def turns(self, traj_id: str, group_id: str,
+              kv: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE, *,
+              judge: bool = False, max_staleness: int | None = None) -> TurnRunner:
+        runner = ScheduledTurns(_Link(self, traj_id), traj_id, group_id, kv, judge=judge,
+                                max_staleness=max_staleness,
+                                attempt=self.attempts.get(traj_id, 0))
+        self.runners[traj_id] = runner
+        return runner
+
+    # -- the messages of a push ------------------------------------------------------------
+
+    def apply(self, batch: list[ToRunner]) -> None:
+        removed: list[str] = []
+        for m in batch:
+            if isinstance(m, Engines):
+                for a in m.added:
+                    if a.engine_id not in self.engines:
+                        self.engines[a.engine_id] = EngineSlot(
+                            a.engine_id, engine_client(a), a.tp, a.max_batch,
+                            a.kv_capacity_tokens, a.label)
+                removed += m.removed
+            elif isinstance(m, Weights):
+                self.policy_version, self.cache_salt = m.policy_version, m.cache_salt
+                if m.open:
+                    self.gate.set()
+                else:
+                    self.gate.clear()
+            elif isinstance(m, Hold):
+                self.gate.clear()
+                self.send(Held(m.hold_id))  # after every CallStarted sent before
+            elif isinstance(m, StartReplay):
+                self.attempts[m.traj_id] = m.attempt
+                task = asyncio.get_running_loop().create_task(self._replay(m))
+                task.add_done_callback(functools.partial(self._settled, m.traj_id))
+                self.tasks[m.traj_id] = task
+            elif isinstance(m, Cancel):
+                running = self.tasks.get(m.traj_id)
+                if running is not None:
+                    running.cancel()
+            elif isinstance(m, Answer):
+                future = self.queries.pop(m.query_id, None)
+                if future is not None and not future.done():
+                    future.set_result(m.verdict)
+            else:
+                runner = self.runners.get(m.traj_id)
+                if runner is not None:
+                    _decide(runner, m)
+        for engine_id in removed:  # after the decisions: their EngineLost came first
+            slot = self.engines.pop(engine_id, None)
+            if slot is not None:
+                self.spawn(slot.engine.aclose())
+
+    async def _replay(self, m: StartReplay) -> Trajectory:
+        journal = _Journal(self, m.traj_id) if m.journaled else None
+        kept = m.resume
+        return await replay_task(
+            self, m.spec, traj_id=m.traj_id, key=GroupKey(m.group_id, m.repetition),
+            task_id=m.task_id, attempt=m.attempt, kv=m.kv, journal=journal,
+            resume=None if kept is None else (lambda _replay_of: kept),
+            max_staleness=m.max_staleness)
+
+    def _settled(self, traj_id: str, task: asyncio.Task[Trajectory]) -> None:
+        """A trajectory's task is over, however (a callback: a task cancelled before
+        its first step never runs its body): its end and its record go back."""
+        runner = self.runners.pop(traj_id, None)
+        if runner is not None and not runner.done:
+            runner.ended("abandoned")  # cancelled before its first event, or after
+        self.tasks.pop(traj_id, None)
+        self.attempts.pop(traj_id, None)
+        if task.cancelled():
+            self.send(Finished(traj_id, None, "cancelled in its runner"))
+        elif (error := task.exception()) is not None:
+            log.error("trajectory %s failed in its runner", traj_id, exc_info=error)
+            self.send(Finished(traj_id, None, f"{type(error).__name__}: {error}"))
+        else:
+            self.send(Finished(traj_id, task.result()))
+
+    def ask(self, traj_id: str, slot: EngineSlot,
+            error: EngineError) -> asyncio.Future[Literal["failed", "retry"]]:
+        self._query_ids += 1
+        future: asyncio.Future[Literal["failed", "retry"]] = (
+            asyncio.get_running_loop().create_future())
+        self.queries[self._query_ids] = future
+        self.send(CallFailed(self._query_ids, traj_id, slot.engine_id, error))
+        return future
+
+    def spawn(self, work: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def close(self) -> None:
+        for task in [*self.tasks.values(), *self._background]:
+            task.cancel()
+        await asyncio.gather(*self.tasks.values(), *self._background, return_exceptions=True)
+        for slot in self.engines.values():
+            with contextlib.suppress(Exception):
+                await slot.engine.aclose()
+
+
+def _decide(runner: ScheduledTurns, m: ToRunner) -> None:
+    """Hand the scheduler's decision `m` to the runner it is about."""
+    if isinstance(m, AdmitTurn):
+        runner.admit(m.engine_id, m.priority)
+    elif isinstance(m, PreemptTurn):
+        runner.preempt(m.engine_id)
+    elif isinstance(m, EngineLost):
+        runner.engine_lost(m.engine_id)
+    elif isinstance(m, AbortForPause):
+        runner.abort_for_pause()
+    elif isinstance(m, FailTurn):
+        runner.fail(m.error)
+
+
+class _Link:
+    """One trajectory's `RunnerHost`: the mirror, its messages named by the trajectory."""
+
+    def __init__(self, host: MirrorHost, traj_id: str) -> None:
+        self._host = host
+        self._traj_id = traj_id
+        self._sampled = 0
+
+    @property
+    def clock(self) -> Clock:
+        return self._host.clock
+
+    @property
+    def policy_version(self) -> int:
+        return self._host.policy_version
+
+    @property
+    def cache_salt(self) -> str:
+        return self._host.cache_salt
+
+    @property
+    def request_timeout_s(self) -> float | None:
+        return self._host.request_timeout_s
+
+    @property
+    def turn_retries(self) -> int:
+        return self._host.turn_retries
+
+    def tell(self, event: Event) -> None:
+        self._host.send(Told(self._traj_id, event))
+
+    async def calls_allowed(self) -> None:
+        await self._host.gate.wait()
+
+    def admitted_engine(self, engine_id: str) -> EngineSlot | None:
+        return self._host.engines.get(engine_id)
+
+    def call_started(self, slot: EngineSlot) -> None:
+        self._host.send(CallStarted(self._traj_id, slot.engine_id))
+
+    def call_ended(self, slot: EngineSlot) -> None:
+        runner = self._host.runners.get(self._traj_id)
+        sampled = runner.sampled if runner is not None else 0
+        self._host.send(CallEnded(self._traj_id, slot.engine_id, sampled))
+
+    async def call_failed(self, slot: EngineSlot,
+                          error: EngineError) -> Literal["failed", "retry"]:
+        return await self._host.ask(self._traj_id, slot, error)
+
+    def spawn(self, work: Coroutine[Any, Any, Any]) -> None:
+        self._host.spawn(work)
+
+    def trajectory_done(self, runner: Runner) -> None:
+        self._host.send(Done(self._traj_id))
+
+
+class _Journal:
+    """A trajectory's `TurnJournal`: its entries go back to the service's journal."""
+
+    def __init__(self, host: MirrorHost, traj_id: str) -> None:
+        self._host = host
+        self._traj_id = traj_id
+
+    def sampled(self, tokens: int) -> None:
+        self._host.send(Sampled(self._traj_id, tokens))
+
+    def turn(self, entry: JournaledTurn) -> None:
+        self._host.send(Journaled(self._traj_id, entry.index, entry.tokens, entry.encode()))
+
+
+class RunnerWorker:
+    """The runner actor (module docstring). `now`: the service's clock time when it
+    made the actor, on a clock of `scale` (modelled seconds a real second);
+    `batch_window_s`: how long what a pull returns may gather once there is some."""
+
+    def __init__(self, scale: float, now: float, *, request_timeout_s: float | None,
+                 turn_retries: int, batch_window_s: float = 0.0) -> None:
+        self.batch_window_s = batch_window_s  # real seconds a pull waits for more to send
+        clock = ScaledClock(scale, origin=time.monotonic() - now * scale)
+        self.host = MirrorHost(clock, request_timeout_s=request_timeout_s,
+                               turn_retries=turn_retries)
+
+    def where(self) -> tuple[int, str]:
+        """(this process's id, the Ray node it runs on)."""
+        import ray
+
+        return os.getpid(), ray.get_runtime_context().get_node_id()
+
+    async def push(self, batch: list[Packed]) -> None:
+        """Apply a batch of messages (`runner_wire.pack`ed)."""
+        self.host.apply(unpack(batch))
+
+    async def pull(self) -> list[Packed]:
+        """What its trajectories did since the last pull (`pack`ed), once there is some."""
+        await self.host.gathered.wait()
+        await asyncio.sleep(self.batch_window_s)
+        out, self.host.outbox = self.host.outbox, []
+        self.host.gathered.clear()
+        return pack(out)
+
+    async def close(self) -> None:
+        await self.host.close()

@@ -1,0 +1,113 @@
+"""What the service and its runner actors send each other (`runtime.runner_wire`), without
+Ray: every message survives `pack`/`unpack` (a `Told`'s event included) as it would a
+pickle, and an engine's address makes a client of the same kind, URL, model and token."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+
+import pytest
+
+from treadle.agent.journal import Resume
+from treadle.core.events import (
+    ToolCallFinished,
+    ToolCallStarted,
+    TrajectoryArrived,
+    TrajectoryEnded,
+    TurnFinished,
+    TurnPreempted,
+)
+from treadle.engines.emulated_client import EmulatedEngineClient
+from treadle.engines.errors import NoEngineAvailable
+from treadle.engines.sglang import SGLangEngine
+from treadle.engines.vllm import VLLMEngine
+from treadle.runtime.runner_wire import (
+    AbortForPause,
+    AdmitTurn,
+    Answer,
+    CallEnded,
+    CallFailed,
+    CallStarted,
+    Cancel,
+    Done,
+    EngineAddress,
+    EngineLost,
+    Engines,
+    FailTurn,
+    Finished,
+    Held,
+    Hold,
+    Journaled,
+    PreemptTurn,
+    Sampled,
+    StartReplay,
+    Told,
+    Weights,
+    engine_address,
+    engine_client,
+    pack,
+    unpack,
+)
+from treadle.types import GroupKey, KVAcrossUpdates, Trajectory, TrajectoryStatus
+from treadle.workloads import TrajectorySpec, TurnSpec
+
+
+def _messages() -> list[object]:
+    address = EngineAddress("e1", "emulated", "http://10.0.0.2:20001", "m", tp=2)
+    spec = TrajectorySpec("t", "g", 8, (TurnSpec(4, 0.0, 0),))
+    return [
+        Engines((address,), ("e0",)), Weights(3, "salt", open=False), Hold(7),
+        StartReplay("t", "g", 1, spec, "task", 2, KVAcrossUpdates.KEEP,
+                    Resume((), ()), 4, journaled=True),
+        Cancel("t"), AdmitTurn("t", "e1", -2.5), PreemptTurn("t", "e1"), EngineLost("t", "e1"),
+        AbortForPause("t"), Answer(9, "retry"),
+        Told("t", TrajectoryArrived("t", "g", 12, judge=True, max_staleness=2)),
+        Told("t", TurnFinished("t", "e1", 5, 40, False)), Told("t", ToolCallStarted("t")),
+        Told("t", ToolCallFinished("t", 0.5, 7, True)), Told("t", TurnPreempted("t", "e1", 3)),
+        Told("t", TrajectoryEnded("t", "abandoned")),
+        CallStarted("t", "e1"), CallEnded("t", "e1", 17), Sampled("t", 5),
+        Journaled("t", 0, 5, b"\x81\xa1a\x01"), Done("t"), Held(7),
+        Finished("t", Trajectory("t", GroupKey("g", 1), status=TrajectoryStatus.COMPLETED)),
+        Finished("t", None, "cancelled in its runner"),
+    ]
+
+
+def test_every_message_comes_back_equal_through_pack_and_a_pickle() -> None:
+    batch = _messages()
+    back = unpack(pickle.loads(pickle.dumps(pack(batch))))
+    assert back == batch
+    assert [type(m) for m in back] == [type(m) for m in batch]
+
+
+def test_a_failed_turn_and_a_failed_call_carry_their_engine_error() -> None:
+    error = NoEngineAvailable("no engine is live")
+    fail, failed = unpack(pickle.loads(pickle.dumps(pack(
+        [FailTurn("t", error), CallFailed(1, "t", "e1", error)]))))
+    assert isinstance(fail, FailTurn) and isinstance(fail.error, NoEngineAvailable)
+    assert isinstance(failed, CallFailed) and str(failed.error) == "no engine is live"
+
+
+@pytest.mark.parametrize(("engine", "kind"), [
+    (EmulatedEngineClient("http://h:1", model="m-emulated", api_key="k"), "emulated"),
+    (VLLMEngine("http://h:2", "served", api_key="k", tokens_api=True), "vllm"),
+    (SGLangEngine("http://h:3", api_key="k"), "sglang"),
+])
+def test_an_engine_address_makes_a_client_of_the_same_engine(engine: object, kind: str) -> None:
+    async def check() -> None:
+        assert isinstance(engine, EmulatedEngineClient | VLLMEngine | SGLangEngine)
+        address = engine_address("e3", engine, tp=4, max_batch=8, kv_capacity_tokens=64,
+                                 label="x")
+        assert address is not None and address.kind == kind and address.tp == 4
+        again = engine_client(pickle.loads(pickle.dumps(address)))
+        try:
+            assert type(again) is type(engine)
+            assert again.base_url == engine.base_url and again.headers == engine.headers
+            if isinstance(engine, VLLMEngine):
+                assert isinstance(again, VLLMEngine)
+                assert (again.model, again.tokens_api) == (engine.model, engine.tokens_api)
+        finally:
+            await again.aclose()
+            await engine.aclose()
+
+    asyncio.run(check())
