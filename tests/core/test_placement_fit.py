@@ -9,7 +9,13 @@ from collections import Counter
 import pytest
 
 from treadle.core.cost_model import CostModel
-from treadle.core.events import EngineAdded, PolicyUpdated, TrajectoryArrived, TurnFinished
+from treadle.core.events import (
+    EngineAdded,
+    PolicyUpdated,
+    TrajectoryArrived,
+    TrajectoryEnded,
+    TurnFinished,
+)
 from treadle.core.policies.oracle import TruthEstimator
 from treadle.core.policies.progressive import Staleness
 from treadle.core.policies.treadle_policy import FIT_SAMPLES, Treadle
@@ -18,19 +24,26 @@ from treadle.core.predictor import Outcome
 COST = CostModel.named("qwen3-14b", "h100")
 PREDICTED = [100 + 37 * i for i in range(FIT_SAMPLES)]  # what the estimator says at arrival
 STALENESS = Staleness(1)
+HEAD = {"head": 5000, "dropped": 5000}
 PROBE = {"long": 100_000, **{f"short{i}": 10 for i in range(6)}}
 
 
-def _trained(outcomes: list[int], staleness: Staleness | None = STALENESS) -> Treadle:
-    """treadle on two engines after FIT_SAMPLES trajectories, predicted `PREDICTED`
-    at arrival (a test double that knows them), finished with `outcomes` tokens."""
-    lengths = {f"t{i}": n for i, n in enumerate(PREDICTED)} | PROBE
+def _policy(staleness: Staleness | None = STALENESS) -> Treadle:
+    lengths = {f"t{i}": n for i, n in enumerate(PREDICTED)} | PROBE | HEAD
     truth = {tid: Outcome(f"g-{tid}", 100, n, 1, 0.0) for tid, n in lengths.items()}
     p = Treadle(COST, TruthEstimator(truth), prior_lengths=[], typical_context=1000.0,
                 staleness=staleness)
     for eid in ("e0", "e1"):
         p.on_event(EngineAdded(eid, 8, 1024, 10**9), 0.0)
     p.on_event(PolicyUpdated(1), 1.0)
+    return p
+
+
+def _trained(outcomes: list[int], staleness: Staleness | None = STALENESS,
+             p: Treadle | None = None) -> Treadle:
+    """treadle on two engines after FIT_SAMPLES trajectories, predicted `PREDICTED`
+    at arrival (a test double that knows them), finished with `outcomes` tokens."""
+    p = _policy(staleness) if p is None else p
     for i, actual in enumerate(outcomes):
         tid = f"t{i}"
         p.on_event(TrajectoryArrived(tid, f"g-{tid}", 100), 2.0)
@@ -72,3 +85,22 @@ def test_without_a_staleness_policy_nothing_is_measured() -> None:
     p = _trained(PREDICTED[::-1], staleness=None)
     assert p.placement_fit() is None
     assert _probe_counts(p) == [1, 6]
+
+
+def test_the_window_takes_outcomes_in_arrival_order() -> None:
+    """A trajectory still running holds back those that arrived after it (a window
+    by finish time would hold only the short ones of a step); one that ended without
+    finishing is dropped and holds nothing back."""
+    p = _policy()
+    for tid in HEAD:
+        p.on_event(TrajectoryArrived(tid, f"g-{tid}", 100), 1.5)
+    p.decide(1.5)
+    p.on_event(TrajectoryEnded("dropped", "restarted"), 1.6)
+    _trained(PREDICTED, p=p)
+    assert p.placement_fit() is None  # "head" arrived first and still runs
+    head = p.trajs["head"]
+    assert head.engine_id is not None
+    p.on_event(TurnFinished("head", head.engine_id, 5000, 5100, True), 5.0)
+    fit = p.placement_fit()
+    assert fit is not None and fit > 0.9
+    assert len(p._fit) == FIT_SAMPLES + 1 and not p._outcome and not p._awaited

@@ -332,6 +332,7 @@ class Treadle(Progressive):
         # step, only the short ones, and there the correlation came out at -0.8 on
         # coding, whose predictions end the run at +0.8).
         self._arrivals: deque[tuple[str, float]] = deque()
+        self._awaited: set[str] = set()  # in `_arrivals`, neither finished nor ended
         self._outcome: dict[str, float | None] = {}  # None: ended without finishing
         self._fit: deque[tuple[float, float]] = deque(maxlen=FIT_WINDOW)
         self.count_balanced = 0  # placements made by count (predictions untrusted)
@@ -367,13 +368,17 @@ class Treadle(Progressive):
                 and not event.judge:
             self._arrivals.append((event.traj_id,
                                    self.est.estimate(event.traj_id).total_tokens))
+            self._awaited.add(event.traj_id)
 
     def observe(self, event: Event, t: TrajState | None, now: float) -> None:
-        if isinstance(event, TurnFinished | ToolCallFinished) and event.final \
-                and t is not None:
-            self._outcome[event.traj_id] = float(t.output_tokens)
-        elif isinstance(event, TrajectoryEnded):
-            self._outcome[event.traj_id] = None
+        if isinstance(event, TurnFinished | ToolCallFinished | TrajectoryEnded) \
+                and event.traj_id in self._awaited:  # a rollout `_arrivals` holds
+            if isinstance(event, TrajectoryEnded):
+                self._awaited.discard(event.traj_id)
+                self._outcome[event.traj_id] = None
+            elif event.final and t is not None:
+                self._awaited.discard(event.traj_id)
+                self._outcome[event.traj_id] = float(t.output_tokens)
         super().observe(event, t, now)
 
     def _take_outcomes(self) -> None:
