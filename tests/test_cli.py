@@ -243,3 +243,23 @@ def test_workload_that_is_a_directory(tmp_path: Path,
     folder.mkdir()
     assert main(["sim", "--workload", str(folder), "--gpus", "8", "--policies", "verl"]) == 2
     assert "traces" in _one_error_line(capsys)
+
+
+def test_sim_steps_without_a_staleness_bound(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--max-staleness none` lifts the bound (nothing is restarted as stale); a bound
+    that is not a count of versions is refused."""
+    argv = ["sim", "--workload", "coding", *SMALL, "--steps", "3", "--mode", "partial",
+            "--policies", "verl@tp8", "--prompts", "4", "--overprovision", "1.0", "--json"]
+    assert main([*argv, "--max-staleness", "1"]) == 0
+    bounded = json.loads(capsys.readouterr().out)["results"][0]
+    assert bounded["staleness_max"] <= 1 and bounded["groups_restarted"] > 0
+    assert main([*argv, "--max-staleness", "none"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["max_staleness"] is None
+    assert out["results"][0]["staleness_max"] > 1
+    assert out["results"][0]["groups_restarted"] == 0
+    for bad in ("-1", "x"):
+        with pytest.raises(SystemExit) as exc:
+            main([*argv, "--max-staleness", bad])
+        assert exc.value.code == 2
+        assert "versions >= 0 or none" in capsys.readouterr().err

@@ -57,8 +57,9 @@ def _sim_args(p: argparse.ArgumentParser) -> None:
                    help="RL steps: rollouts and training steps (default 1: one rollout step)")
     m.add_argument("--mode", choices=("sync", "overprovision", "async", "partial"),
                    help="how rollouts and training alternate (default sync; implies --steps)")
-    m.add_argument("--max-staleness", type=int, default=1,
-                   help="most policy versions a delivered trajectory may lag (default 1)")
+    m.add_argument("--max-staleness", type=_staleness_bound, default=1,
+                   help="most policy versions a delivered trajectory may lag (default 1; "
+                        "none: no bound)")
     m.add_argument("--train-fraction", type=float, default=0.3,
                    help="training's share of a synchronous step at the lower bound "
                         "(default 0.3)")
@@ -69,6 +70,19 @@ def _sim_args(p: argparse.ArgumentParser) -> None:
     m.add_argument("--prompts", type=int,
                    help="prompts (groups) an epoch of a generated workload (default "
                         "5 batches' worth)")
+
+
+def _staleness_bound(text: str) -> int | None:
+    """`--max-staleness`: versions (>= 0), or "none" for no bound."""
+    if text.lower() == "none":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a number of versions >= 0 or none, got {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
