@@ -9,12 +9,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-import select
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from sandbox.sandbox_helpers import ended
 from treadle.agent.loop import AgentLimits
 from treadle.agent.runner import Sampling
 from treadle.agent.tokenizer import HFTokenizer
@@ -57,7 +57,7 @@ def test_a_suite_job_runs_on_a_vllm_engine_ray_launched(
     tasks = suite.tasks(2, seed=11)
     tok = HFTokenizer(trained_checkpoint)
 
-    async def body() -> tuple[list[Trajectory], str, list[int]]:
+    async def body() -> tuple[list[Trajectory], str, list[int], str]:
         runtime = Runtime(Slime(1, 1), launcher=launcher, gpus=1)
         await runtime.start()
         try:
@@ -77,23 +77,15 @@ def test_a_suite_job_runs_on_a_vllm_engine_ray_launched(
             await runtime.close()
         with pytest.raises(KeyError):  # stopped: its placement group released
             launcher.placement(url)
-        return trajs, node, engines
+        return trajs, node, engines, url
 
-    trajs, node, engines = asyncio.run(body())
+    trajs, node, engines, url = asyncio.run(body())
     assert node == ray.get_runtime_context().get_node_id()  # the one node
     for traj in trajs:
         assert traj.status is TrajectoryStatus.COMPLETED, traj.reason
         assert traj.turns and all(t.output_tokens > 0 for t in traj.turns)
     # Stopped with the runtime, the engine's processes end (awaited as their pidfds).
-    for pid in engines:
-        try:
-            pidfd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            continue
-        try:
-            select.select([pidfd], [], [])
-        finally:
-            os.close(pidfd)
+    ended(lambda: [pid for pid in _processes_serving(url) if pid in engines])
 
 
 def _processes_serving(url: str) -> list[int]:
