@@ -395,7 +395,7 @@ def test_a_node_lost_mid_job_moves_its_turns_and_loses_nothing(
         assert service.runners is not None
         [doomed] = [name for name, (_, node) in service.runners.where().items()
                     if node == nodes["two"]]
-        n = 96
+        n = 512  # 64 groups of 8
         r = client.post("/v1/jobs", json={"tasks": {"workload": "math", "trajectories": n,
                                                     "group_size": 8}, "job_id": "j"})
         assert r.status_code == 201, r.text
