@@ -27,8 +27,11 @@ import ray._private.services
 from ray.cluster_utils import Cluster
 from service_helpers import running
 
+from sandbox.sandbox_helpers import require_bwrap
+from sandbox.sandbox_images import debian_rootfs
 from treadle.bench.faults import ServiceProcess
 from treadle.engines.errors import EngineStartError
+from treadle.errors import SandboxImageError
 from treadle.runtime.launcher import EmulatedProcess
 from treadle.runtime.ray_launcher import RayCluster, RayLauncher
 from treadle.runtime.ray_runners import RunnerActors
@@ -184,7 +187,10 @@ def _actors(prefix: str) -> list[str]:
     (["--emulate", "2", "--sandbox-servers", "1:2"],
      "--sandbox-servers starts sandbox servers on a Ray cluster: give --ray too"),
     (["--emulate", "2", "--sandbox-server-resource", "x=1"],
-     "--sandbox-server-resource needs --sandbox-servers"),
+     "--sandbox-server-resource and --sandbox-server-images need --sandbox-servers"),
+    (["--ray", "--emulate", "2", "--sandbox", "local", "--sandbox-servers", "1:2",
+      "--sandbox-server-images", "/srv/images"],
+     "--sandbox-server-images: images run on bwrap servers (--sandbox bwrap)"),
     (["--ray", "--emulate", "2", "--sandbox", "local", "--sandbox-servers", "3:1"],
      "--sandbox-servers '3:1': MIN:MAX, 0 <= MIN <= MAX, MAX >= 1"),
     (["--ray", "--emulate", "2", "--sandbox-servers", "1:2"],
@@ -258,6 +264,37 @@ def test_sandbox_servers_follow_demand_on_the_nodes_that_lend_room_for_them(
         assert fleet.servers() == [] and backend.outstanding() == {}
 
     asyncio.run(scenario())
+
+
+def test_sandbox_servers_on_the_cluster_run_the_images_under_their_root(
+        cluster: tuple[Cluster, dict[str, str]]) -> None:
+    """A fleet's bwrap servers started with `--images` (`SandboxServers.images`): a
+    sandbox on an image under the root runs on it; one elsewhere is refused."""
+    require_bwrap()
+    rootfs, _ = debian_rootfs()
+    token = "sandbox-fleet-token-images-0123"
+
+    async def scenario() -> tuple[str, str]:
+        backend = RemoteBackend([], token)
+        fleet = RaySandboxFleet(
+            backend, token, SandboxServers(backend="bwrap", max_live=2, num_cpus=0,
+                                           resources=(("treadle_sandbox", 1.0),),
+                                           images=str(rootfs.parent)),
+            Scaling(min_servers=1, max_servers=1), demand=lambda: 0, clock=FakeClock())
+        try:
+            assert (await fleet.rebalance()).start == 1
+            async with await backend.with_image(str(rootfs)).start(Limits()) as sb:
+                seen = (await sb.exec(["cat", "/etc/os-release"], timeout_s=60)).stdout
+            with pytest.raises(SandboxImageError, match="not under"):
+                await backend.with_image("/etc").start(Limits())
+            async with await backend.start(Limits()) as sb:  # no image: the host's
+                host = (await sb.exec(["cat", "/etc/os-release"], timeout_s=60)).stdout
+        finally:
+            await fleet.close()
+        return seen, host
+
+    seen, host = asyncio.run(scenario())
+    assert seen == (rootfs / "etc" / "os-release").read_text() != host
 
 
 RUNNERS = RunnerActors(count=2, num_cpus=0, resources=(("treadle_runner", 1.0),))

@@ -68,6 +68,9 @@ class SandboxServers:
     # custom resource the nodes meant for sandboxes declare.
     resources: tuple[tuple[str, float], ...] = ()
     python: str = sys.executable  # the interpreter with treadle, on every node
+    # `--images DIR` of each server (bwrap): the environment images under DIR, at that
+    # path on every node that hosts servers, that clients may name; None: no images.
+    images: str | None = None
 
 
 @dataclass(slots=True)
@@ -168,7 +171,8 @@ class RaySandboxFleet:
             argv = [self.spec.python, "-m", "treadle", "sandbox-server", "--host", node_ip,
                     "--port", str(port), "--backend", self.spec.backend,
                     "--max-live", str(self.spec.max_live),
-                    "--idle-ttl", str(self.spec.idle_ttl_s)]
+                    "--idle-ttl", str(self.spec.idle_ttl_s),
+                    *(["--images", self.spec.images] if self.spec.images else [])]
             await actor.start.remote(argv, {TOKEN_ENV: self._token}, f"{name}.log")
             await self._healthy(url, actor)
         except BaseException:

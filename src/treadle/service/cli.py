@@ -116,6 +116,10 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
                    metavar="NAME=AMOUNT",
                    help="what each sandbox server asks of a Ray node besides a CPU (a "
                         "custom resource the sandbox nodes declare); repeatable")
+    p.add_argument("--sandbox-server-images", default=None, metavar="DIR",
+                   help="with --sandbox-servers and --sandbox bwrap: each server runs "
+                        "sandboxes on the environment images under DIR (the same path on "
+                        "every sandbox node), so suites of image tasks run on the cluster")
     p.add_argument("--runners", type=int, default=None, metavar="N",
                    help="with --ray: run workload replays (their agent loops and engine "
                         "calls) in N runner actors on the cluster, the scheduler staying "
@@ -328,8 +332,9 @@ def _sandbox_servers(args: argparse.Namespace) -> tuple[SandboxServers | None, S
     from treadle.sandbox.autoscale import Scaling
 
     if args.sandbox_servers is None:
-        if args.sandbox_server_resource:
-            raise ValueError("--sandbox-server-resource needs --sandbox-servers")
+        if args.sandbox_server_resource or args.sandbox_server_images:
+            raise ValueError("--sandbox-server-resource and --sandbox-server-images need "
+                             "--sandbox-servers")
         return None, Scaling()
     if args.ray is None:
         raise ValueError("--sandbox-servers starts sandbox servers on a Ray cluster: "
@@ -344,7 +349,11 @@ def _sandbox_servers(args: argparse.Namespace) -> tuple[SandboxServers | None, S
                          "0 <= MIN <= MAX, MAX >= 1") from e
     resources = tuple(_resource("--sandbox-server-resource", r)
                       for r in args.sandbox_server_resource)
-    return SandboxServers(backend=args.sandbox, resources=resources), scaling
+    if args.sandbox_server_images is not None and args.sandbox != "bwrap":
+        raise ValueError("--sandbox-server-images: images run on bwrap servers (--sandbox "
+                         "bwrap)")
+    return SandboxServers(backend=args.sandbox, resources=resources,
+                          images=args.sandbox_server_images), scaling
 
 
 def _staleness(args: argparse.Namespace) -> Staleness | None:
