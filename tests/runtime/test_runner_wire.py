@@ -70,6 +70,7 @@ def _messages() -> list[object]:
         Journaled("t", 0, 5, b"\x81\xa1a\x01"), Done("t"), Held(7),
         Finished("t", Trajectory("t", GroupKey("g", 1), status=TrajectoryStatus.COMPLETED)),
         Finished("t", None, "cancelled in its runner"),
+        Finished("t", None, "ValueError: a bug", raised=True),
     ]
 
 
@@ -111,3 +112,25 @@ def test_an_engine_address_makes_a_client_of_the_same_engine(engine: object, kin
             await engine.aclose()
 
     asyncio.run(check())
+
+
+def test_a_resume_and_a_pause_in_one_batch_start_no_call() -> None:
+    """`Weights(open)` then `Hold` in one push: a turn woken by the resume looks at the
+    gate again before it calls, and finds it shut (its `Held` would otherwise be a lie:
+    a call would start after it)."""
+    from treadle.runtime.runner_actor import MirrorHost, _Link
+    from treadle.testing import FakeClock
+
+    async def main() -> None:
+        host = MirrorHost(FakeClock(), request_timeout_s=None, turn_retries=0)
+        link = _Link(host, "t")  # the actor's RunnerHost for a trajectory
+        waiting = asyncio.ensure_future(link.calls_allowed())
+        await asyncio.sleep(0)  # it waits on the shut gate
+        host.apply([Weights(1, "s1", open=True), Hold(7)])
+        for _ in range(5):  # the loop turns over: a woken waiter would have run
+            await asyncio.sleep(0)
+        assert not waiting.done()
+        host.apply([Weights(1, "s1", open=True)])
+        await asyncio.wait_for(waiting, 5)
+
+    asyncio.run(main())

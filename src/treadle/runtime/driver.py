@@ -235,8 +235,7 @@ class Runtime:
         self.pool.drain(engine_id)
 
     def remove_engine(self, engine_id: str, reason: str = "removed") -> None:
-        """Take the engine away now; its trajectories move elsewhere (re-prefill). It
-        is not replaced."""
+        """Take the engine away now, not replaced; its trajectories move (re-prefill)."""
         self.pool.fail(self.pool.slot(engine_id), reason, replace=False)
 
     def engines(self) -> list[EngineSlot]:
@@ -380,7 +379,8 @@ class Runtime:
         self._hold_while_no_engine()  # a turn about to wait, perhaps for no engine
 
     async def calls_allowed(self) -> None:
-        await self._gate.wait()
+        while not self._gate.is_set():  # a pause right after a resume: wait again
+            await self._gate.wait()
 
     def admitted_engine(self, engine_id: str) -> EngineSlot | None:
         return self.pool.get(engine_id)

@@ -116,6 +116,7 @@ class RunnerChannel:
         self._outbox: list[ToRunner] = []
         self._pending = asyncio.Event()
         self._holds: dict[int, asyncio.Future[None]] = {}
+        self._answers: set[asyncio.Task[None]] = set()  # verdicts on failed calls, pending
         self._tasks: list[asyncio.Task[None]] = []
 
     async def open(self) -> None:
@@ -168,7 +169,9 @@ class RunnerChannel:
             if future is not None and not future.done():
                 future.set_result(None)
         elif isinstance(m, CallFailed):
-            asyncio.get_running_loop().create_task(self._answer(m))
+            task = asyncio.get_running_loop().create_task(self._answer(m))
+            self._answers.add(task)
+            task.add_done_callback(self._answers.discard)
         else:
             traj = self.trajectories.get(m.traj_id)
             if traj is not None:
@@ -178,17 +181,24 @@ class RunnerChannel:
                     self.ran += 1
 
     async def _answer(self, m: CallFailed) -> None:
+        """The runtime's verdict on a failed call, always answered (the actor's turn
+        waits for it): "failed" when finding it out raised."""
         slot = self._fleet.runtime.pool.get(m.engine_id)
         verdict: Literal["failed", "retry"] = "failed"
-        if slot is not None:
-            verdict = await self._fleet.runtime.call_failed(slot, m.error)
+        try:
+            if slot is not None:
+                verdict = await self._fleet.runtime.call_failed(slot, m.error)
+        except Exception:
+            log.exception("runner %s: no verdict on a failed call of %s", self.name,
+                          m.traj_id)
+            verdict = "failed"
         self.send(Answer(m.query_id, verdict))
 
     def close(self) -> list[asyncio.Task[None]]:
         """Stop its streams; it sends and hears nothing more. Its trajectories are
         lost (`lost`), its holds answered."""
         self.alive = False
-        for task in self._tasks:
+        for task in [*self._tasks, *self._answers]:
             if task is not asyncio.current_task():
                 task.cancel()
         for future in self._holds.values():
@@ -214,7 +224,7 @@ class RayRunners:
         self._engines: dict[str, EngineAddress] = {}  # mirrored now
         self._engines_dirty = False
         self._replacing: set[asyncio.Task[None]] = set()
-        self._ready = asyncio.Event()  # set while a runner is live
+        self._ready = asyncio.Event()  # wakes replays waiting for a runner (they look again)
         self._closed = False
 
     async def start(self) -> None:
@@ -241,6 +251,9 @@ class RayRunners:
         while not self.runners:
             if self._closed:
                 raise RunnerLost("the runner actors are closed")
+            if not self.channels and not self._replacing:
+                raise RunnerLost("no runner actor is left, and none is starting")
+            self._ready.clear()  # (no runner is ready: set again by one, or by a loss)
             await self._ready.wait()
         runner = min(self.runners, key=lambda r: len(r.trajectories))
         traj = RemoteTrajectory(runner.send, self.runtime, traj_id, kv, journal)
@@ -253,7 +266,7 @@ class RayRunners:
         except asyncio.CancelledError:
             runner.send(Cancel(traj_id))
             raise
-        if isinstance(result, str):  # cancelled there (not from here), or its run raised
+        if isinstance(result, str):  # cancelled there, not from here (a raise: RunnerFailure)
             raise RunnerLost(f"trajectory {traj_id}: {result}")
         return result
 
@@ -288,8 +301,13 @@ class RayRunners:
     # -- contract.RuntimeFollower ----------------------------------------------------------
 
     async def hold(self) -> None:
+        """Every ready actor holds its calls. One still starting runs no trajectory:
+        it is told (the hold goes before anything it is given) but not waited for,
+        so a pause never waits on an actor that may take minutes to be placed."""
         self._holds += 1
-        await asyncio.gather(*(r.hold(self._holds) for r in self.channels))
+        held = [r.hold(self._holds) for r in self.channels]
+        await asyncio.gather(*(f for r, f in zip(self.channels, held, strict=True)
+                               if r.ready))
 
     def released(self) -> None:
         for runner in self.channels:
@@ -303,8 +321,9 @@ class RayRunners:
 
     # -- internals -------------------------------------------------------------------------
 
-    def lost(self, runner: RunnerChannel, why: str) -> None:
-        """`runner`'s actor is gone (module docstring)."""
+    def lost(self, runner: RunnerChannel, why: str, *, replace: bool = True) -> None:
+        """`runner`'s actor is gone (module docstring); another is started for it
+        (`replace`: not for one that never started, which would start them in a loop)."""
         if runner not in self.channels:
             return
         log.error("%s; its %d trajectories end here and run again", why,
@@ -319,12 +338,12 @@ class RayRunners:
         for traj in list(runner.trajectories.values()):
             traj.lost(why)
         runner.trajectories.clear()
-        if not self.runners:
-            self._ready.clear()
-        if self.actors.replace and not self._closed:
+        if replace and self.actors.replace and not self._closed:
             task = asyncio.get_running_loop().create_task(self._replace())
             self._replacing.add(task)
             task.add_done_callback(self._replacing.discard)
+            task.add_done_callback(lambda _: self._ready.set())  # waiting replays look again
+        self._ready.set()  # waiting replays look again: a runner left, or none
 
     async def _replace(self) -> None:
         try:
@@ -352,7 +371,7 @@ class RayRunners:
         try:
             await asyncio.wait_for(runner.open(), self.actors.ready_timeout_s)
         except BaseException:
-            self.lost(runner, f"runner {name} did not start")
+            self.lost(runner, f"runner {name} did not start", replace=False)
             with contextlib.suppress(Exception):
                 import ray
 

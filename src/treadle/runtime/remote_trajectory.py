@@ -59,6 +59,11 @@ class RunnerLost(TreadleError):
     """The runner actor of a trajectory was lost before the trajectory finished."""
 
 
+class RunnerFailure(TreadleError):
+    """A trajectory's run raised in its runner actor (the actor lives on): a runtime
+    error of that trajectory, recorded as one, not run again as a lost runner's."""
+
+
 class RemoteTrajectory:
     """A trajectory running in a runner actor, as the runtime sees it (`contract.Runner`):
     what the runtime tells it goes to the actor, what it reads is tracked from the
@@ -125,7 +130,9 @@ class RemoteTrajectory:
                 self._waiting()
             self._rt.tell(m.event)
         elif isinstance(m, CallStarted):
-            self._admitted = None  # consumed
+            # Admitted and calling: not waiting (a local runner's `waiting_since` is None
+            # from its admission until its next wait, which a Told event starts here).
+            self._admitted, self._since = None, None
             slot = self._rt.pool.get(m.engine_id)
             if slot is not None:
                 self._calling = slot
@@ -143,7 +150,11 @@ class RemoteTrajectory:
             self._end(None)
         elif isinstance(m, Finished):
             self._end("ended in its runner")
-            if not self.result.done():
+            if self.result.done():
+                pass
+            elif m.raised:
+                self.result.set_exception(RunnerFailure(m.error))
+            else:
                 self.result.set_result(m.error if m.trajectory is None else m.trajectory)
 
     def lost(self, why: str) -> None:
@@ -179,4 +190,4 @@ def _readies(event: object) -> bool:
 
 
 
-__all__ = ["BodyJournal", "RemoteTrajectory", "RunnerLost"]
+__all__ = ["BodyJournal", "RemoteTrajectory", "RunnerFailure", "RunnerLost"]

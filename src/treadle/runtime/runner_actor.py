@@ -175,7 +175,8 @@ class MirrorHost:
             self.send(Finished(traj_id, None, "cancelled in its runner"))
         elif (error := task.exception()) is not None:
             log.error("trajectory %s failed in its runner", traj_id, exc_info=error)
-            self.send(Finished(traj_id, None, f"{type(error).__name__}: {error}"))
+            self.send(Finished(traj_id, None, f"{type(error).__name__}: {error}",
+                               raised=True))
         else:
             self.send(Finished(traj_id, task.result()))
 
@@ -248,7 +249,10 @@ class _Link:
         self._host.send(Told(self._traj_id, event))
 
     async def calls_allowed(self) -> None:
-        await self._host.gate.wait()
+        # Looked at again after each wake: a resume and a pause in one batch set the
+        # gate and clear it before a woken waiter runs, and Event.wait returns anyway.
+        while not self._host.gate.is_set():
+            await self._host.gate.wait()
 
     def admitted_engine(self, engine_id: str) -> EngineSlot | None:
         return self._host.engines.get(engine_id)

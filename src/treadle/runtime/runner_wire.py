@@ -236,11 +236,12 @@ class Done:
 @dataclass(frozen=True, slots=True)
 class Finished:
     """A trajectory's end: its record, or None when it was cancelled or its run
-    raised (`error` says what)."""
+    raised (`error` says what; `raised`: the run raised, a bug rather than a loss)."""
 
     traj_id: str
     trajectory: Trajectory | None
     error: str = ""
+    raised: bool = False
 
 
 @dataclass(frozen=True, slots=True)
