@@ -134,3 +134,31 @@ def test_a_resume_and_a_pause_in_one_batch_start_no_call() -> None:
         await asyncio.wait_for(waiting, 5)
 
     asyncio.run(main())
+
+
+def test_a_call_ended_carries_the_tokens_of_that_call() -> None:
+    """`CallEnded.sampled` counts the call that just ended (the service's count of a
+    remote trajectory's sampled tokens, what a restart discards, is never a call
+    behind)."""
+    from runtime.runtime_helpers import FakeEngine
+    from treadle.agent.runner import Sampling
+    from treadle.runtime.pool import EngineSlot
+    from treadle.runtime.runner_actor import MirrorHost
+    from treadle.runtime.runner_wire import CallEnded
+    from treadle.testing import FakeClock
+
+    async def main() -> list[int]:
+        host = MirrorHost(FakeClock(), request_timeout_s=None, turn_retries=0)
+        host.engines["e1"] = EngineSlot("e1", FakeEngine("e1", tokens_per_s=1e9), 1, 8,
+                                        4096, "e1")
+        host.apply([Weights(0, "s0", open=True)])
+        turns = host.turns("t", "g")
+        generating = asyncio.ensure_future(
+            turns.generate([1, 2, 3], 5, Sampling(temperature=1.0), []))
+        while not any(isinstance(m, Told) for m in host.outbox):  # it has arrived
+            await asyncio.sleep(0)
+        turns.admit("e1", 0.0)
+        await generating
+        return [m.sampled for m in host.outbox if isinstance(m, CallEnded)]
+
+    assert asyncio.run(main()) == [5]

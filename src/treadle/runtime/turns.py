@@ -167,7 +167,6 @@ class ScheduledTurns:
                 raise EngineProtocolError(f"{eid} returned {len(result.output_ids)} ids and "
                                           f"{len(result.logprobs)} logprobs")
             self.engine_id = eid
-            self.sampled += len(result.output_ids)
             if result.finish_reason != "abort" or sampling.constraint is None:
                 ids += result.output_ids
                 logprobs += result.logprobs
@@ -299,6 +298,10 @@ class ScheduledTurns:
             raise
         finally:
             self._call = None
+            # Counted before the host hears the call ended (a runner actor reports the
+            # count with that news).
+            if call.done() and not call.cancelled() and call.exception() is None:
+                self.sampled += len(call.result().output_ids)
             self._rt.call_ended(slot)
         if call.cancelled():
             return None
