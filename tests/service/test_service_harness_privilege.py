@@ -10,13 +10,12 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from service_helpers import running_service, service_schema
+from service_helpers import running_service, service_schema, until
 
 from agent.agent_helpers import build_tokenizer
 from engines.engines_fakes import FakeVLLMServer
@@ -101,10 +100,9 @@ def _report(path: Path) -> list[dict[str, Any]]:
 
 
 def _wait_for(path: Path, what: str) -> list[dict[str, Any]]:
-    """The report once an entry has `what` (it comes in seconds; looked at again and
-    again, no deadline: a hang is pytest-timeout's)."""
-    while not any(what in entry for entry in _report(path)):
-        time.sleep(0.05)
+    """The report once an entry has `what`: looked at after each write in its folder
+    (`until`'s inotify events), no deadline: a hang is pytest-timeout's."""
+    until(lambda: any(what in entry for entry in _report(path)), lambda: None, path)
     return _report(path)
 
 

@@ -9,7 +9,6 @@ import asyncio
 import json
 import logging
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -75,11 +74,29 @@ def test_kill_9_mid_job_then_restart_delivers_every_trajectory_once(tmp_path: Pa
 PATIENT = RetryPolicy(attempts=80, backoff_s=0.1, max_backoff_s=1.0)  # ~75 s of downtime
 
 
+class _Retries(logging.Handler):
+    """Sets `seen` once `n` records saying "retrying" have been logged (an event)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+        self.seen = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "retrying" in record.getMessage():
+            self.n -= 1
+            if self.n <= 0:
+                self.seen.set()
+
+
 def test_clients_iterating_across_a_kill_9_and_restart_get_every_trajectory_once(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     service = _service(tmp_path)
     url = service.url
     caplog.set_level(logging.WARNING, logger="treadle.client")
+    retries = _Retries(2)
+    logging.getLogger("treadle.client").addHandler(retries)
+    retried = retries.seen
     service.start()
     from_async: list[list[Delivered]] = []
 
@@ -89,8 +106,7 @@ def test_clients_iterating_across_a_kill_9_and_restart_get_every_trajectory_once
 
     def restart() -> None:
         # Once the clients have met the refused connection (each logs its retries).
-        while sum("retrying" in r.getMessage() for r in list(caplog.records)) < 2:
-            time.sleep(0.02)  # between two looks at the log; no deadline: pytest's
+        retried.wait()  # set by the log handler at the second retry: an event
         service.start()
 
     try:
@@ -109,6 +125,7 @@ def test_clients_iterating_across_a_kill_9_and_restart_get_every_trajectory_once
             restarter.join(60)
             view = client.job("r2")
     finally:
+        logging.getLogger("treadle.client").removeHandler(retries)
         service.stop()
     assert service.starts == 2, "the service was not restarted"
     assert [d.seq for d in got] == list(range(1, 65))
