@@ -116,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     from treadle.bench.gateway import add_gateway_bench_parser
     from treadle.bench.judge import add_judge_bench_parser
     from treadle.bench.live import add_live_bench_parser
+    from treadle.bench.reconfigure import add_reconfigure_parser
     from treadle.bench.sandbox import add_bench_parser
     from treadle.bench.service_cli import add_service_bench_parser
     from treadle.engines.cli import add_engine_parser
@@ -132,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_service_bench_parser(bench_sub)
     add_control_plane_parser(bench_sub)
     add_judge_bench_parser(bench_sub)
+    add_reconfigure_parser(bench_sub)
     add_sandbox_parser(sub)
     add_server_parser(sub)
     add_engine_parser(sub)
@@ -153,7 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command in ("sandbox", "sandbox-server", "engine", "serve", "keys", "run",
                             "train", "demo") or (
                 args.command == "bench" and args.bench in ("sandbox", "live", "service", "chaos",
-                                                    "gateway", "control-plane", "judge")):
+                                                    "gateway", "control-plane", "judge",
+                                                    "reconfigure")):
             result: int = args.func(args)
             return result
         if args.command == "bench" and args.steps > 1:

@@ -16,7 +16,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,22 +25,32 @@ import pytest
 import ray
 import ray._private.services
 from ray.cluster_utils import Cluster
+from ray_cluster import engine_requests, patient, two_nodes
 from service_helpers import running
 
 from sandbox.sandbox_helpers import require_bwrap
 from sandbox.sandbox_images import debian_rootfs
 from treadle.bench.faults import ServiceProcess
+from treadle.clock import ScaledClock
+from treadle.core.cost_model import CostModel
+from treadle.core.events import EngineAdded, Event
+from treadle.core.policies import build_policy, parse_policy
+from treadle.core.policies.treadle_policy import Treadle
 from treadle.engines.errors import EngineStartError
 from treadle.errors import SandboxImageError
+from treadle.runtime.driver import Runtime
 from treadle.runtime.launcher import EmulatedProcess
 from treadle.runtime.ray_launcher import RayCluster, RayLauncher
 from treadle.runtime.ray_runners import RunnerActors
 from treadle.runtime.ray_sandboxes import RaySandboxFleet, SandboxServers
+from treadle.runtime.replay import ReplayResult, replay
 from treadle.sandbox.autoscale import ScaleDecision, Scaling
 from treadle.sandbox.base import Limits
 from treadle.sandbox.remote import RemoteBackend
 from treadle.service.state import Service, ServiceConfig
+from treadle.sim.runner import outcomes
 from treadle.testing import FakeClock
+from treadle.workloads import TrajectorySpec, TurnSpec, Workload
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 LENDS = (("treadle_engine", 1.0),)  # what each engine bundle asks for besides a GPU
@@ -48,46 +58,19 @@ SCALE = 0.02
 TOKEN = "test-token"
 
 
-def _patient(get_node: Callable[[str, str], Any]) -> Callable[[str, str], Any]:
-    """Ray's `services.get_node`, asked again for up to 5 minutes while the node is not
-    registered. Ray 2.60.0 gives a starting node's raylet 30 s to register
-    (ray/_private/node.py) and then fails the start; on two cores that a whole test
-    suite loads it takes longer. It polls the GCS, as Ray does: no event to wait on."""
-    def get(gcs_address: str, node_id: str) -> Any:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                return get_node(gcs_address, node_id)
-            except RuntimeError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
-    return get
-
-
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[tuple[Cluster, dict[str, str]]]:
     """The cluster, connected, and its nodes' Ray ids by name."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(ray._private.services, "get_node",
-                      _patient(ray._private.services.get_node))
-        c = _cluster()
+                      patient(ray._private.services.get_node))
+        c = two_nodes()
     try:
         yield c, {"head": c.head_node.node_id,
                   "two": next(n.node_id for n in c.worker_nodes)}
     finally:
         ray.shutdown()
         c.shutdown()
-
-
-def _cluster() -> Cluster:
-    c = Cluster(initialize_head=True, connect=True, head_node_args={
-        "num_cpus": 2, "num_gpus": 6, "resources": {"treadle_engine": 4, "treadle_runner": 1},
-        "include_dashboard": False})
-    c.add_node(num_cpus=1, num_gpus=3,  # "two"
-               resources={"treadle_engine": 3, "treadle_sandbox": 2, "treadle_runner": 1})
-    c.wait_for_nodes(timeout=300)
-    return c
 
 
 async def _start_stop(tps: list[int], *, then: int = 0) -> tuple[list[Any], list[int], str]:
@@ -321,21 +304,6 @@ def _client(url: str) -> httpx.Client:
     return httpx.Client(base_url=url, timeout=30, headers={"authorization": f"Bearer {TOKEN}"})
 
 
-async def _engine_requests(urls: list[str]) -> int:
-    """Requests running or waiting on the engines at `urls` now."""
-    from treadle.engines.emulated_client import EmulatedEngineClient
-
-    total = 0
-    for url in urls:
-        engine = EmulatedEngineClient(url, "any")
-        try:
-            load = await engine.load()
-        finally:
-            await engine.aclose()
-        total += load.running + load.waiting
-    return total
-
-
 class TestRunnerActors:
     """Workload replays in runner actors (`RayRunners`), one service for both tests."""
 
@@ -358,7 +326,7 @@ class TestRunnerActors:
             # (each actor had held its calls, and the pool knew of all it had started);
             # tokens sampled after the resume carry the new version.
             assert client.post("/v1/weights/pause", json={"mode": "abort"}).status_code == 200
-            assert asyncio.run(_engine_requests(urls)) == 0
+            assert asyncio.run(engine_requests(urls)) == 0
             assert client.post("/v1/weights/resume", json={"policy_version": 1}).status_code == 200
             lines += list(stream)
             ran = {name: k - before.get(name, 0) for name, k in runners.ran().items()}
@@ -407,6 +375,72 @@ class TestRunnerActors:
         assert again and all(t["attempt"] == 1 for t in again)
         assert [t["status"] for t in records] == ["completed"] * n
         assert victim.name not in ran and len(ran) == 2  # a replacement took its place
+
+
+class _HeldTools(ScaledClock):
+    """The long trajectory's clock: its `hold_at`-th tool call lasts until `free` is
+    set (then its own latency), so the merged engine is up while it is in a tool gap."""
+
+    def __init__(self, scale: float, hold_at: int, free: asyncio.Event) -> None:
+        super().__init__(scale)
+        self.calls, self.hold_at, self.free = 0, hold_at, free
+
+    async def sleep(self, seconds: float) -> None:
+        self.calls += 1
+        if self.calls == self.hold_at:
+            await self.free.wait()
+        await super().sleep(seconds)
+
+
+async def _merge_live() -> tuple[Treadle, list[ReplayResult], list[Any], int]:
+    """Three short trajectories and a long one on four TP-1 engines on the cluster;
+    treadle's policy with the true lengths (the oracle). (policy, results, the
+    placements of the engines it started, their TP degrees)"""
+    short = [TrajectorySpec(f"s{i}", f"g{i}", 200, (TurnSpec(100, 0.0, 0),)) for i in range(3)]
+    turns = (*(TurnSpec(1000, 2.0, 50) for _ in range(19)), TurnSpec(1000, 0.0, 0))
+    specs = [*short, TrajectorySpec("long", "g9", 200, turns)]
+    truth = dict(zip((t.traj_id for t in specs), outcomes(Workload("tail", tuple(specs))),
+                     strict=True))
+    policy = build_policy(parse_policy("oracle"), CostModel.named("qwen3-14b", "h100"),
+                          batch_size=4, truth=truth, layout=(1, 1, 1, 1), max_batch=64)
+    assert isinstance(policy, Treadle)
+    added = asyncio.Event()
+    seen = policy.on_event
+
+    def on_event(event: Event, now: float) -> None:
+        seen(event, now)
+        if isinstance(event, EngineAdded) and event.engine_id in policy.merged_engines:
+            added.set()
+
+    policy.on_event = on_event  # type: ignore[method-assign]
+    launcher = RayLauncher(EmulatedProcess(time_scale=SCALE), resources=dict(LENDS))
+    runtime = Runtime(policy, launcher=launcher, gpus=4, clock=ScaledClock(SCALE))
+    await runtime.start()
+    try:
+        held = _HeldTools(SCALE, 3, added)
+        results = await asyncio.gather(*(
+            replay(t, runtime.turns(t.traj_id, t.group_id),
+                   held if t.traj_id == "long" else runtime.clock) for t in specs))
+        slots = [s for s in runtime.engines() if s.engine_id in policy.merged_engines]
+        placements = [launcher.placement(s.launched.url) for s in slots if s.launched]
+        return policy, results, placements, sum(s.tp for s in slots)
+    finally:
+        await runtime.close()
+
+
+def test_idle_engines_are_merged_live_and_the_long_tail_moves_to_the_new_engine(
+        cluster: tuple[Cluster, dict[str, str]]) -> None:
+    policy, results, placements, tp = asyncio.run(_merge_live())
+    # The three short ones done, their engines idle: two were stopped and one TP-2
+    # engine started in their place (a placement group of two GPUs on one node).
+    [merge] = policy.merges
+    assert (merge.tp, len(merge.drain), merge.moved) == (2, 2, ("long",))
+    assert tp == 2 and [len(set(p.gpu_ids)) for p in placements] == [2]
+    # The long trajectory's turns after its held tool call ran there; every turn ran.
+    [long] = [r for r in results if r.traj_id == "long"]
+    merged = set(policy.merged_engines)
+    assert [t.engine_id in merged for t in long.turn_records] == [False] * 3 + [True] * 17
+    assert [len(r.turn_records) for r in results] == [1, 1, 1, 20]
 
 
 def test_a_node_lost_mid_job_moves_its_turns_and_loses_nothing(

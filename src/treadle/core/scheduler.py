@@ -86,6 +86,7 @@ class TrajState:
     queued_at: float = 0.0  # when it entered the current queue
     queue_time_s: float = 0.0  # total time spent queued (preemptions included)
     kv_reserved: int = 0  # context counted against its engine's KV budget while running
+    admitted_at: float = 0.0  # when its running turn (or the last one) was admitted
     # Policy version current when its first turn was admitted: the oldest version its
     # tokens can carry (None until then).
     first_version: int | None = None
@@ -364,7 +365,7 @@ class TrajectoryScheduler(Scheduler):
                 break  # the head waits for KV; nothing behind it jumps the queue
             e.queue.pop()
             t.queue_time_s += now - t.queued_at
-            t.phase = Phase.RUNNING
+            t.phase, t.admitted_at = Phase.RUNNING, now
             if t.first_version is None:
                 t.first_version = self.policy_version
             t.kv_reserved = need
@@ -394,6 +395,19 @@ class TrajectoryScheduler(Scheduler):
         self._out.append(Migrate(t.traj_id, t.engine_id, dst))
         self.migrations += 1
         t.engine_id = dst
+
+    def _move_running(self, t: TrajState, dst: str, now: float) -> None:
+        """Pause a running turn and carry its KV to `dst`, where it queues: a move
+        outside a tool gap, which the turn waits for (live, the paused call keeps
+        its tokens and the next admission names `dst`)."""
+        assert t.phase is Phase.RUNNING and t.engine_id is not None and t.engine_id != dst
+        src = t.engine_id
+        self._leave_engine(t)
+        self._out.append(Preempt(t.traj_id, src))
+        self._out.append(Migrate(t.traj_id, src, dst))
+        self.preemptions += 1
+        self.migrations += 1
+        self._enqueue(t, dst, t.priority, now, seq=t.seq)
 
     def _add_engine(self, tp: int) -> None:
         self._out.append(AddEngine(tp))

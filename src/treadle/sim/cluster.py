@@ -1,5 +1,6 @@
 """The simulator's driver: a cluster of `SimEngine`s and a workload, run under a
-scheduler from `core` on a simulated clock.
+scheduler from `core` on a simulated clock (what it keeps and reports:
+`sim.records`).
 
 It plays the part the live runtime plays in production: it feeds the scheduler
 events in time order and carries out its decisions. It also holds the truth the
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from treadle.core.cost_model import CostModel
 from treadle.core.events import (
@@ -40,59 +40,11 @@ from treadle.core.events import (
 from treadle.core.scheduler import Scheduler
 from treadle.sim.engine import SimEngine
 from treadle.sim.kernel import Handle, Kernel
+from treadle.sim.records import SimResult, SimTrajectory
 from treadle.sim.timeline import EngineInfo, Span
 from treadle.workloads import TrajectorySpec
 
 DECIDE_ORDER = 100  # a decide() runs after every other callback of its instant
-
-
-@dataclass(slots=True)
-class SimTrajectory:
-    """The driver's view of one trajectory, truth included."""
-
-    spec: TrajectorySpec
-    turn: int = 0  # index of the current turn
-    turn_done: float = 0.0  # tokens of the current turn generated so far
-    context: float = 0.0  # tokens in its context now
-    new_tokens: float = 0.0  # tokens not yet in any KV cache (need prefill)
-    ready_at: float = 0.0  # when its current turn became ready to run
-    queue_s: float = 0.0  # total time ready but not generating
-    finished_at: float | None = None  # when its last turn finished
-    kv_arrives: tuple[str, float, float] | None = None  # (engine, tokens, time) of a migration
-    deferred: Handle | None = None  # an admission waiting for its migrated KV to land
-    span_start: float = 0.0  # start of the span being recorded
-    sampled: int = 0  # output tokens of its finished turns
-    tool: Handle | None = None  # its tool call's return, while one runs
-    first_version: int | None = None  # policy version when it first joined an engine
-
-
-@dataclass(slots=True)
-class SimResult:
-    """What one simulated run measured."""
-
-    makespan_s: float
-    output_tokens: int
-    gpus: int
-    engine_gpu_busy_s: float  # Σ over engines of busy time × tp
-    longest_traj_id: str
-    longest_queue_s: float  # queueing delay of the longest trajectory
-    preemptions: int  # scheduler-initiated pauses
-    kv_evictions: int  # engine-initiated evictions (out of KV cache)
-    migrations: int
-    reconfigurations: int  # engines added after the start
-    events: int  # kernel callbacks fired
-    trace_digest: str  # sha256 of the event trace (determinism checks)
-    spans: list[Span] = field(default_factory=list)  # for the timeline, if recorded
-    engines: list[EngineInfo] = field(default_factory=list)
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.output_tokens / self.makespan_s if self.makespan_s > 0 else 0.0
-
-    @property
-    def utilisation(self) -> float:
-        denom = self.gpus * self.makespan_s
-        return self.engine_gpu_busy_s / denom if denom > 0 else 0.0
 
 
 class Cluster:
@@ -113,6 +65,9 @@ class Cluster:
         self._next_engine = 0
         self._gpus_used = 0
         self._draining: set[str] = set()
+        # TP degrees of `AddEngine`s waiting for GPUs that engines still draining
+        # hold (a launcher waits for them, as a Ray placement group does).
+        self._awaiting_gpus: list[int] = []
         self._waiting: dict[str, list[tuple[float, int, str]]] = {}  # engine-side KV queue
         self._wait_seq = 0
         self._pending: dict[str, tuple[Handle, str]] = {}  # engine -> next own event
@@ -335,7 +290,8 @@ class Cluster:
             self._migrate(d.traj_id, d.src_engine_id, d.dst_engine_id)
         elif isinstance(d, AddEngine):
             self.reconfigurations += 1
-            self._start_engine(d.tp, ready_at=self.kernel.now + self.cost.restart_time(d.tp))
+            self._awaiting_gpus.append(d.tp)
+            self._start_awaited()
         elif isinstance(d, DrainEngine):
             self._draining.add(d.engine_id)
             self._maybe_remove(d.engine_id)
@@ -459,6 +415,13 @@ class Cluster:
             pending[0].cancel()
         self._trace("engine_down", "", eid)
         self._emit(EngineRemoved(eid))
+        self._start_awaited()
+
+    def _start_awaited(self) -> None:
+        """Start the added engines that the free GPUs hold, in the order asked."""
+        while self._awaiting_gpus and self._gpus_used + self._awaiting_gpus[0] <= self.gpus:
+            tp = self._awaiting_gpus.pop(0)
+            self._start_engine(tp, ready_at=self.kernel.now + self.cost.restart_time(tp))
 
     def _reschedule(self, eng: SimEngine) -> None:
         old = self._pending.pop(eng.engine_id, None)

@@ -19,8 +19,9 @@ from treadle.core.policies import PolicySpec, build_policy, parse_policy
 from treadle.core.policies.layout import Layout, anneal_layout
 from treadle.core.predictor import Outcome
 from treadle.core.scheduler import TrajectoryScheduler
-from treadle.sim.cluster import Cluster, SimResult
+from treadle.sim.cluster import Cluster
 from treadle.sim.layout_scoring import SimulatedScorer, expected_batch
+from treadle.sim.records import SimResult
 from treadle.workloads import TrajectorySpec, Workload
 from treadle.workloads.load import generate_named
 

@@ -74,12 +74,15 @@ def build_policy(spec: PolicySpec, cost: CostModel, *, batch_size: int,
                  layout: Sequence[int] | None = None, seed: int = 0,
                  max_batch: int = 1024,
                  layout_scorer: LayoutScorer | None = None,
-                 staleness: Staleness | None = None) -> TrajectoryScheduler:
+                 staleness: Staleness | None = None,
+                 reconfigure: bool = True) -> TrajectoryScheduler:
     """A fresh scheduler. `history` holds earlier rollout steps' outcomes (the
     predictors' warm start); `truth` is required by, and only given to, `oracle`;
     `layout` forces the pool of `treadle` and `oracle`; `layout_scorer` is how
     `treadle` scores candidate pools (see `treadle_policy`); `staleness` is how
-    `treadle` weighs staleness across RL steps (`progressive.Staleness`)."""
+    `treadle` weighs staleness across RL steps (`progressive.Staleness`);
+    `reconfigure`: whether `treadle` and `oracle` merge idle engines for the tail
+    (`tail_merge`)."""
     paper_tp = PAPER_TP.get(cost.model.name, cost.min_tp())
     if spec.name in BASELINES:
         return BASELINES[spec.name](spec.tp or paper_tp, paper_tp)
@@ -93,7 +96,8 @@ def build_policy(spec: PolicySpec, cost: CostModel, *, batch_size: int,
     if spec.name == "treadle":
         return Treadle(cost, Predictor(history, max_tokens=max_tokens), prior_lengths=prior,
                        typical_context=ctx, max_batch=max_batch, layout=layout,
-                       layout_scorer=layout_scorer, staleness=staleness)
+                       layout_scorer=layout_scorer, staleness=staleness,
+                       reconfigure=reconfigure)
     if truth is None:
         raise ValueError("oracle needs the true outcomes of the batch")
     true_lengths = sorted((float(o.output_tokens) for o in truth.values()), reverse=True)
@@ -102,6 +106,7 @@ def build_policy(spec: PolicySpec, cost: CostModel, *, batch_size: int,
     policy: Progressive = Treadle(cost, TruthEstimator(truth), prior_lengths=true_lengths,
                                   typical_context=typical_context(list(truth.values())),
                                   max_batch=max_batch, layout=layout,
-                                  judge_estimator=TruthEstimator(truth))
+                                  judge_estimator=TruthEstimator(truth),
+                                  reconfigure=reconfigure)
     policy.name = "oracle"
     return policy

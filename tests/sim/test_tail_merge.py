@@ -1,0 +1,125 @@
+"""Merging idle engines for the long tail (`core.policies.tail_merge`), decided by
+treadle's policy and carried out by the simulator: the merge is priced by the cost
+model, the tail moves to the new engine (in a tool gap or out of a running turn),
+and the step ends sooner than on the pool it started with."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import pytest
+
+from treadle.cli import main
+from treadle.core.cost_model import CostModel
+from treadle.core.policies import build_policy, parse_policy
+from treadle.core.policies.tail_merge import idle_engines, plan_merge, tokens_left
+from treadle.core.policies.treadle_policy import Treadle
+from treadle.core.scheduler import EngineState, Phase, TrajState
+from treadle.sim.cluster import Cluster
+from treadle.sim.runner import MAX_BATCH, outcomes
+from treadle.workloads import TrajectorySpec, TurnSpec, Workload
+
+
+@functools.cache
+def _cost() -> CostModel:
+    return CostModel.named("qwen3-14b", "h100")
+
+
+def _tail_workload(long_turns: int, tokens: int, tool_s: float = 2.0) -> Workload:
+    """Three one-turn trajectories and one of `tokens` in `long_turns` turns with
+    `tool_s` tool calls between them: on four TP-1 engines, three fall idle at once."""
+    short = [TrajectorySpec(f"s{i}", f"g{i}", 200, (TurnSpec(100, 0.0, 0),))
+             for i in range(3)]
+    each = tokens // long_turns
+    turns = (*(TurnSpec(each, tool_s, 50) for _ in range(long_turns - 1)),
+             TurnSpec(each, 0.0, 0))
+    return Workload("tail", (*short, TrajectorySpec("long", "g9", 200, turns)))
+
+
+def _run(workload: Workload, *, reconfigure: bool) -> tuple[Treadle, float]:
+    """The oracle (treadle's policy with the true lengths) on four TP-1 engines."""
+    truth = dict(zip((t.traj_id for t in workload.trajectories), outcomes(workload),
+                     strict=True))
+    policy = build_policy(parse_policy("oracle"), _cost(), batch_size=4, truth=truth,
+                          layout=(1, 1, 1, 1), max_batch=MAX_BATCH, reconfigure=reconfigure)
+    assert isinstance(policy, Treadle)
+    cluster = Cluster(_cost(), 4, policy, list(workload.trajectories), [1, 1, 1, 1],
+                      max_batch=MAX_BATCH)
+    result = cluster.run()
+    assert result.output_tokens == sum(t.output_tokens for t in outcomes(workload))
+    return policy, result.makespan_s
+
+
+@pytest.mark.parametrize("turns", [20, 1], ids=["moved-in-a-tool-gap", "moved-while-running"])
+def test_idle_engines_merge_into_one_of_tp_2_and_the_tail_finishes_sooner(turns: int) -> None:
+    workload = _tail_workload(turns, 20_000)
+    merged, merged_s = _run(workload, reconfigure=True)
+    _, plain_s = _run(workload, reconfigure=False)
+    assert [(m.tp, len(m.drain), m.moved) for m in merged.merges] == [(2, 2, ("long",))]
+    first = merged.merges[0]
+    assert first.finish_merged_s < first.finish_now_s
+    # 20,000 tokens at 13.1 ms (TP 1) against a 20 s restart and 8.2 ms (TP 2).
+    assert merged_s < 0.8 * plain_s, (merged_s, plain_s)
+
+
+def test_a_tail_too_short_to_pay_for_the_restart_is_left_where_it_is() -> None:
+    workload = _tail_workload(2, 2_000)  # 26 s at TP 1
+    merged, merged_s = _run(workload, reconfigure=True)
+    _, plain_s = _run(workload, reconfigure=False)
+    assert merged.merges == []
+    assert merged_s == plain_s
+
+
+def _traj(tid: str, engine: str, phase: Phase, context: int, admitted_at: float = 0.0) -> TrajState:
+    return TrajState(tid, "g", 100, 0.0, context_tokens=context, phase=phase,
+                     engine_id=engine, admitted_at=admitted_at)
+
+
+def test_tokens_left_count_what_a_running_turn_decoded_and_stop_at_the_context_limit() -> None:
+    limit = _cost().model.max_context
+    tool = _traj("a", "e0", Phase.TOOL, 1000)
+    running = _traj("b", "e0", Phase.RUNNING, 1000, admitted_at=10.0)
+    assert tokens_left(tool, 5000.0, 0.01, 20.0, limit) == 5000.0
+    assert tokens_left(running, 5000.0, 0.01, 20.0, limit) == 4000.0  # 10 s at 10 ms
+    assert tokens_left(tool, 1e9, 0.01, 20.0, limit) == limit - 1000
+    assert tokens_left(running, 100.0, 0.01, 20.0, limit) == 1.0  # never below one
+
+
+def test_only_engines_with_nothing_placed_on_them_are_drained() -> None:
+    engines = [EngineState(f"e{i}", 1, 64, 100_000) for i in range(4)]
+    engines[1].running.add("x")
+    engines[3].draining = True
+    live = [_traj("x", "e1", Phase.RUNNING, 500), _traj("y", "e2", Phase.TOOL, 500)]
+    assert [e.engine_id for e in idle_engines(engines, live)] == ["e0"]
+    # One idle TP-1 engine sums to no larger degree: no merge, however long the tail.
+    assert plan_merge(live, engines, _cost(), lambda t: 30_000.0, 0.0) is None
+
+
+def test_the_bench_runs_treadle_on_every_pool_with_and_without_merges(tmp_path: Path) -> None:
+    out = tmp_path / "reconfigure.json"
+    assert main(["bench", "reconfigure", "--workloads", "pareto", "--trajectories", "32",
+                 "--gpus", "8", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    [row] = report["workloads"]
+    assert set(row["verl_by_tp"]) == {"1", "2", "4", "8"}
+    assert row["best_baseline_s"] == min(row["verl_by_tp"].values())
+    runs = row["runs"]
+    assert [(r["pool"], r["reconfigure"]) for r in runs] == [
+        (pool, merged) for pool in ("tp1", "tp2", "tp4", "tp8", "chosen")
+        for merged in (False, True)]
+    for plain, merged in zip(runs[::2], runs[1::2], strict=True):
+        assert plain["merges"] == [] and plain["layout"] == merged["layout"]
+        assert merged["over_plain"] == merged["makespan_s"] / plain["makespan_s"]
+    assert [r["merges"] for r in runs if r["pool"] == "tp8"] == [[], []]  # nothing larger
+    assert row["treadle_over_best"] == row["best_baseline_s"] / runs[-1]["makespan_s"]
+
+
+def test_the_bench_refuses_bad_settings_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "reconfigure", "--workloads", "nope"]) == 2
+    assert main(["bench", "reconfigure", "--gpus", "12"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["treadle: error: unknown workload 'nope'; choose from coding, search, "
+                   "math, swe, pareto, bimodal, flat, short",
+                   "treadle: error: --trajectories must be a multiple of 16 and --gpus of 8"]
