@@ -13,6 +13,8 @@ trajectories fit one process, and times every call the driver makes:
   (what a live turn waits for after the turn before it ends);
 - `replan_*_ms`: the instants whose `decide` re-placed the whole batch
   (`Scheduler.replans` went up: the costly decision of the progressive policies);
+  `replan_decide_max_ms`: the costliest such `decide` alone, without its
+  instant's events (at the batch's arrival, taking in every arrival);
 - `scheduler_cpu_per_turn_ms`: all of the scheduler's time over the turns it
   scheduled: the CPU a turn costs the control plane, so `1000 / that` is the turns a
   second one scheduler serves on one core.
@@ -62,6 +64,7 @@ class TimedScheduler(Scheduler):
         self.name = inner.name
         self.decisions_ns: list[int] = []  # per decide: its instant's events + itself
         self.replans_ns: list[int] = []  # the decides during which a re-plan ran
+        self.replan_decides_ns: list[int] = []  # the same, without their instant's events
         self.turns = 0  # turns finished (each one scheduled once at least)
         self._pending_ns = 0
 
@@ -76,13 +79,15 @@ class TimedScheduler(Scheduler):
         replans = self.inner.replans
         start = time.thread_time_ns()
         out = self.inner.decide(now)
-        took = time.thread_time_ns() - start + self._pending_ns
+        alone = time.thread_time_ns() - start
+        took = alone + self._pending_ns
         self._pending_ns = 0
         self.decisions_ns.append(took)
         # The driver reads the counters off the scheduler it drives.
         self.preemptions, self.migrations = self.inner.preemptions, self.inner.migrations
         if self.inner.replans > replans:
             self.replans_ns.append(took)
+            self.replan_decides_ns.append(alone)
         return out
 
     def wakeup(self) -> float | None:
@@ -134,6 +139,7 @@ def run_control_plane(*, workload: str, engines: int, trajectories: int, tp: int
         "replans": len(replans),
         "replan_p50_ms": _quantile(replans, 0.50),
         "replan_max_ms": _quantile(replans, 1.0),
+        "replan_decide_max_ms": _quantile(timed.replan_decides_ns, 1.0),
         "scheduler_cpu_s": total_ms / 1e3,
         "scheduler_cpu_per_turn_ms": total_ms / timed.turns if timed.turns else 0.0,
         "turns_per_s_one_core": timed.turns / (total_ms / 1e3) if total_ms else 0.0,
@@ -186,14 +192,17 @@ def run_control_plane_command(args: argparse.Namespace) -> int:
         last = runs[-1]
         print(f"treadle:   decision p50 {last['decision_p50_ms']:.3f} ms, p99 "
               f"{last['decision_p99_ms']:.3f} ms; re-plan p50 {last['replan_p50_ms']:.1f} "
-              f"ms, max {last['replan_max_ms']:.1f} ms ({last['replans']}); "
+              f"ms, max {last['replan_max_ms']:.1f} ms ({last['replans']}; the decide "
+              f"alone {last['replan_decide_max_ms']:.1f} ms); "
               f"{last['scheduler_cpu_per_turn_ms']:.3f} ms a turn", file=sys.stderr,
               flush=True)
     report = {
         "benchmark": "control-plane",
         "goals": {"decision_p99_ms": GOAL_DECISION_P99_MS, "replan_max_ms": GOAL_REPLAN_MAX_MS},
         "met": {"decision_p99": all(r["decision_p99_ms"] < GOAL_DECISION_P99_MS for r in runs),
-                "replan_max": all(r["replan_max_ms"] < GOAL_REPLAN_MAX_MS for r in runs)},
+                "replan_max": all(r["replan_max_ms"] < GOAL_REPLAN_MAX_MS for r in runs),
+                "replan_decide_max": all(r["replan_decide_max_ms"] < GOAL_REPLAN_MAX_MS
+                                         for r in runs)},
         "runs": runs,
         "machine": {"python": platform.python_version(), "processor": platform.machine(),
                     "cpu_time": "thread CPU time of the scheduler's calls"},

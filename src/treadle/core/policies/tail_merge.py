@@ -89,8 +89,9 @@ def plan_merge(live: Sequence[TrajState], engines: Sequence[EngineState], cost: 
     there, their contexts). On the new engine of degree d: restart_time(d) + the
     KV move of its context, then its tokens at the step time of the j moved
     together."""
-    if not live:
-        return None
+    idle = idle_engines(engines, live)
+    if not live or sum(e.tp for e in idle) < min(TP_DEGREES[1:]):
+        return None  # first, as it is cheap: nothing idle while the bulk runs
     by_id = {e.engine_id: e for e in engines}
     share: dict[str, list[TrajState]] = {}
     for t in live:
@@ -109,7 +110,6 @@ def plan_merge(live: Sequence[TrajState], engines: Sequence[EngineState], cost: 
     here.sort(key=lambda p: (-p[0], p[1].traj_id))
     finish_now = here[0][0]
     longest_tp = by_id[str(here[0][1].engine_id)].tp
-    idle = idle_engines(engines, live)
     best: Merge | None = None
     for tp in TP_DEGREES:
         drain = _drainable(idle, tp) if longest_tp < tp <= NODE_GPUS else None
