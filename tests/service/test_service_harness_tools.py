@@ -22,12 +22,15 @@ from service_helpers import running
 
 from agent.agent_helpers import build_tokenizer
 from engines.engines_fakes import FakeVLLMServer
+from treadle.agent.chat import Call, HermesFormat
+from treadle.cli import main
 from treadle.client import RolloutClient
 from treadle.envs.suites.swe_images import SweImageSuite
 from treadle.gateway.harness import Harness
 from treadle.sandbox import BwrapBackend
 from treadle.service.schemas import EngineRequest
 from treadle.service.state import Service, ServiceConfig
+from treadle.store.export import read_parquet
 from treadle.types import FailureStage, RewardSource, Trajectory, TrajectoryStatus
 
 pytestmark = [pytest.mark.integration]
@@ -167,3 +170,35 @@ def test_a_service_shutdown_mid_run_releases_the_sandbox(
             assert _left(sandbox_root) != []
         assert _free(service), service.sandboxes.stats()
     assert _left(sandbox_root) == []
+
+
+def test_the_example_harness_fixes_the_instance_with_the_models_tool_calls(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/gateway.md's `treadle run` of `treadle.examples.tools_harness`, which offers
+    the served tools to the model and runs its calls there: a scripted model that reads
+    the OS, applies the gold patch and submits resolves the instance."""
+    tok = build_tokenizer(tmp_path / "tok")
+    task = SweImageSuite().tasks()[0]
+    calls = [("bash", {"command": "cat /etc/os-release"}),
+             ("apply_patch", {"patch": task.metadata["patch"]}),
+             ("submit_answer", {"answer": "add_metaclass keeps __qualname__"})]
+    script = [[*tok.encode(HermesFormat().reply_text("", [Call.of(name, arguments)])),
+               tok.token_id("<|im_end|>")] for name, arguments in calls]
+    fake = FakeVLLMServer(script=script)
+    with fake.serve() as engine:
+        # The test tokenizer is trained on a tiny corpus: a patch takes many tokens.
+        code = main(["run", "--suite", "swe-images", "--n", "1", "--engine", engine,
+                     "--served-model", "m", "--tokenizer", str(tmp_path / "tok"),
+                     "--sandbox", "bwrap", "--harness",
+                     f"{sys.executable} -m treadle.examples.tools_harness",
+                     "--max-total-tokens", "32768", "--max-tokens-per-turn", "8192",
+                     "--job-id", "example", "--out", str(tmp_path)])
+    assert code == 0, capsys.readouterr().err
+    (traj,) = [t for _, t in read_parquet(tmp_path / "example.parquet")]
+    assert traj.status is TrajectoryStatus.COMPLETED, traj.reason
+    assert traj.reward == 1.0 and traj.metrics[f"F2P {F2P}"] == 1.0, traj.metrics
+    ran = [t.tool_call for t in traj.turns]
+    assert [(c.name, c.error) for c in ran if c is not None] == [
+        (name, None) for name, _ in calls]
+    # The model saw the image's Debian: the first tool result is in its next prompt.
+    assert "VERSION_CODENAME=trixie" in tok.decode(fake.requests[1]["prompt"])
