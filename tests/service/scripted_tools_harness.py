@@ -42,6 +42,10 @@ def main() -> int:
                 applied = http.post(f"{tools_url}/apply_patch",
                                     json={"patch": Path(patch).read_text()}).json()
                 report["applied"] = applied
+            # What an earlier attempt left in the sandbox, if anything; then a mark.
+            report["mark"] = http.post(f"{tools_url}/bash", json={
+                "command": "cat .attempt 2>/dev/null || echo fresh; echo worked > .attempt"}
+                ).json()["output"].strip()
             ran = http.post(f"{tools_url}/bash",
                             json={"command": "cat /etc/os-release; pwd"}).json()
             report["ran"] = ran

@@ -8,6 +8,7 @@ every sandbox is released however the run ended."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -152,23 +153,37 @@ def test_a_crashing_harness_is_an_infrastructure_failure_and_frees_its_sandbox(
     assert traj.reason is not None and "scripted crash" in traj.reason
 
 
-def test_a_service_shutdown_mid_run_releases_the_sandbox(
+def test_a_service_shutdown_mid_run_releases_the_sandbox_and_a_restart_starts_over(
         tmp_path: Path, sandbox_root: Path) -> None:
+    """A run the service's shutdown interrupts releases its sandbox; the restarted
+    service runs it again as a new attempt, harness and sandbox both fresh: nothing
+    of the first attempt's work is there, nor in the record."""
     tok = build_tokenizer(tmp_path / "tok")
-    hang = _harness("hang", tmp_path / "hang", SCRIPT_THEN="hang")
-    os.mkfifo(tmp_path / "hang" / "ready")
+    hang = _harness("run", tmp_path / "first", SCRIPT_THEN="hang")
+    os.mkfifo(tmp_path / "first" / "ready")
     fake = FakeVLLMServer(reply_ids=[*tok.encode("I will fix it."), tok.token_id("<|im_end|>")])
     with fake.serve() as engine:
         config = ServiceConfig(db=str(tmp_path / "s.db"), policy="verl",
                                engines=[EngineRequest(url=engine, model="m")],
-                               tokenizer=str(tmp_path / "tok"), harnesses={"hang": hang},
+                               tokenizer=str(tmp_path / "tok"), harnesses={"run": hang},
                                sandbox=BwrapBackend(work_root=str(sandbox_root)))
         with running(config) as (url, service), RolloutClient(url) as client:
-            client.submit({**JOB, "harness": {"name": "hang"}, "job_id": "hang"})
+            client.submit({**JOB, "harness": {"name": "run"}, "job_id": "restarted"})
             # The harness has made its calls in the sandbox and now waits to be killed.
-            assert (tmp_path / "hang" / "ready").read_text() == "ready"
+            assert (tmp_path / "first" / "ready").read_text() == "ready"
             assert _left(sandbox_root) != []
         assert _free(service), service.sandboxes.stats()
+        assert _left(sandbox_root) == []
+        first = json.loads((tmp_path / "first" / "report.json").read_text())
+        again = {"run": _harness("run", tmp_path / "again")}  # this one exits
+        with running(dataclasses.replace(config, harnesses=again)) as (url, service), \
+                RolloutClient(url) as client:
+            (delivered,) = client.trajectories("restarted", follow=True)
+    second = json.loads((tmp_path / "again" / "report.json").read_text())
+    assert first["mark"] == second["mark"] == "fresh"
+    traj = delivered.trajectory
+    assert traj.attempt == 1 and traj.status is TrajectoryStatus.COMPLETED, traj.reason
+    assert len(traj.turns) == 1 and traj.reward == 0.0  # the second attempt's own
     assert _left(sandbox_root) == []
 
 
