@@ -28,7 +28,7 @@ from treadle.cli import main
 from treadle.client import RolloutClient
 from treadle.envs.suites.swe_images import SweImageSuite
 from treadle.gateway.harness import Harness
-from treadle.sandbox import BwrapBackend
+from treadle.sandbox import BwrapBackend, LocalBackend
 from treadle.service.schemas import EngineRequest
 from treadle.service.state import Service, ServiceConfig
 from treadle.store.export import read_parquet
@@ -217,3 +217,23 @@ def test_the_example_harness_fixes_the_instance_with_the_models_tool_calls(
         (name, None) for name, _ in calls]
     # The model saw the image's Debian: the first tool result is in its next prompt.
     assert "VERSION_CODENAME=trixie" in tok.decode(fake.requests[1]["prompt"])
+
+
+def test_an_episode_that_cannot_be_opened_fails_the_run_before_its_harness_starts(
+        tmp_path: Path) -> None:
+    tok = build_tokenizer(tmp_path / "tok")
+    idle = _harness("idle", tmp_path / "idle")
+    fake = FakeVLLMServer(reply_ids=[*tok.encode("I will fix it."), tok.token_id("<|im_end|>")])
+    with fake.serve() as engine:
+        config = ServiceConfig(db=str(tmp_path / "s.db"), policy="verl",
+                               engines=[EngineRequest(url=engine, model="m")],
+                               tokenizer=str(tmp_path / "tok"), harnesses={"idle": idle},
+                               sandbox=LocalBackend(work_root=str(tmp_path / "sb")))
+        with running(config) as (url, _), RolloutClient(url) as client:
+            job = client.submit({**JOB, "harness": {"name": "idle"}})
+            (delivered,) = client.trajectories(job.job_id, follow=True)
+    traj = delivered.trajectory
+    assert traj.status is TrajectoryStatus.ERROR and traj.failure_stage is FailureStage.INIT
+    assert traj.reason is not None and "runs no environment images" in traj.reason
+    assert not (tmp_path / "idle" / "report.json").exists()  # the harness never ran
+    assert fake.requests == []

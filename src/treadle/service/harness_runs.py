@@ -16,7 +16,9 @@ timeout, the job's cancel, the service's shutdown: each unwinds this run).
 from __future__ import annotations
 
 import contextlib
+import logging
 import uuid
+from collections.abc import Callable
 from typing import Protocol
 
 from treadle.envs.base import open_episode
@@ -30,6 +32,8 @@ from treadle.service.keys import SessionKeys
 from treadle.service.planning import HarnessWork
 from treadle.service.sandboxes import SuitePools
 from treadle.types import FailureStage, GroupKey, RewardSource, Trajectory, TrajectoryStatus
+
+log = logging.getLogger(__name__)
 
 
 class RunHost(Protocol):
@@ -81,6 +85,7 @@ class HarnessRuns:
         key = host.keys.grant(spec.session_id, None, treadle_ends=True)
         try:
             async with contextlib.AsyncExitStack() as episode_held:
+                episode_held.push(_teardown_logged(session))  # outermost: sees the close's
                 tools = None
                 try:
                     tools = await self._serve(work, session, episode_held)
@@ -173,6 +178,20 @@ class HarnessRuns:
         except TreadleError as e:
             return None, {}, f"eval: {type(e).__name__}: {e}"
         return result.reward, dict(result.metrics), None
+
+
+def _teardown_logged(session: Session) -> Callable[..., bool]:
+    """Swallow (and log) what closing the episode raises once the session has ended:
+    a cleanup that fails must not turn a finished, scored run into an excluded one
+    (as `runtime.rollout`'s teardown)."""
+    def exit_(_type: type[BaseException] | None, exc: BaseException | None,
+              _tb: object) -> bool:
+        if isinstance(exc, Exception) and session.ended:
+            log.warning("session %s: closing its episode failed: %s: %s",
+                        session.spec.session_id, type(exc).__name__, exc)
+            return True
+        return False
+    return exit_
 
 
 __all__ = ["HarnessRuns", "RunHost"]
