@@ -39,6 +39,7 @@ ANSWERS = ("import json, os, sys\n"
            "assert json.loads(os.environ['TREADLE_TASK']) == task\n"
            "assert os.environ['OPENAI_BASE_URL'].endswith('/openai/v1')\n"
            "assert os.environ['OPENAI_API_KEY'] == 'tok'\n"
+           "assert 'TREADLE_TOOLS_URL' not in os.environ\n"  # no tools served
            "open(os.environ['TREADLE_ANSWER_FILE'], 'w').write(task['prompt'][:5])\n"
            "open(os.environ['TREADLE_REWARD_FILE'], 'w').write('{\"reward\": 0.5, "
            "\"rewards\": {\"style\": 1}}')\n")
@@ -51,6 +52,13 @@ def test_the_harness_gets_its_session_and_task_and_can_answer() -> None:
     verdict = judge(run, "reward_file")
     assert (verdict.status, verdict.reward, verdict.rewards, verdict.source) == (
         TrajectoryStatus.COMPLETED, 0.5, {"style": 1.0}, RewardSource.REWARD_FILE)
+
+
+def test_the_harness_is_told_where_its_served_tools_are() -> None:
+    served = dataclasses.replace(ENV, tools_url="http://127.0.0.1:9/v1/sessions/s/tools")
+    run = _run("import os, sys; sys.exit(os.environ['TREADLE_TOOLS_URL'] != "
+               "'http://127.0.0.1:9/v1/sessions/s/tools')", served)
+    assert run.exit_code == 0, run.stderr_tail
 
 
 @pytest.mark.parametrize("score", ["verifier", "auto", "exit_code"])

@@ -165,11 +165,14 @@ def test_the_fuzz_reached_past_validation_on_every_route_that_can_succeed(
     """A fuzz answered only 4xx would prove little: the routes a generated request
     can succeed on each answered 2xx at least once. (POST /v1/engines needs a
     healthy engine at the URL and POST /v1/rollouts a tokenizer, so a 422 is their
-    best.) Runs after the fuzz, in file order."""
+    best; a session's tools are served only to a harness job's run in a sandbox,
+    test_service_harness_tools.py, so a 404 is theirs.) Runs after the fuzz, in file
+    order."""
     if not answers:
         pytest.fail("the fuzz test did not run before this one (run the whole file)")
     assert all(code < 500 for codes in answers.values() for code in codes)
-    cannot = {"POST /v1/engines", "POST /v1/rollouts"}
+    cannot = {"POST /v1/engines", "POST /v1/rollouts", "GET /v1/sessions/{session_id}/tools",
+              "POST /v1/sessions/{session_id}/tools/{name}"}
     operations = {f"{op.method.upper()} {op.path}"
                   for op in (r.ok() for r in schema.get_all_operations())}
     print("\n" + "\n".join(f"{route}: {dict(sorted(answers[route].items()))}"

@@ -67,6 +67,9 @@ def _bodies(ids: dict[str, str]) -> dict[str, tuple[str, Any]]:
         "POST /v1/sessions/{session_id}/openai/v1/chat/completions": (
             f"{door}/chat/completions", chat),
         "GET /v1/sessions/{session_id}/openai/v1/models": (f"{door}/models", None),
+        "GET /v1/sessions/{session_id}/tools": (f"/v1/sessions/{other}/tools", None),
+        "POST /v1/sessions/{session_id}/tools/{name}": (f"/v1/sessions/{other}/tools/bash",
+                                                        {"command": "id"}),
         "GET /v1/engines": ("/v1/engines", None),
         "POST /v1/engines": ("/v1/engines", {"url": ids["engine_url"], "model": "m"}),
         "POST /v1/engines/{engine_id}/drain": (f"/v1/engines/{ids['engine']}/drain", None),

@@ -1,6 +1,7 @@
 """Least privilege over real HTTP: trainer keys see and change their own run's jobs,
 sessions and weights only (another run's job is a 404, as an unknown one); session
-keys open their own session's OpenAI routes only, and nothing once it has ended;
+keys open their own session's OpenAI routes and tools only, and nothing once it has
+ended;
 every route declares the scope it needs."""
 
 from __future__ import annotations
@@ -108,6 +109,8 @@ SCOPES = {  # route -> the scope dependency it must declare
     "POST /v1/sessions/{session_id}/end": deps.get_owned_session,
     "POST /v1/sessions/{session_id}/openai/v1/chat/completions": deps.get_door,
     "GET /v1/sessions/{session_id}/openai/v1/models": deps.get_door,
+    "GET /v1/sessions/{session_id}/tools": deps.get_door,
+    "POST /v1/sessions/{session_id}/tools/{name}": deps.get_door,
     "GET /v1/engines": deps.get_caller, "POST /v1/engines": deps.get_admin,
     "POST /v1/engines/{engine_id}/drain": deps.get_admin,
     "DELETE /v1/engines/{engine_id}": deps.get_admin,
@@ -250,6 +253,14 @@ def test_a_session_key_opens_its_own_sessions_openai_routes_and_nothing_else(
     assert job.status_code == 201
     with _as(url, a["api_key"]) as key_a:
         assert key_a.get(f"{_door(a, url)}/models").json()["data"][0]["id"] == "policy"
+        # Its own session's tools: opened, but a session made through the API is
+        # served none (a harness job's is: test_service_harness_tools.py).
+        tools = key_a.get(f"/v1/sessions/{a['session_id']}/tools")
+        assert tools.status_code == 404 and "is served no tools" in tools.json()["detail"]
+        with httpx.Client(base_url=url) as nobody:
+            assert nobody.get(f"/v1/sessions/{a['session_id']}/tools").status_code == 401
+            assert nobody.post(f"/v1/sessions/{a['session_id']}/tools/bash",
+                               json={}).status_code == 401
         refused = [
             key_a.get(f"{_door(b, url)}/models"),
             key_a.post(f"{_door(b, url)}/chat/completions",
@@ -266,6 +277,11 @@ def test_a_session_key_opens_its_own_sessions_openai_routes_and_nothing_else(
             key_a.get("/v1/jobs/a-for-session-key/timeline"),
             key_a.post("/v1/keys", json={"trainer_run": "x"}),
             key_a.get(f"{_door(a, url)}/../../../../jobs"),
+            # Another session's tools; a path under its own tools that names none.
+            key_a.get(f"/v1/sessions/{b['session_id']}/tools"),
+            key_a.post(f"/v1/sessions/{b['session_id']}/tools/bash", json={"command": "id"}),
+            key_a.post(f"/v1/sessions/{a['session_id']}/tools/bash/x", json={}),
+            key_a.post(f"/v1/sessions/{a['session_id']}/tools/", json={}),
         ]
         assert [r.status_code for r in refused] == [403] * len(refused)
         # Nothing happened: both sessions are open, the job not cancelled.

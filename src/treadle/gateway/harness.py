@@ -25,13 +25,33 @@ TREADLE_ANSWER_FILE    where the harness may write its final answer (a suite's
 TREADLE_REWARD_FILE    where the harness may write its own reward: a number, or
                        ``{"reward": x, "rewards": {name: value}}``; read only
                        when the job's score is ``reward_file``
+TREADLE_TOOLS_URL      only when the task's tools are served (below): the
+                       session's tools, ``GET`` it for their specs, ``POST
+                       <url>/<name>`` with the arguments as JSON to call one
+                       (the session's key as bearer)
 =====================  =========================================================
+
+Served tools: a task whose suite needs a sandbox (`Suite.needs_sandbox`, e.g. a
+``swe-images`` instance on its image) has its episode opened when the session
+starts, in the service's sandbox pool for it (the one treadle's own agent loop
+uses), and its tools served to the harness at ``TREADLE_TOOLS_URL``
+(``/v1/sessions/{id}/tools``, `gateway.tools`): the harness's commands run in the
+task's sandbox, not on the host, and each call is recorded in the session's
+trajectory as the agent loop records its tool calls. The episode is closed and its
+sandbox released when the session ends, however it ends (the harness's exit or
+crash, its timeout, the job's cancel, the service's shutdown). Without a sandbox
+backend, or for a suite that needs none, nothing is served (as before).
+
+A restart of the service ends the harness with it; the run starts over as a new
+attempt (a new session, a fresh episode and sandbox, the harness started again):
+a sandbox cannot be brought back, so nothing of the first attempt's work is served
+as if it were there, and its record is the new attempt's alone.
 
 Limits: the whole run must end within `timeout_s` (then the process group is
 killed), address space `max_memory_mb` and CPU time `max_cpu_s` per process
 (rlimits). A harness is not sandboxed by treadle: it must reach the gateway over
-the network, and it runs its own tools (a harness that can, like mini-swe-agent
-with bubblewrap, sandboxes its commands itself). Treat harness commands as
+the network, and it runs its own tools unless they are served (a harness that can,
+like mini-swe-agent with bubblewrap, sandboxes its commands itself). Treat harness commands as
 trusted code configured by the operator; a job only names one. What the model
 makes the harness run is not trusted: docs/security.md.
 
@@ -52,10 +72,15 @@ timeout                status timeout, scored like a finished run
 
 Scores, and what each trusts (`Verdict.source` names it, and the record keeps it):
 
-- ``verifier`` (the default): the suite's verifier on the final answer, in a fresh
-  episode with the task's hidden data. It trusts nothing the run writes but the
-  answer, which is the policy's to give. ``auto`` is read as ``verifier`` (it once
-  preferred the reward file: jobs stored with it run the same way).
+- ``verifier`` (the default): the suite's verifier on the final answer, with the
+  task's hidden data. With tools served, it scores the served episode, after the
+  harness has ended and its last tool call has stopped: the sandbox's state is the
+  policy's work, as the answer is, and the suite restores what it must not trust
+  (``swe-images`` puts the graded test files back from the instance before it runs
+  them). Without, it scores a fresh episode. It trusts nothing the run writes but
+  the answer and what it did through the served tools, both the policy's to give.
+  ``auto`` is read as ``verifier`` (it once preferred the reward file: jobs stored
+  with it run the same way).
 - ``exit_code``: exit 0 is 1.0, exit 1 is 0.0. It trusts the harness command's
   exit status: the operator's command (a test runner judging the work), which a
   model-written command can sway only by what it changes in what that command
@@ -119,6 +144,7 @@ class HarnessEnv:
     session_id: str
     task: Mapping[str, Any]  # {"task_id", "prompt", "tools"}: nothing hidden
     reads_reward: bool = False  # the job scores by the reward file: read it after the run
+    tools_url: str | None = None  # the session's served tools (None: none are served)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +191,8 @@ async def run_harness(harness: Harness, env: HarnessEnv) -> HarnessRun:
             "TREADLE_TASK": task_json, "TREADLE_TASK_FILE": str(work / "task.json"),
             "TREADLE_ANSWER_FILE": str(work / "answer.txt"),
             "TREADLE_REWARD_FILE": str(work / "reward.json")}
+        if env.tools_url is not None:
+            variables["TREADLE_TOOLS_URL"] = env.tools_url
         started = time.monotonic()
         # An unlinked file: nothing the harness does to its work dir reaches it.
         with tempfile.TemporaryFile() as stderr:

@@ -190,6 +190,10 @@ class Session:
         self._running: tuple[CallRequest, asyncio.Future[CallResult]] | None = None
         self.final_text: str | None = None  # the last reply's content
         self.final_answer: str | None = None  # what a harness run wrote as its answer
+        # Tools the gateway serves the harness (`gateway.tools`): one runs now (no chat
+        # call may), and the turns whose ToolCall records what ran (its own latency).
+        self.in_tool_call = False
+        self.tools_ran: set[int] = set()
 
     @property
     def segments(self) -> int:
@@ -201,6 +205,9 @@ class Session:
         if self.ended or self.cut:
             raise SessionEnded(f"session {self.spec.session_id} has ended "
                                f"({self.trajectory.status.value})")
+        if self.in_tool_call:
+            raise SessionBusy(f"session {self.spec.session_id} is running a tool call; call "
+                              "the model after it")
         if self.busy:
             running = self._running
             if running is not None and running[0] == request:
@@ -270,6 +277,7 @@ class Session:
         forced = self.fmt.forced_prefix(request.tool_choice)
         begun = conv.begin(request.messages, request.tools, forced=forced)
         turn = conv.turns
+        self.tools_ran.discard(turn)  # (a retried reply's, taken back with it)
         if turn >= limits.max_turns:
             conv.take_back()
             raise SessionLimit(f"the session has had its max_turns ({limits.max_turns}) "
@@ -286,7 +294,8 @@ class Session:
             # is all the gateway knows of the harness's tools.
             gap = conv.tool_finished(begun, final=False)
             last = self.trajectory.turns[-1] if self.trajectory.turns else None
-            if last is not None and last.tool_call is not None:
+            if last is not None and last.tool_call is not None and \
+                    last.index not in self.tools_ran:
                 last.tool_call.latency_s = gap
         out = await self._generate(request, begun.prompt_ids, budget, turn)
         ids, logprobs, cut = self._stopped(out, request.stop, forced,

@@ -53,7 +53,7 @@ the headers before any body is read; the schema declares it as an HTTP bearer
 scheme. Each route declares the scope it needs (`deps`; the keys and their
 principals: `keys`, docs/security.md): the service token opens everything, a
 trainer key its own run's jobs, sessions and weights (another run's job is a 404),
-a session key its session's OpenAI routes only (a 403 anywhere else). A
+a session key its session's OpenAI routes and tools only (a 403 anywhere else). A
 body over `max_body_bytes` is a 413, whether it declares its length or is sent
 chunked, and one that takes longer than `body_timeout_s` to arrive a 408
 (`limits.RequestGate`); more than `max_requests` requests at once (streams counted

@@ -17,6 +17,7 @@ that none is left out):
                    admin); a 404 for anyone else
 `DoorDep`          a session's OpenAI routes: that session's key, the admin, or the
                    trainer whose session it is
+`SessionToolsDep`  the tools served to a harness job's session (`DoorDep`'s callers)
 =================  ==================================================================
 
 The key is checked twice on purpose: `limits.RequestGate` refuses a request without
@@ -36,6 +37,7 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from treadle.gateway.tools import SessionTools
 from treadle.service.errors import Forbidden
 from treadle.service.keys import (
     Admin,
@@ -85,7 +87,7 @@ async def get_caller(principal: PrincipalDep) -> Caller:
         case Admin() | Trainer():
             return principal
         case SessionHolder():
-            raise Forbidden("a session key opens its session's OpenAI routes only")
+            raise Forbidden("a session key opens its session's OpenAI routes and tools only")
 
 
 CallerDep = Annotated[Caller, Depends(get_caller)]
@@ -122,13 +124,15 @@ OwnedSessionDep = Annotated[SessionGrant | None, Depends(get_owned_session)]
 
 
 async def get_door(session_id: str, principal: PrincipalDep, service: ServiceDep) -> None:
-    """A session's OpenAI routes: its own key, the admin, or its owner's trainer key.
+    """A session's OpenAI routes (and its served tools): its own key, the admin, or
+    its owner's trainer key.
     A session key of another session is a 403 (the gate refuses it first); a trainer
     not its owner gets the 404 an unknown session gets."""
     match principal:
         case SessionHolder(session_id=mine):
             if mine != session_id:
-                raise Forbidden("a session key opens its own session's OpenAI routes only")
+                raise Forbidden("a session key opens its own session's OpenAI routes and tools "
+                                "only")
         case Admin() | Trainer():
             service.keys.owned_session(principal, session_id)
 
@@ -136,6 +140,16 @@ async def get_door(session_id: str, principal: PrincipalDep, service: ServiceDep
 DoorDep = Annotated[None, Depends(get_door)]
 
 
+async def get_session_tools(session_id: str, _door: DoorDep,
+                            service: ServiceDep) -> SessionTools:
+    """The tools served to the path's session, for those its door opens to; 404
+    (UnknownSession, UnknownTool) for a session without served tools."""
+    return service.gateway.tools(session_id)
+
+
+SessionToolsDep = Annotated[SessionTools, Depends(get_session_tools)]
+
+
 __all__ = ["AdminDep", "CallerDep", "DoorDep", "OwnedJobDep", "OwnedSessionDep", "PrincipalDep",
-           "ServiceDep", "get_admin", "get_caller", "get_door", "get_owned_job",
-           "get_owned_session", "get_principal", "get_service"]
+           "ServiceDep", "SessionToolsDep", "get_admin", "get_caller", "get_door", "get_owned_job",
+           "get_owned_session", "get_principal", "get_service", "get_session_tools"]

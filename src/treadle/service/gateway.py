@@ -21,6 +21,10 @@ runtime over engines at a pinned version, which weight updates never reach, whos
 tokens carry that version) when it is not trainable and the service has one, or
 when it asks for it (`SessionRequest.engine_pool`).
 
+A harness job's run (`service.harness_runs`) drives a session of its own, and
+serves the task's episode's tools to its harness where the task needs a sandbox
+(`tools`).
+
 A session's trajectory is marked started in the store when the session is created
 and stored when it ends (`gateway.session` says how a session ends). A service
 that restarts forgets its open sessions: `Rollouts.start` finishes their
@@ -41,10 +45,8 @@ from treadle.agent.fingerprint import tokenizer_fingerprint
 from treadle.agent.runner import Sampling
 from treadle.agent.tokenizer import Tokenizer
 from treadle.clock import MONOTONIC, Clock
-from treadle.envs.base import open_episode
-from treadle.errors import TreadleError
 from treadle.gateway.errors import SessionBusy
-from treadle.gateway.harness import Harness, HarnessEnv, Verdict, judge, run_harness
+from treadle.gateway.harness import Harness
 from treadle.gateway.session import (
     CallRequest,
     CallResult,
@@ -54,8 +56,10 @@ from treadle.gateway.session import (
     no_call_served,
 )
 from treadle.gateway.sessions import Sessions
+from treadle.gateway.tools import SessionTools, UnknownTool
 from treadle.runtime.driver import Runtime
 from treadle.service.errors import RequestRefused
+from treadle.service.harness_runs import HarnessRuns
 from treadle.service.judging import Judging
 from treadle.service.keys import SessionKeys
 from treadle.service.outbox import Outbox
@@ -112,7 +116,7 @@ class Gateway:
         self.url = url
         # Sessions' keys: a harness run gets its session's, never the service's token.
         self.keys = keys
-        self._harnessed: set[str] = set()  # trajectories a harness run returns itself
+        self.harnessed: set[str] = set()  # trajectories a harness run returns itself
         self.sessions = None if tokenizer is None else Sessions(
             runtime, tokenizer, on_end=self._ended, clock=clock, max_sessions=max_sessions,
             grace_s=grace_s)
@@ -126,6 +130,7 @@ class Gateway:
         # sessions their owners ended: trajectory id -> (conversation, chat format).
         self.judging = judging
         self._shown: dict[str, tuple[list[Message], str]] = {}
+        self.runs = HarnessRuns(self)  # harness jobs' runs, and the tools served to them
 
     # -- sessions ---------------------------------------------------------------------
 
@@ -241,7 +246,7 @@ class Gateway:
         session = sessions.get(session_id)
         result = await sessions.call(session_id, request)
         if self.journal is not None and body is not None and \
-                session.spec.trajectory_id not in self._harnessed:
+                session.spec.trajectory_id not in self.harnessed:
             self.journal.called(session, body, result)
         return result
 
@@ -280,7 +285,7 @@ class Gateway:
     async def end(self, session_id: str, request: SessionEndRequest) -> SessionView:
         sessions = self._open()
         session = sessions.get(session_id)
-        if session.spec.trajectory_id in self._harnessed:
+        if session.spec.trajectory_id in self.harnessed:
             # Its harness run judges and scores it: nothing holding a key inside the
             # run may set its own reward.
             raise SessionBusy(f"session {session_id} belongs to a harness run, which ends "
@@ -376,7 +381,7 @@ class Gateway:
         if taken is not None:  # a sessions job's slot, taken here and now done
             taken.discard(traj.trajectory_id)
         shown = self._shown.pop(traj.trajectory_id, None)
-        if traj.trajectory_id in self._harnessed:
+        if traj.trajectory_id in self.harnessed:
             return  # its harness run hands it to the job runner, which stores it
         no_call_served(traj)
         if shown is not None and traj.reward is not None and self.judging is not None:
@@ -394,87 +399,29 @@ class Gateway:
     # -- harness jobs -----------------------------------------------------------------
 
     async def run_harness(self, work: HarnessWork, attempt: int) -> Trajectory:
-        """One trajectory of a harness job: a session, the harness command driving it
-        (`gateway.harness`), then its verdict and score. Never raises but
-        CancelledError (the job's cancel: the harness is killed)."""
-        sessions, p = self._open(), work.planned
-        harness = self.harnesses[work.harness]
-        lim = work.limits
-        window = await self.context_window()
-        spec = SessionSpec(
-            session_id=uuid.uuid4().hex[:16], trajectory_id=p.trajectory_id,
-            job_id=work.job_id, key=GroupKey(p.group_id, p.repetition), task_id=p.task_id,
-            sampling=work.sampling, chat_format=work.chat_format,
-            # The job's limits, within what its engines serve.
-            limits=SessionLimits(lim.max_turns, min(lim.max_total_tokens,
-                                                    window or lim.max_total_tokens),
-                                 lim.max_tokens_per_turn),
-            swept=False, kv_across_updates=work.kv, max_staleness=work.max_staleness)
-        session = sessions.create(spec)  # (ServiceBusy: the job runner records the error)
-        self._harnessed.add(p.trajectory_id)
-        self._jobs[p.trajectory_id] = work.job_id
-        # The run's only credential: its session's calls, nothing else (docs/security.md).
-        key = self.keys.grant(spec.session_id, None, treadle_ends=True)
-        try:
-            verdict = await self._run(harness, work, session, key)
-            self.keys.revoke(spec.session_id)  # before scoring: nothing of the run is left
-            await session.interrupt()  # a call still in flight when the harness ended
-            if not session.ended:
-                reward = verdict.reward
-                if verdict.verify:
-                    reward, rewards, failure = await self._verify(work, session)
-                    if failure is not None:
-                        verdict = Verdict(TrajectoryStatus.ERROR, failure, FailureStage.EVAL)
-                    verdict = Verdict(verdict.status, verdict.reason, verdict.stage,
-                                      reward, {**verdict.rewards, **rewards},
-                                      source=RewardSource.VERIFIER)
-                await sessions.end(spec.session_id, status=verdict.status,
-                                   reason=verdict.reason, reward=reward,
-                                   rewards=verdict.rewards, stage=verdict.stage,
-                                   reward_source=verdict.source)
-        finally:
-            self.keys.revoke(spec.session_id)
-            self._harnessed.discard(p.trajectory_id)
-            if not session.ended:  # cancelled: the job's cancel stored it already
-                session.finish(TrajectoryStatus.ABORTED, "cancelled")
-                sessions.forget(spec.session_id)
-                self._jobs.pop(p.trajectory_id, None)
-        session.trajectory.attempt = attempt
-        no_call_served(session.trajectory)
-        return session.trajectory
+        """One trajectory of a harness job (`service.harness_runs`); never raises but
+        CancelledError."""
+        return await self.runs.run(work, attempt)
 
-    async def _run(self, harness: Harness, work: HarnessWork, session: Session,
-                   key: str) -> Verdict:
-        if self.url is None:
-            return Verdict(TrajectoryStatus.ERROR, "runtime: the service does not know the "
-                           "URL harnesses reach it at (ServiceConfig.public_url)",
-                           FailureStage.RUNTIME)
-        task = work.task
-        shown = {"task_id": task.task_id, "prompt": task.prompt,
-                 "tools": [t.spec for t in work.suite.tools(task)]}
-        base = f"{self.url.rstrip('/')}/v1/sessions/{session.spec.session_id}/openai/v1"
-        try:
-            run = await run_harness(harness, HarnessEnv(
-                base, key, session.spec.session_id, shown,
-                reads_reward=work.score == "reward_file"))
-        except OSError as e:
-            return Verdict(TrajectoryStatus.ERROR, f"harness: cannot start "
-                           f"{harness.command[0]!r}: {e}", FailureStage.HARNESS)
-        session.final_answer = run.answer
-        return judge(run, work.score)
+    def tools(self, session_id: str) -> SessionTools:
+        """The tools served to an open session (`service.harness_runs`): UnknownSession
+        (404) for no open session, UnknownTool (404) for one served none."""
+        self._open().get(session_id)
+        served = self.runs.served.get(session_id)
+        if served is None:
+            raise UnknownTool(f"session {session_id} is served no tools (only a harness "
+                              "job's session whose task needs a sandbox is)")
+        return served
 
-    async def _verify(self, work: HarnessWork, session: Session,
-                      ) -> tuple[float | None, dict[str, float], str | None]:
-        """The suite's reward on the run's final answer: (reward, parts, failure)."""
-        answer = session.final_answer if session.final_answer is not None \
-            else session.final_text
-        try:
-            async with open_episode(work.suite, work.task,
-                                    self.sandboxes.pool(work.suite, work.task)) as episode:
-                result = await episode.score(answer)
-        except TreadleError as e:
-            return None, {}, f"eval: {type(e).__name__}: {e}"
-        return result.reward, dict(result.metrics), None
+    def open_sessions(self) -> Sessions:
+        return self._open()
+
+    def track(self, trajectory_id: str, job_id: str) -> None:
+        """An open session's trajectory belongs to `job_id` (until it ends)."""
+        self._jobs[trajectory_id] = job_id
+
+    def untrack(self, trajectory_id: str) -> None:
+        self._jobs.pop(trajectory_id, None)
 
 
 def view(session: Session) -> SessionView:

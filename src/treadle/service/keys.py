@@ -107,9 +107,19 @@ def run_named(caller: Caller, named: str | None) -> str | None:
 
 
 def door_paths(session_id: str) -> frozenset[str]:
-    """The paths a session's key opens: its OpenAI routes."""
-    base = f"/v1/sessions/{session_id}/openai/v1"
-    return frozenset({f"{base}/chat/completions", f"{base}/models"})
+    """The fixed paths a session's key opens: its OpenAI routes and its tools' list
+    (`opens_door` adds each tool's path)."""
+    base = f"/v1/sessions/{session_id}"
+    return frozenset({f"{base}/openai/v1/chat/completions", f"{base}/openai/v1/models",
+                      f"{base}/tools"})
+
+
+def opens_door(session_id: str, path: str) -> bool:
+    """Whether a key of `session_id` opens `path`: `door_paths`, or one of its tools
+    (``/v1/sessions/{id}/tools/{name}``, a name without a slash)."""
+    tools = f"/v1/sessions/{session_id}/tools/"
+    return path in door_paths(session_id) or (
+        path.startswith(tools) and len(path) > len(tools) and "/" not in path[len(tools):])
 
 
 def digest(key: str | bytes) -> bytes:
@@ -348,4 +358,5 @@ def file_key_id(key_digest: bytes) -> str:
 
 __all__ = ["Admin", "Caller", "FileKey", "KeyRing", "Principal", "SessionGrant",
            "SessionHolder", "SessionKeys", "Trainer", "TrainerKeyView", "digest",
-           "door_paths", "file_line", "owner_of", "read_keys_file", "run_named", "sees"]
+           "door_paths", "file_line", "opens_door", "owner_of", "read_keys_file", "run_named",
+           "sees"]

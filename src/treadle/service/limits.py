@@ -8,8 +8,8 @@ the body is read:
    page reads everything through the key-checked routes).
 2. The bearer key (when the service has a token): one the service does not know —
    missing, wrong, revoked, or a session key whose session has ended — is a 401 at
-   once; a session key anywhere but its own session's OpenAI routes a 403 at once
-   (`keys.door_paths`: a harness's key never makes the service read a body it may
+   once; a session key anywhere but its own session's OpenAI routes and tools a 403
+   at once (`keys.opens_door`: a harness's key never makes the service read a body it may
    not send). An unauthorised client never makes the service read its body nor
    holds a request slot, so it cannot starve authorised ones. The routes then check
    the scope each needs (`deps`).
@@ -33,7 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from treadle.served import declared_too_large, limit_body
 from treadle.service.dashboard import PUBLIC_PATHS
-from treadle.service.keys import SessionHolder, door_paths
+from treadle.service.keys import SessionHolder, opens_door
 from treadle.service.state import Service
 
 # The client reads it as `treadle.client.stream.RESTART_HEADER` (a test checks they
@@ -67,9 +67,9 @@ class RequestGate:
                          [(b"www-authenticate", b"Bearer")])
             return
         if isinstance(principal, SessionHolder) and \
-                scope["path"] not in door_paths(principal.session_id):
+                not opens_door(principal.session_id, scope["path"]):
             await _reply(send, 403, b'{"detail":"a session key opens its own session\'s '
-                                    b'OpenAI routes only"}')
+                                    b'OpenAI routes and tools only"}')
             return
         stream = scope["path"].endswith("/trajectories")
         if (stream and self.streams >= config.max_streams) or \

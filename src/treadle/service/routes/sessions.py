@@ -2,16 +2,28 @@
 
 A session belongs to the key that made it: a trainer's session is seen and ended by
 that run's keys (and the admin's), and by nobody else (a 404, as for an unknown
-one). Each gets a key of its own (`api_key`), which opens its OpenAI routes only;
-the session's end revokes it. A session treadle made for a harness job is ended by
-treadle alone (409)."""
+one). Each gets a key of its own (`api_key`), which opens its OpenAI routes (and
+the tools served to it) only; the session's end revokes it. A session treadle made
+for a harness job is ended by treadle alone (409).
+
+A harness job's session whose task needs a sandbox is served its episode's tools
+(`gateway.tools`, the harness's ``TREADLE_TOOLS_URL``): ``GET .../tools`` lists
+their specs (OpenAI's function format), ``POST .../tools/{name}`` with the
+arguments as a JSON body runs one in the task's sandbox and answers its result
+(`ToolReply`); bad arguments are the tool's own error result, an unknown tool a
+404. Opened by the session's key (`SessionToolsDep`: `DoorDep`'s callers)."""
 
 from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
 
 from fastapi import APIRouter, Request
 
 from treadle.gateway.errors import SessionBusy
-from treadle.service.deps import CallerDep, OwnedSessionDep, ServiceDep
+from treadle.service import strict_json
+from treadle.service.deps import CallerDep, OwnedSessionDep, ServiceDep, SessionToolsDep
 from treadle.service.errors import RequestRefused
 from treadle.service.keys import owner_of, sees
 from treadle.service.replies import documented
@@ -22,6 +34,7 @@ from treadle.service.schemas import (
     SessionView,
 )
 from treadle.service.strict_json import StrictJSONRoute
+from treadle.service.tool_schemas import ToolReply
 from treadle.store.errors import NotFound
 
 router = APIRouter(prefix="/v1/sessions", route_class=StrictJSONRoute, tags=["sessions"])
@@ -61,3 +74,38 @@ async def end(session_id: str, body: SessionEndRequest, owned: OwnedSessionDep,
     view = await service.gateway.end(session_id, body)
     service.keys.sessions.revoke(session_id)
     return view
+
+
+_ARGUMENTS = {"required": False, "content": {"application/json": {"schema": {
+    "type": "object", "description": "the tool's arguments, as its spec's parameters "
+                                     "say; what the tool refuses is its error result"}}}}
+
+
+@router.get("/{session_id}/tools", responses=documented(400, 404))
+async def tools(tools: SessionToolsDep) -> list[dict[str, Any]]:
+    """The session's tools in OpenAI's function format (`Episode.tool_specs`)."""
+    return tools.specs
+
+
+@router.post("/{session_id}/tools/{name}", openapi_extra={"requestBody": _ARGUMENTS},
+             responses=documented(400, 404, 409))
+async def call_tool(name: str, request: Request, tools: SessionToolsDep) -> ToolReply:
+    """Run one tool in the session's sandbox; its result, an error result included."""
+    return ToolReply.of(await tools.call(name, tool_arguments(await request.body())))
+
+
+def tool_arguments(raw: bytes) -> Mapping[str, Any] | str:
+    """A tool call's body as `Episode.call` takes it: the object it holds, else its text
+    (which the episode answers as the tool's error: not JSON, not an object). A body
+    only Python's lenient parser reads (NaN, a lone surrogate) is no JSON object to
+    the tool either: it is given as a JSON string, which no record refuses."""
+    try:
+        value = strict_json.loads(raw) if raw.strip() else {}
+    except (ValueError, UnicodeDecodeError):
+        text = raw.decode("utf-8", "replace")
+        try:
+            json.loads(text)
+        except ValueError:
+            return text
+        return json.dumps(text)
+    return value if isinstance(value, dict) else raw.decode("utf-8")
