@@ -17,14 +17,13 @@ from treadle.core.policies.layout import (
     layout_makespan,
     reduce_lengths,
 )
-from treadle.core.policies.treadle_policy import (
-    MIXED_MARGIN,
-    Treadle,
+from treadle.core.policies.list_placement import (
     candidate_layouts,
     lpt_layout,
     lpt_makespan,
     lpt_placement,
 )
+from treadle.core.policies.treadle_policy import MIXED_MARGIN, Treadle
 from treadle.core.predictor import Estimate
 from treadle.core.scheduler import EngineState, Phase, TrajState
 
@@ -138,7 +137,7 @@ def _every_engine_tail(items: list[tuple[str, float, float]], engines: list[Engi
                        ) -> dict[str, str]:
     """The tail's placement by evaluating every engine for every item: the reference
     `lpt_placement`'s pruned search must agree with, pick for pick."""
-    from treadle.core.policies.treadle_policy import _Load
+    from treadle.core.policies.list_placement import _Load
 
     loads = [_Load(e.tp) for e in engines]
     out = {}

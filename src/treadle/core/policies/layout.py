@@ -10,7 +10,7 @@ items of equal weight so that evaluating one layout costs about a millisecond.
 `anneal_layout` is Heddle's resource manager: simulated annealing initialised
 from a homogeneous pool, with moves that merge two equal engines or split one.
 (treadle scores its candidate layouts with its own placement model instead; see
-`treadle_policy.lpt_layout`.)
+`list_placement.lpt_layout`.)
 """
 
 from __future__ import annotations

@@ -11,8 +11,11 @@ mechanism, adaptive parallelism, changes the layout for that reason.
 GPUs add up to a degree `tp` and start one engine of that degree, when the tail's
 predicted finish with the longest trajectories moved there, the restart and the
 moves included, beats its finish where it is by `MERGE_MARGIN`. The policy then
-places the longest trajectories on the new engine at its next re-plan, and they
-move in their tool gaps (a running turn finishes where it is).
+places the longest trajectories on the new engine at its next re-plan; they move
+in their tool gaps, or a running turn is paused (its tokens kept) and admitted
+there when the per-token time it saves pays for the KV move it waits for.
+A merge whose engine never comes up (its launch failed) is the last: the policy
+starts one merge at a time.
 
 Limits: engines are assumed to sit one node per 8 GPUs and idle engines to share
 one (a launcher that packs a TP-8 engine on one node waits for 8 free GPUs there);

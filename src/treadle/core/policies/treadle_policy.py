@@ -49,12 +49,10 @@ Mechanisms, in the order they act:
 
 from __future__ import annotations
 
-import heapq
 import math
 import statistics
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 from treadle.core.cost_model import TP_DEGREES, CostModel
@@ -67,16 +65,17 @@ from treadle.core.events import (
     TurnFinished,
 )
 from treadle.core.policies.layout import Layout, homogeneous_pool, reduce_lengths
+from treadle.core.policies.list_placement import (
+    candidate_layouts,
+    engines_of,
+    lpt_layout,
+    lpt_makespan,
+    lpt_placement,
+)
 from treadle.core.policies.progressive import Progressive, Staleness, WorkEstimator
 from treadle.core.policies.tail_merge import Merge, plan_merge, tokens_left
 from treadle.core.scheduler import EngineState, Phase, TrajState
 
-TAIL_PER_ENGINE = 4  # trajectories per engine placed by exact evaluation
-# At most this many placed by exact evaluation: past it, every engine holds one of
-# the longest already and the rest go by the heap. Over 1,024 TP-1 engines a
-# 4,000-trajectory batch's placement took ~0.4 s exact, ~0.05 s capped (the
-# tail's engines keep their longest; `bench control-plane`).
-TAIL_MAX = 1024
 SCORED_MIXED = 2  # mixed pools a `LayoutScorer` scores beside the homogeneous ones
 # How much lower than the best homogeneous pool's a mixed pool's score must be to be
 # taken. The expected batch is other prompts of the distribution, and a mixed pool's
@@ -84,11 +83,6 @@ SCORED_MIXED = 2  # mixed pools a `LayoutScorer` scores beside the homogeneous o
 # (16 GPUs, seed 1) a TP-8 + 2 × TP-4 pool scored 2.3% below 2 × TP-8
 # and ran the true batch 6.7% slower.
 MIXED_MARGIN = 0.05
-# Layouts within this share of the best model score count as tied (and the one with
-# fewest engines wins). The model leaves out tool gaps, during which an engine
-# serves others, and per-engine overheads; in simulation, mixed layouts whose model
-# advantage was below ~12% did not finish sooner than the homogeneous TP-8 pool.
-LAYOUT_TOLERANCE = 0.12
 # Placement trust across RL steps (`Treadle.placement_fit`): the last FIT_WINDOW
 # finished trajectories' predictions at arrival against their outcomes, in arrival
 # order; below MIN_FIT correlation (of logs) over at least FIT_SAMPLES of them, the
@@ -98,200 +92,6 @@ LAYOUT_TOLERANCE = 0.12
 FIT_WINDOW = 512
 FIT_SAMPLES = 64
 MIN_FIT = 0.3
-
-
-@dataclass(slots=True)
-class _Load:
-    """An engine's planned load, as seen by its longest trajectory.
-
-    Co-runner i stays for min(1, Rᵢ/head) of the head's remaining time, at a mean
-    context of ctxᵢ + Rᵢ/2; since no member is longer than the head, the weighted
-    batch and KV are Σ Rᵢ / head and Σ Rᵢ(ctxᵢ + Rᵢ/2) / head, so two sums suffice
-    and members can be added in any order."""
-
-    tp: int
-    head: float = 0.0  # predicted remaining tokens of its longest trajectory
-    tokens: float = 0.0  # Σ Rᵢ
-    kv_tokens: float = 0.0  # Σ Rᵢ(ctxᵢ + Rᵢ/2)
-
-    def finish_with(self, cost: CostModel, remaining: float, context: float) -> float:
-        """Predicted decode time of the engine's longest trajectory with one more."""
-        head = max(self.head, remaining, 1.0)
-        batch = (self.tokens + remaining) / head
-        kv = (self.kv_tokens + remaining * (context + remaining / 2.0)) / head
-        return head * cost.step_time(self.tp, max(1, round(batch)), kv)
-
-    def finish(self, cost: CostModel) -> float:
-        if self.head <= 0:
-            return 0.0
-        batch, kv = self.tokens / self.head, self.kv_tokens / self.head
-        return self.head * cost.step_time(self.tp, max(1, round(batch)), kv)
-
-    def add(self, remaining: float, context: float) -> None:
-        self.head = max(self.head, remaining)
-        self.tokens += remaining
-        self.kv_tokens += remaining * (context + remaining / 2.0)
-
-
-def lpt_makespan(items: Sequence[tuple[str, float, float]], engines: Sequence[EngineState],
-                 cost: CostModel) -> float:
-    """The list placement's predicted makespan (decode seconds) for `items`."""
-    plan = lpt_placement(items, engines, cost)
-    loads = {e.engine_id: _Load(e.tp) for e in engines}
-    for tid, rem, ctx in items:
-        loads[plan[tid]].add(rem, ctx)
-    return max((ld.finish(cost) for ld in loads.values()), default=0.0)
-
-
-def candidate_layouts(gpus: int, min_tp: int) -> list[Layout]:
-    """Homogeneous pools, and k TP-8 engines beside a homogeneous lower tier."""
-    degrees = [tp for tp in TP_DEGREES if tp >= min_tp and tp <= gpus]
-    out: list[Layout] = [(tp,) * (gpus // tp) for tp in degrees]
-    top = max(degrees)
-    for low in degrees[:-1]:
-        for k in range(1, gpus // top):
-            rest = gpus - k * top
-            out.append((top,) * k + (low,) * (rest // low))
-    return out
-
-
-def lpt_layout(gpus: int, lengths: Sequence[float], cost: CostModel, context: float,
-               max_batch: int) -> Layout:
-    """The candidate layout with the lowest list-placement makespan for `lengths`;
-    among those within `LAYOUT_TOLERANCE` of the best, the one with fewest engines
-    (the model leaves out per-engine overheads and tool gaps, so near-ties are
-    noise, and a pool of fewer, larger engines gives every trajectory the fastest
-    per-token time). When that is a homogeneous pool, the homogeneous pool the
-    model scores best instead: the tolerance was set against mixed layouts, and
-    applied between pools it made TP-8 win over a TP-4 pool the model scored up to
-    12% faster, so the search missed the best homogeneous pool (with the calibrated
-    cost model, TP-4 at 64 trajectories per engine: flat, coding and math at 4,096)."""
-    reduced, weight = reduce_lengths(lengths)
-    items = [(f"q{i:04d}-{k}", length, context)
-             for i, length in enumerate(reduced) for k in range(weight)]
-    scored: list[tuple[float, Layout]] = []
-    for layout in candidate_layouts(gpus, cost.min_tp()):
-        scored.append((lpt_makespan(items, _engines(layout, cost, max_batch), cost), layout))
-    best = min(m for m, _ in scored)
-    near = [(len(layout), m, layout) for m, layout in scored
-            if m <= best * (1.0 + LAYOUT_TOLERANCE)]
-    chosen = min(near)[2]
-    if len(set(chosen)) > 1:
-        return chosen
-    # Exact ties between pools go to the larger degree (fewer engines), as before.
-    return min((m, len(layout), layout) for m, layout in scored if len(set(layout)) == 1)[2]
-
-
-def lpt_placement(items: Sequence[tuple[str, float, float]], engines: Sequence[EngineState],
-                  cost: CostModel) -> dict[str, str]:
-    """Longest-first list placement of (traj_id, remaining tokens, context) items;
-    returns traj_id -> engine_id. The tail (the `TAIL_PER_ENGINE`·m longest) is
-    placed by exact evaluation of every engine, the rest by a heap keyed on a
-    typical short trajectory. Deterministic (ties by order and engine id)."""
-    if not engines:
-        return {}
-    order = sorted(items, key=lambda it: (-it[1], it[0]))
-    loads = [_Load(e.tp) for e in engines]
-    out: dict[str, str] = {}
-    n_tail = min(len(order), TAIL_PER_ENGINE * len(engines), max(TAIL_MAX, len(engines)))
-    tail = order[:n_tail]
-    for (tid, _, _), i in zip(tail, _place_tail(tail, loads, cost), strict=True):
-        out[tid] = engines[i].engine_id
-    rest = order[n_tail:]
-    if rest:
-        typ_rem = rest[len(rest) // 2][1]
-        typ_ctx = sum(it[2] for it in rest) / len(rest)
-        heap = [(ld.finish_with(cost, typ_rem, typ_ctx), i) for i, ld in enumerate(loads)]
-        heapq.heapify(heap)
-        for tid, rem, ctx in rest:
-            _, i = heapq.heappop(heap)
-            loads[i].add(rem, ctx)
-            out[tid] = engines[i].engine_id
-            heapq.heappush(heap, (loads[i].finish_with(cost, typ_rem, typ_ctx), i))
-    return out
-
-
-_LoadKey = tuple[int, float, float, float]  # a `_Load`'s whole state
-
-
-def _place_tail(tail: Sequence[tuple[str, float, float]], loads: list[_Load],
-                cost: CostModel) -> list[int]:
-    """The engine index of each of `tail` (longest first), each to the engine whose
-    predicted finish with it is least (ties: the lowest index), as evaluating every
-    engine would choose, without evaluating every engine:
-
-    - engines in the same state (TP degree and planned load: all the empty ones of a
-      degree, say, or those holding equal predictions) are interchangeable: only the
-      lowest index of each such group is a candidate;
-    - an engine already holds trajectories at least as long as the next one, so
-      adding it keeps that engine's head and batch or raises them: its finish with
-      it is at least its finish now plus the new trajectory's KV reads
-      (β_tp · R · (ctx + R/2)), the same for every engine of its degree. Per degree,
-      groups are visited in order of their finish now, and the search stops at the
-      first whose bound (with its index) is past the best found. The bound is
-      lowered by a relative 1e-12 so that float rounding never prunes a tie. An
-      engine whose longest trajectory has under one token left (`finish_with`
-      counts at least one) has no such bound: it is evaluated for every item.
-
-    So a re-plan over m engines costs about O(m · k log m) for the k groups visited
-    an item instead of O(m²) (`TAIL_PER_ENGINE` · m items, each against all m)."""
-
-    def state(load: _Load) -> _LoadKey:
-        return (load.tp, load.head, load.tokens, load.kv_tokens)
-
-    groups: dict[_LoadKey, list[int]] = {}  # each a heap of engine indices
-    for i, load in enumerate(loads):
-        groups.setdefault(state(load), []).append(i)  # ascending: a heap already
-    # Per degree: (finish now, the group's lowest index, its state); an entry whose
-    # group no longer starts with that index is stale and skipped.
-    heaps: dict[int, list[tuple[float, int, _LoadKey]]] = {}
-    for key, members in groups.items():
-        heaps.setdefault(key[0], []).append((loads[members[0]].finish(cost), members[0], key))
-    for heap in heaps.values():
-        heapq.heapify(heap)
-    kv_s = {tp: cost.step_parts(tp).kv_s for tp in heaps}
-    unbounded: set[int] = set()  # holding work whose head is under one token
-    chosen: list[int] = []
-    for _, rem, ctx in tail:
-        best = (math.inf, -1)
-        for i in unbounded:
-            best = min(best, (loads[i].finish_with(cost, rem, ctx), i))
-        for tp, heap in heaps.items():
-            added = kv_s[tp] * rem * (ctx + rem / 2.0)
-            visited: list[tuple[float, int, _LoadKey]] = []
-            while heap:
-                now, i, key = heap[0]
-                group = groups.get(key)
-                if not group or group[0] != i:
-                    heapq.heappop(heap)  # the group changed since
-                    continue
-                if ((now + added) * (1.0 - 1e-12), i) > best:
-                    break
-                visited.append(heapq.heappop(heap))
-                best = min(best, (loads[i].finish_with(cost, rem, ctx), i))
-            for entry in visited:
-                heapq.heappush(heap, entry)
-        i = best[1]
-        if i not in unbounded:
-            key = state(loads[i])
-            members = groups[key]
-            heapq.heappop(members)  # i: only a group's lowest index is a candidate
-            if members:
-                heapq.heappush(heaps[key[0]], (loads[members[0]].finish(cost), members[0], key))
-            else:
-                del groups[key]
-        loads[i].add(rem, ctx)
-        if loads[i].head < 1.0:
-            unbounded.add(i)
-        else:
-            unbounded.discard(i)
-            key = state(loads[i])
-            members = groups.setdefault(key, [])
-            heapq.heappush(members, i)
-            if members[0] == i:
-                heapq.heappush(heaps[key[0]], (loads[i].finish(cost), i, key))
-        chosen.append(i)
-    return chosen
 
 
 class LayoutScorer(Protocol):
@@ -312,16 +112,11 @@ def scored_candidates(gpus: int, lengths: Sequence[float], cost: CostModel, cont
         reduced, weight = reduce_lengths(lengths)
         items = [(f"q{i:04d}-{k}", length, context)
                  for i, length in enumerate(reduced) for k in range(weight)]
-        mixed = [(lpt_makespan(items, _engines(layout, cost, max_batch), cost), len(layout),
+        mixed = [(lpt_makespan(items, engines_of(layout, cost, max_batch), cost), len(layout),
                   layout) for layout in candidate_layouts(gpus, cost.min_tp())
                  if len(set(layout)) > 1]
         out += [layout for _, _, layout in sorted(mixed)[:SCORED_MIXED]]
     return out
-
-
-def _engines(layout: Layout, cost: CostModel, max_batch: int) -> list[EngineState]:
-    return [EngineState(f"L{i:03d}", tp, max_batch, cost.kv_capacity_tokens(tp))
-            for i, tp in enumerate(layout)]
 
 
 class Treadle(Progressive):
@@ -435,7 +230,9 @@ class Treadle(Progressive):
         super().replan(now)
         if not self.reconfigure:
             return
-        for t in [t for t in self.trajs.values() if t.phase is Phase.RUNNING]:
+        running = [t for t in self.trajs.values()
+                   if t.phase is Phase.RUNNING] if self.merged_engines else []
+        for t in running:
             dst = self.target.get(t.traj_id)
             if dst in self.merged_engines and dst != t.engine_id and self._move_pays(t, dst, now):
                 self._move_running(t, dst, now)
