@@ -6,7 +6,8 @@ host's), built on first use (about a minute) into
 `<image cache's parent>/test-images/` and reused by later runs; a lock makes
 parallel test workers build it once. OCI layouts and archives are written here in
 Python from that tree, plus a small second layer (a whiteout, an opaque directory,
-a project dir), so the tests exercise real layer application by umoci.
+a project dir), so the tests exercise real layer application by umoci; a SIF file
+holds the tree as a squashfs made by the real mksquashfs.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import io
 import json
 import os
 import shutil
+import struct
 import subprocess
 import tarfile
 import time
@@ -190,4 +192,36 @@ def docker_archive(layout: Path, out: Path) -> Path:
         add_bytes(tar, "manifest.json", json.dumps([{
             "Config": f"{config_hex}.json", "RepoTags": ["treadle/test:latest"],
             "Layers": names}]).encode())
+    return out
+
+
+def sif_image(rootfs: Path, out: Path, *, fs_type: int = 1, part_type: int = 2,
+              pseudo: tuple[str, ...] = ()) -> Path:
+    """`rootfs` as a SIF file, laid out as the format's Go library writes one (no SIF
+    tool runs on this machine): the header, 48 descriptors of which the first is a
+    squashfs partition (`fs_type` 1, `part_type` 2: the primary system partition)
+    made by the real `mksquashfs` (plus its `pseudo` file definitions: devices,
+    owners and modes no unprivileged user could make), the partition at 32 KiB."""
+    mksquashfs = shutil.which("mksquashfs")
+    assert mksquashfs, "mksquashfs is not installed: bash scripts/system-deps.sh squashfs-tools"
+    squash = out.with_suffix(".squashfs")
+    proc = subprocess.run([mksquashfs, str(rootfs), str(squash), "-noappend", "-no-xattrs",
+                           "-quiet", "-no-progress", "-comp", "gzip", "-Xcompression-level", "1",
+                           *(arg for p in pseudo for arg in ("-p", p))],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    data = squash.read_bytes()
+    squash.unlink()
+    total, table_at, data_at = 48, 4096, 32768
+    now = 1_700_000_000
+    extra = struct.pack("<ii3s", fs_type, part_type, b"02\0").ljust(384, b"\0")
+    descriptor = struct.pack("<i?3I7q128s384s", 0x4004, True, 1, 0xF0000001, 0, data_at,
+                             len(data), len(data), now, now, 0, 0, b"rootfs", extra)
+    unused = struct.pack("<i?3I7q128s384s", 0, False, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, b"", b"")
+    header = struct.pack("<32s10s3s3s16s8q", b"#!/usr/bin/env run-singularity\n",
+                         b"SIF_MAGIC", b"01", b"02", b"treadle-test-sif", now, now, total - 1,
+                         total, table_at, 585, data_at, len(data))
+    table = descriptor + unused * (total - 1)
+    with open(out, "wb") as f:
+        f.write(header.ljust(table_at, b"\0") + table.ljust(data_at - table_at, b"\0") + data)
     return out

@@ -1,8 +1,10 @@
-"""Sandboxes on environment images, against real bwrap, mmdebstrap and umoci.
+"""Sandboxes on environment images, against real bwrap, mmdebstrap, umoci and
+squashfs-tools.
 
 The image is a Debian root file system of another release than the host's
 (sandbox_images.py), used as a directory and as OCI layout, OCI archive and
-docker-save archive (each unpacked once per session by the real umoci).
+docker-save archive (each unpacked once per session by the real umoci), and as a
+SIF file (its squashfs read by the real unsquashfs).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import asyncio
 import json
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -141,6 +144,74 @@ def test_oci_and_docker_images_run_with_their_layers_env_and_working_dir(
     assert "debian_version" in first.stderr  # removed by the top layer's whiteout
     assert again.stdout == "hello.py\n", again  # the copy of /project was private
     assert backend.mount_point == sandbox_images.WORKING_DIR
+
+
+@pytest.fixture(scope="session")
+def sif_file(debian_rootfs: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    where = tmp_path_factory.mktemp("sif")
+    yield sandbox_images.sif_image(debian_rootfs, where / "debian.sif")
+    shutil.rmtree(where, ignore_errors=True)
+
+
+def test_a_sif_image_runs_on_its_squashfs_partition_unpacked_once(
+        sif_file: Path, debian_rootfs: Path, image_cache: ImageCache,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    require_bwrap()
+    code = main(["sandbox", "exec", "--backend", "bwrap", "--image", str(sif_file),
+                 "--image-cache", image_cache.root, "--", "sh", "-c",
+                 "cat /etc/os-release; python3 -c 'print(6 * 7)'; touch /etc/probe"])
+    payload = json.loads(capsys.readouterr().out)
+    assert code == 0, payload
+    os_release = (debian_rootfs / "etc" / "os-release").read_text()
+    assert payload["stdout"] == os_release + "42\n"
+    assert "Read-only file system" in payload["stderr"]
+    again = image_cache.open(str(sif_file))
+    assert again.kind == "sif" and again.unpacked_s is None  # the exec unpacked it
+    assert again.digest is not None and again.digest.replace(":", "-") in again.rootfs
+
+
+def test_a_sif_without_one_plain_squashfs_system_partition_is_refused(
+        sif_file: Path, tmp_path: Path, work_root: str, image_cache: ImageCache) -> None:
+    require_bwrap()
+    empty = tmp_path / "empty"
+    (empty / "bin").mkdir(parents=True)
+    truncated = tmp_path / "truncated.sif"
+    truncated.write_bytes(sif_file.read_bytes()[:40_000])
+    damaged = tmp_path / "damaged.sif"  # the squashfs's superblock overwritten
+    data = bytearray(sandbox_images.sif_image(empty, tmp_path / "ok.sif").read_bytes())
+    data[32768:32768 + 96] = bytes(96)
+    damaged.write_bytes(bytes(data))
+    cases = [(damaged, "unsquashfs cannot read its system partition"),
+             (sandbox_images.sif_image(empty, tmp_path / "enc.sif", fs_type=5),
+              "an encrypted squashfs"),
+             (sandbox_images.sif_image(empty, tmp_path / "data.sif", part_type=3),
+              "0 system partitions"),
+             (truncated, "lies outside the file")]
+    for ref, words in cases:
+        backend = BwrapBackend(work_root=work_root, image=str(ref), image_cache=image_cache)
+        with pytest.raises(SandboxImageError, match=words):
+            run(backend.start(SMALL))
+
+
+def test_a_sif_leaves_no_device_foreign_owner_or_setuid_bit_in_the_cache(
+        tmp_path: Path, image_cache: ImageCache) -> None:
+    tree = tmp_path / "tree"
+    (tree / "bin").mkdir(parents=True)
+    sif = sandbox_images.sif_image(tree, tmp_path / "hostile.sif", pseudo=(
+        "dev-mem c 666 0 0 1 1", "pipe i 666 0 0 f", "bin/suid f 6755 0 0 echo hi",
+        "theirs f 644 4321 4321 echo theirs"))
+    image = image_cache.open(str(sif))
+    root = Path(image.rootfs)
+    for name in ("dev-mem", "pipe"):  # an empty file in the device's place
+        if name == "dev-mem" and os.getuid() != 0:
+            assert not (root / name).exists()  # unsquashfs could not make it
+            continue
+        st = os.lstat(root / name)
+        assert stat.S_ISREG(st.st_mode) and st.st_size == 0, name
+    suid = os.lstat(root / "bin" / "suid")
+    assert stat.S_IMODE(suid.st_mode) == 0o755 and (root / "bin" / "suid").read_text() == "hi\n"
+    for path in (root / "theirs", root / "bin", root / "pipe"):
+        assert (os.lstat(path).st_uid, os.lstat(path).st_gid) == (os.getuid(), os.getgid())
 
 
 def test_a_cached_image_is_not_unpacked_again(oci_dir: Path, image_cache: ImageCache) -> None:

@@ -402,7 +402,7 @@ def add_bench_parser(bench_subparsers: argparse._SubParsersAction[Any]) -> None:
                         "(remote = loopback server with bwrap behind it)")
     p.add_argument("--image", default=None, metavar="REF",
                    help="also measure bwrap on this environment image (rootfs dir, OCI "
-                        "layout, OCI/docker-save tar): cold start with the unpack, then "
+                        "layout, OCI/docker-save tar, SIF file): cold start with the unpack, then "
                         "every phase on the cached image")
     p.add_argument("--samples", type=int, default=100,
                    help="sequential cold calls per backend (default 100)")

@@ -53,8 +53,8 @@ def add_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
                      help=f"the servers' token for --backend remote (default ${TOKEN_ENV})")
     run.add_argument("--image", default=None, metavar="REF",
                      help="run on this environment image (a root file system dir, an OCI "
-                          "layout dir, or an OCI/docker-save tar) instead of the host's "
-                          "system dirs: --backend bwrap, or remote on a server started with "
+                          "layout dir, an OCI/docker-save tar, or a SIF file) instead of the "
+                          "host's system dirs: --backend bwrap, or remote on a server started with "
                           "--images (REF as the server's host names it)")
     run.add_argument("--image-cache", default=None, metavar="DIR",
                      help="where images are unpacked (default $TREADLE_CACHE/images, else "
@@ -66,7 +66,8 @@ def add_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
     unpack = commands.add_parser("unpack", help="unpack an environment image into the cache "
                                                 "now (pre-warm a host), print JSON")
     unpack.add_argument("image", metavar="REF",
-                        help="an OCI layout dir, an OCI/docker-save tar, or a rootfs dir")
+                        help="an OCI layout dir, an OCI/docker-save tar, a SIF file, or a "
+                             "rootfs dir")
     unpack.add_argument("--image-cache", default=None, metavar="DIR",
                         help="the image cache (default as for `sandbox exec`)")
     unpack.set_defaults(func=run_unpack)
@@ -165,7 +166,7 @@ def add_server_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
     serve.add_argument("--images", default=None, metavar="DIR",
                        help="run sandboxes on the environment images under DIR that clients "
                             "name (root file system dirs, OCI layout dirs, OCI/docker-save "
-                            "tars); default: no images (bwrap backend only)")
+                            "tars, SIF files); default: no images (bwrap backend only)")
     serve.set_defaults(func=run_server)
 
 

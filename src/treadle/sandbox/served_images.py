@@ -1,14 +1,15 @@
 """The environment images a sandbox server runs (`treadle sandbox-server --images DIR`).
 
 A client names an image by its ref as the server's host sees it (a root file system
-dir, an OCI layout dir, or an OCI/docker-save tar; `treadle.sandbox.images`). The
-server runs only images under its images root: a ref is resolved (symbolic links
-and `..` included) and refused unless it lies there, so a client cannot mount an
-arbitrary host tree as a sandbox's `/`. A server started without `--images` runs
-none. Each accepted image gets a backend of the server's kind on it
-(`SandboxBackend.with_image`), opened on its first sandbox and shared by the next;
-the `kept` most recently used are kept (an image stays unpacked in the host's cache
-either way; a backend dropped here releases its hold once its sandboxes close).
+dir, an OCI layout dir, an OCI/docker-save tar, or a SIF file;
+`treadle.sandbox.images`). The server runs only images under its images root: a
+ref is resolved (symbolic links and `..` included) and refused unless it lies
+there, so a client cannot mount an arbitrary host tree as a sandbox's `/`. A
+server started without `--images` runs none. Each accepted image gets a backend of
+the server's kind on it (`SandboxBackend.with_image`), opened on its first sandbox
+and shared by the next; the `kept` most recently used are kept (an image stays
+unpacked in the host's cache either way; a backend dropped here releases its hold
+once its sandboxes close).
 
 Refusals are SandboxImageError (permanent: a client does not retry them elsewhere
 as if the server were busy).

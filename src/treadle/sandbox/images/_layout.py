@@ -1,12 +1,13 @@
 """Image sources: what a ref names, its digest and config, and an OCI layout umoci can read.
 
-Three kinds of ref (`identify`):
+Four kinds of ref (`identify`):
 
 - a directory holding `oci-layout`: an OCI image layout;
 - any other directory: a root file system, used in place (nothing to unpack);
 - a regular file: a tar archive, either an OCI layout in a tar (`oci-archive`,
   also what `docker save` writes since Docker 25) or the older `docker save`
-  format (`manifest.json` with `<id>.json` configs and `<dir>/layer.tar` layers).
+  format (`manifest.json` with `<id>.json` configs and `<dir>/layer.tar` layers);
+- a SIF file (Apptainer, SingularityCE): its squashfs system partition (`_sif`).
 
 Archives are not unpacked here: `stage_layout` copies the layout's files (or, for
 the older docker format, converts it: the layers become blobs named by their
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from treadle.errors import SandboxImageError
+from treadle.sandbox.images._sif import is_sif, read_sif
 
 MANIFEST_TYPES = ("application/vnd.oci.image.manifest.v1+json",
                   "application/vnd.docker.distribution.manifest.v2+json")
@@ -62,8 +64,10 @@ class Source:
     """One identified ref: its kind, and (for images) the digest the cache keys it by."""
 
     ref: str  # the absolute path
-    kind: str  # "rootfs" | "oci-layout" | "oci-archive" | "docker-archive"
-    digest: str | None  # "sha256:<hex>" (manifest, or for docker-archive the config); rootfs: None
+    kind: str  # "rootfs" | "oci-layout" | "oci-archive" | "docker-archive" | "sif"
+    # "sha256:<hex>": the manifest's; for docker-archive the config's; for sif its
+    # header's and descriptors' (`_sif`); rootfs: None
+    digest: str | None
 
 
 def identify(ref: str) -> Source:
@@ -81,6 +85,8 @@ def identify(ref: str) -> Source:
         return Source(path, "rootfs", None)
     if not os.path.exists(path):
         raise SandboxImageError(f"image {ref}: no such file or directory")
+    if is_sif(path):
+        return Source(path, "sif", read_sif(path).digest)
     with _open_tar(path) as tar:
         members = _members(path, tar)
         if "index.json" in members and "oci-layout" in members:

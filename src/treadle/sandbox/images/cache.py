@@ -11,7 +11,9 @@ Layout of the cache root (default: `$TREADLE_CACHE/images`, else
     .staging-<random>/         an unpack in progress (removed by the next unpack if dead)
 
 An entry appears by rename once complete, so a reader never sees half an image.
-Layers are applied by `umoci unpack --rootless` (Debian's `umoci`): it handles
+SIF images are extracted by `unsquashfs` (Debian's `squashfs-tools`) from their
+squashfs partition at its offset (`_sif`). Layers are applied by `umoci unpack
+--rootless` (Debian's `umoci`): it handles
 whiteouts and opaque directories, refuses paths that leave the root, and, rootless,
 creates no device nodes and changes no ownership (every file belongs to the user
 that unpacked it). treadle writes no tar extraction of its own.
@@ -35,6 +37,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 import time
@@ -52,11 +55,14 @@ from treadle.sandbox.images._layout import (
     read_config,
     stage_layout,
 )
+from treadle.sandbox.images._sif import read_sif
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BYTES = 20 << 30
 _DEFAULT_CACHES: dict[str, ImageCache] = {}
+_UNSQUASHFS_HINT = ("reading SIF images needs unsquashfs: `bash scripts/system-deps.sh "
+                    "squashfs-tools` (or apt-get install squashfs-tools)")
 _UMOCI_HINT = ("reading OCI and docker images needs umoci: `bash scripts/system-deps.sh "
                "umoci` (or apt-get install umoci)")
 _UMOCI_TIMEOUT_S = 1800.0
@@ -279,28 +285,24 @@ class ImageCache:
         return image
 
     def _unpack(self, source: Source, entry: str) -> float:
-        umoci = shutil.which("umoci")
-        if umoci is None:
-            raise SandboxImageError(f"image {source.ref}: {_UMOCI_HINT}")
+        tool = "unsquashfs" if source.kind == "sif" else "umoci"
+        path = shutil.which(tool)
+        if path is None:
+            raise SandboxImageError(f"image {source.ref}: "
+                                    + (_UNSQUASHFS_HINT if tool == "unsquashfs" else _UMOCI_HINT))
         self._sweep_staging()
         started = time.monotonic()
         staging = tempfile.mkdtemp(prefix=f".staging-{os.getpid()}-", dir=self.root)
         try:
-            layout, final = os.path.join(staging, "layout"), os.path.join(staging, "entry")
-            os.mkdir(layout)
+            final = os.path.join(staging, "entry")
             os.mkdir(final, 0o755)
-            stage_layout(source, layout)
-            digest, config = read_config(layout, source.ref)
-            # `raw unpack`: the root file system only. (`unpack` also writes a runtime
-            # config, and fails on a User missing from the image's /etc/passwd.)
-            proc = subprocess.run([umoci, "raw", "unpack", "--rootless", "--image",
-                                   f"{layout}:{REF_NAME}", os.path.join(final, "rootfs")],
-                                  capture_output=True, text=True, timeout=_UMOCI_TIMEOUT_S,
-                                  check=False)
-            if proc.returncode != 0:
-                raise SandboxImageError(f"image {source.ref}: umoci cannot unpack it: "
-                                        + (proc.stderr.strip().splitlines() or ["?"])[-1])
-            os.chmod(os.path.join(final, "rootfs"), 0o755)
+            rootfs = os.path.join(final, "rootfs")
+            if source.kind == "sif":
+                digest, config = source.digest, ImageConfig()
+                _unsquash(path, source.ref, rootfs)
+            else:
+                digest, config = _umoci_unpack(path, source, staging, rootfs)
+            os.chmod(rootfs, 0o755)
             size = _disk_usage(os.path.join(final, "rootfs"))
             meta = {"ref": source.ref, "kind": source.kind, "digest": source.digest,
                     "manifest": digest, "bytes": size,
@@ -316,7 +318,7 @@ class ImageCache:
             raise SandboxImageError(f"image {source.ref}: cannot unpack into {self.root}: "
                                     f"{e}") from e
         except subprocess.TimeoutExpired as e:
-            raise SandboxImageError(f"image {source.ref}: umoci took over "
+            raise SandboxImageError(f"image {source.ref}: {tool} took over "
                                     f"{_UMOCI_TIMEOUT_S:.0f} s") from e
         finally:
             _workdir.remove_workdir(staging)
@@ -333,6 +335,66 @@ class ImageCache:
                 if pid.isdigit() and int(pid) != os.getpid() and \
                         not _workdir.pid_alive(int(pid)):
                     _workdir.remove_workdir(os.path.join(self.root, name))
+
+
+def _umoci_unpack(umoci: str, source: Source, staging: str,
+                  rootfs: str) -> tuple[str | None, ImageConfig]:
+    """An OCI or docker image's layers applied at `rootfs`: (manifest digest, config)."""
+    layout = os.path.join(staging, "layout")
+    os.mkdir(layout)
+    stage_layout(source, layout)
+    digest, config = read_config(layout, source.ref)
+    # `raw unpack`: the root file system only. (`unpack` also writes a runtime
+    # config, and fails on a User missing from the image's /etc/passwd.)
+    proc = subprocess.run([umoci, "raw", "unpack", "--rootless", "--image",
+                           f"{layout}:{REF_NAME}", rootfs], capture_output=True, text=True,
+                          timeout=_UMOCI_TIMEOUT_S, check=False)
+    if proc.returncode != 0:
+        raise SandboxImageError(f"image {source.ref}: umoci cannot unpack it: "
+                                + (proc.stderr.strip().splitlines() or ["?"])[-1])
+    return digest, config
+
+
+def _unsquash(unsquashfs: str, ref: str, rootfs: str) -> None:
+    """A SIF image's system partition extracted at `rootfs` (`_sif`): `unsquashfs`
+    reads the squashfs at its offset in the file, no mount. Files it cannot write
+    (device nodes, for a user who may not make them) are skipped, as umoci's
+    rootless unpack skips them; extended attributes are not restored; then
+    `_as_rootless`."""
+    part = read_sif(ref)
+    # -ignore-errors -no-exit-code: a device it may not make is skipped, not a failure
+    # (a damaged file system still is one).
+    proc = subprocess.run([unsquashfs, "-quiet", "-no-progress", "-no-xattrs",
+                           "-ignore-errors", "-no-exit-code", "-offset", str(part.offset),
+                           "-dest", rootfs, ref],
+                          capture_output=True, text=True, timeout=_UMOCI_TIMEOUT_S, check=False)
+    if proc.returncode != 0 or not os.path.isdir(rootfs):
+        raise SandboxImageError(f"image {ref}: unsquashfs cannot read its system partition: "
+                                + (proc.stderr.strip().splitlines() or ["?"])[-1])
+    _as_rootless(rootfs)
+
+
+def _as_rootless(rootfs: str) -> None:
+    """Make an extracted tree what umoci's rootless unpack makes: every file ours,
+    no device node, FIFO or socket (each becomes an empty file), no setuid or setgid
+    bit. Run as root, unsquashfs restores the image's owners and makes its devices:
+    an image could otherwise leave, in the shared cache, a device node or a file
+    another host user owns (the staging directory is 0700 until then)."""
+    uid, gid = os.getuid(), os.getgid()
+    for directory, dirs, files in os.walk(rootfs):
+        for name in (*dirs, *files):
+            path = os.path.join(directory, name)
+            st = os.lstat(path)
+            if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) or \
+                    stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode):
+                os.unlink(path)
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                                 0o644))
+                continue
+            if (st.st_uid, st.st_gid) != (uid, gid):
+                os.lchown(path, uid, gid)
+            if not stat.S_ISLNK(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+                os.chmod(path, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
 
 
 def _disk_usage(path: str) -> int:
