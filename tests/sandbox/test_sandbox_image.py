@@ -28,7 +28,7 @@ from treadle.bench.sandbox import run_sandbox_bench
 from treadle.errors import SandboxImageError
 from treadle.sandbox import BwrapBackend, ExecResult
 from treadle.sandbox.cli import main
-from treadle.sandbox.images import ImageCache
+from treadle.sandbox.images import ImageCache, identify
 
 pytestmark = pytest.mark.integration
 
@@ -177,11 +177,13 @@ def test_a_sif_without_one_plain_squashfs_system_partition_is_refused(
     (empty / "bin").mkdir(parents=True)
     truncated = tmp_path / "truncated.sif"
     truncated.write_bytes(sif_file.read_bytes()[:40_000])
-    damaged = tmp_path / "damaged.sif"  # the squashfs's superblock overwritten
+    (empty / "notes.txt").write_text("".join(f"line {i} of a long note\n" for i in range(99_999)))
+    damaged = tmp_path / "damaged.sif"  # a compressed block of notes.txt overwritten
     data = bytearray(sandbox_images.sif_image(empty, tmp_path / "ok.sif").read_bytes())
-    data[32768:32768 + 96] = bytes(96)
+    middle = 32768 + (len(data) - 32768) // 3
+    data[middle:middle + 64] = bytes(64)
     damaged.write_bytes(bytes(data))
-    cases = [(damaged, "unsquashfs cannot read its system partition"),
+    cases = [(damaged, "unsquashfs cannot read its system partition.*uncompress"),
              (sandbox_images.sif_image(empty, tmp_path / "enc.sif", fs_type=5),
               "an encrypted squashfs"),
              (sandbox_images.sif_image(empty, tmp_path / "data.sif", part_type=3),
@@ -191,6 +193,20 @@ def test_a_sif_without_one_plain_squashfs_system_partition_is_refused(
         backend = BwrapBackend(work_root=work_root, image=str(ref), image_cache=image_cache)
         with pytest.raises(SandboxImageError, match=words):
             run(backend.start(SMALL))
+
+
+def test_a_sif_is_keyed_by_its_partitions_bytes(sif_file: Path, tmp_path: Path,
+                                                image_cache: ImageCache) -> None:
+    copy = tmp_path / "copy.sif"
+    shutil.copyfile(sif_file, copy)
+    altered = tmp_path / "altered.sif"  # same header, table and sizes; other bytes
+    data = bytearray(sif_file.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 100] = bytes(b ^ 0xFF for b in data[middle:middle + 100])
+    altered.write_bytes(bytes(data))
+    first, again = image_cache.open(str(sif_file)), image_cache.open(str(copy))
+    assert again.digest == first.digest and again.rootfs == first.rootfs
+    assert identify(str(altered)).digest not in (None, first.digest)
 
 
 def test_a_sif_leaves_no_device_foreign_owner_or_setuid_bit_in_the_cache(

@@ -90,3 +90,15 @@ def test_a_continuous_jobs_bound_reaches_the_scheduler_with_each_trajectory() ->
 
     asyncio.run(asyncio.wait_for(main(), 60))  # (a hang bound, not a timing)
     assert [a.max_staleness for a in ArrivalsSeen.arrivals] == [2, None]
+
+
+def test_the_service_merges_engines_only_when_asked_and_able_to_launch() -> None:
+    """Tail merges (`core.policies.tail_merge`) drain engines and launch one: a
+    service without a launcher would only lose the drained ones."""
+    assert build_service(ServiceConfig(db=":memory:")).runtime.scheduler.reconfigure is False  # type: ignore[attr-defined]
+    service = build_service(ServiceConfig(db=":memory:", emulate=8, reconfigure=True))
+    assert service.runtime.scheduler.reconfigure is True  # type: ignore[attr-defined]
+    assert service.frozen.scheduler.reconfigure is False  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="reconfigure merges engines the service launches"):
+        build_service(ServiceConfig(db=":memory:", reconfigure=True))
+    assert _args("--reconfigure").reconfigure and not _args().reconfigure

@@ -13,10 +13,11 @@ import pytest
 
 from treadle.cli import main
 from treadle.core.cost_model import CostModel
+from treadle.core.events import AddEngine, Decision, Event
 from treadle.core.policies import build_policy, parse_policy
 from treadle.core.policies.tail_merge import idle_engines, plan_merge, tokens_left
 from treadle.core.policies.treadle_policy import Treadle
-from treadle.core.scheduler import EngineState, Phase, TrajState
+from treadle.core.scheduler import EngineState, Phase, Scheduler, TrajState
 from treadle.sim.cluster import Cluster
 from treadle.sim.runner import MAX_BATCH, outcomes
 from treadle.workloads import TrajectorySpec, TurnSpec, Workload
@@ -70,6 +71,40 @@ def test_a_tail_too_short_to_pay_for_the_restart_is_left_where_it_is() -> None:
     _, plain_s = _run(workload, reconfigure=False)
     assert merged.merges == []
     assert merged_s == plain_s
+
+
+class _NoLaunches(Scheduler):
+    """Test double: a driver whose launches never come up (every `AddEngine` of
+    `inner` is dropped; the rest passes through)."""
+
+    def __init__(self, inner: Treadle) -> None:
+        self.inner = inner
+
+    def on_event(self, event: Event, now: float) -> None:
+        self.inner.on_event(event, now)
+
+    def decide(self, now: float) -> list[Decision]:
+        return [d for d in self.inner.decide(now) if not isinstance(d, AddEngine)]
+
+    def wakeup(self) -> float | None:
+        return self.inner.wakeup()
+
+
+def test_a_merge_whose_engine_never_comes_up_is_given_up_and_merged_again() -> None:
+    short = [TrajectorySpec(f"s{i}", f"g{i}", 200, (TurnSpec(100, 0.0, 0),)) for i in range(7)]
+    turns = (*(TurnSpec(1000, 2.0, 50) for _ in range(39)), TurnSpec(1000, 0.0, 0))
+    workload = Workload("tail", (*short, TrajectorySpec("long", "g9", 200, turns)))
+    truth = dict(zip((t.traj_id for t in workload.trajectories), outcomes(workload),
+                     strict=True))
+    policy = build_policy(parse_policy("oracle"), _cost(), batch_size=8, truth=truth,
+                          layout=(1,) * 8, max_batch=MAX_BATCH)
+    assert isinstance(policy, Treadle)
+    Cluster(_cost(), 8, _NoLaunches(policy), list(workload.trajectories), [1] * 8,
+            max_batch=MAX_BATCH).run()
+    # Seven idle engines: four drained for a TP-4 engine that never comes; ten of its
+    # restarts later it is given up, and the three left idle are merged (a TP-2 one).
+    assert [(m.tp, len(m.drain)) for m in policy.merges] == [(4, 4), (2, 2)]
+    assert policy.merged_engines == set()
 
 
 def _traj(tid: str, engine: str, phase: Phase, context: int, admitted_at: float = 0.0) -> TrajState:

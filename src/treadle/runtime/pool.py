@@ -208,6 +208,10 @@ class EnginePool:
                              label=launched.label, launched=launched, relaunches=relaunches)
 
     async def launch_or_log(self, tp: int) -> None:
+        """The scheduler's `AddEngine`: launched once the engines being stopped have
+        stopped (a merge's new engine takes the GPUs of the ones it drained, which a
+        local process holds until it exits); a failure is logged."""
+        await asyncio.gather(*self._stopping, return_exceptions=True)
         try:
             await self.launch(tp)
         except EngineError as e:

@@ -150,6 +150,10 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--staleness-gate", action="store_true",
                    help="with --staleness: start no trajectory that would go stale before "
                         "it could finish")
+    p.add_argument("--reconfigure", action="store_true",
+                   help="the treadle policy merges idle engines into one of a larger TP "
+                        "degree for a job's long tail (needs --emulate or --vllm; "
+                        "docs/runtime.md)")
     p.add_argument("--resume-from", choices=("turn", "prompt"), default="turn",
                    help="where a trajectory a restart interrupted starts again: its last "
                         "journaled turn (default), or its prompt (to measure the difference)")
@@ -256,7 +260,7 @@ def run_serve(args: argparse.Namespace) -> int:
                                emulate=args.emulate, time_scale=args.time_scale,
                                tokenizer=args.tokenizer or args.vllm, sandbox=sandbox,
                                max_live=args.max_live, resume_from=args.resume_from,
-                               staleness=_staleness(args),
+                               staleness=_staleness(args), reconfigure=args.reconfigure,
                                vllm_model=args.vllm,
                                sandbox_pool=pools,
                                vllm_engines=args.vllm_engines,

@@ -135,7 +135,11 @@ class HarnessRuns:
         tools = SessionTools(session, episode)
         sid = session.spec.session_id
         self.served[sid] = tools
-        held.callback(self.served.pop, sid, None)  # (before the episode closes)
+        # Unwound before the episode closes, however the run ends (a cancel included):
+        # no longer served, and a tool call in flight cut, so none runs in a sandbox
+        # being released.
+        held.push_async_callback(tools.stop)
+        held.callback(self.served.pop, sid, None)
         return tools
 
     async def _run(self, harness: Harness, work: HarnessWork, session: Session, key: str,

@@ -102,6 +102,11 @@ class ServiceConfig:
     # its gate none started that would go stale before it could finish. None: not at
     # all (each job's own `max_staleness` still bounds what it delivers as fresh).
     staleness: Staleness | None = None
+    # Whether the `treadle` policy merges idle engines into one of a larger TP degree
+    # for a job's long tail (`core.policies.tail_merge`). Off by default: it needs a
+    # launcher (emulate, vllm_model), and a merged engine stays as it is for the jobs
+    # after (nothing splits it back when the next batch arrives).
+    reconfigure: bool = False
     max_queued: int = 262_144  # trajectories waiting for a slot (a fuller submit is a 503)
     max_body_bytes: int = 64 << 20  # request body limit
     body_timeout_s: float = 60.0  # a request body must arrive within this (else a 408)
@@ -282,7 +287,7 @@ def build_service(config: ServiceConfig) -> Service:
     """The parts, not started (the app's lifespan starts them)."""
     cost = CostModel.named(config.model, config.gpu)
     scheduler = build_policy(parse_policy(config.policy), cost, batch_size=1024,
-                             staleness=config.staleness)
+                             staleness=config.staleness, reconfigure=config.reconfigure)
     if config.emulate and config.vllm_model:
         raise ValueError("emulate and vllm_model exclude each other: one kind of engine")
     if config.time_scale != 1.0 and (config.vllm_model or any(
@@ -291,6 +296,9 @@ def build_service(config: ServiceConfig) -> Service:
         raise ValueError("time_scale applies to emulated engines only (--emulate, or "
                          "--engine-kind emulated)")
     launcher, gpus = _launcher(config)
+    if config.reconfigure and launcher is None:
+        raise ValueError("reconfigure merges engines the service launches: give emulate or "
+                         "vllm_model")
     # Emulated engines run `time_scale` times real; the scheduler and the replays'
     # tool latencies must see the same modelled seconds, or a replay sleeps its tools
     # in real seconds between turns that run 1/time_scale times faster.
@@ -315,7 +323,8 @@ def build_service(config: ServiceConfig) -> Service:
     if any(e.pool != "frozen" for e in config.frozen_engines):
         raise ValueError("frozen_engines: every engine of the frozen pool has pool frozen")
     # Always there (empty unless configured), so that `POST /v1/engines` can add to it.
-    frozen = Runtime(build_policy(parse_policy(config.policy), cost, batch_size=1024),
+    frozen = Runtime(build_policy(parse_policy(config.policy), cost, batch_size=1024,
+                                  reconfigure=False),
                      clock=clock, request_timeout_s=config.request_timeout_s,
                      engine_wait_s=config.engine_wait_s, engine_ids="f")
     frozen.policy_version = config.frozen_policy_version

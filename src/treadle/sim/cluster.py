@@ -289,7 +289,10 @@ class Cluster:
         elif isinstance(d, Migrate):
             self._migrate(d.traj_id, d.src_engine_id, d.dst_engine_id)
         elif isinstance(d, AddEngine):
-            self.reconfigurations += 1
+            draining = sum(self.engines[e].tp for e in self._draining if e in self.engines)
+            if self._gpus_used - draining + sum(self._awaiting_gpus) + d.tp > self.gpus:
+                raise ValueError(f"no room for a TP-{d.tp} engine: {self._gpus_used}/"
+                                 f"{self.gpus} GPUs in use, {draining} being drained")
             self._awaiting_gpus.append(d.tp)
             self._start_awaited()
         elif isinstance(d, DrainEngine):
@@ -421,6 +424,7 @@ class Cluster:
         """Start the added engines that the free GPUs hold, in the order asked."""
         while self._awaiting_gpus and self._gpus_used + self._awaiting_gpus[0] <= self.gpus:
             tp = self._awaiting_gpus.pop(0)
+            self.reconfigurations += 1
             self._start_engine(tp, ready_at=self.kernel.now + self.cost.restart_time(tp))
 
     def _reschedule(self, eng: SimEngine) -> None:

@@ -44,7 +44,8 @@ Mechanisms, in the order they act:
    running turn. In simulation it pays on pools below TP 8 (pareto on 32 × TP 2:
    354.5 → 343.5 s); on the pools treadle chooses for the built-in workloads at 64
    H100s (TP 8, or TP 4 at 4,096 trajectories, where the placement keeps every
-   engine busy to the end) nothing is merged.
+   engine busy to the end) nothing is merged. It needs a driver that launches
+   engines (`reconfigure=False` for one that does not).
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ MIXED_MARGIN = 0.05
 # placement balances trajectories by count instead of by predicted length. At the
 # end of 10 partial steps the fit was 0.80-0.90 on the suites, 0.28 on pareto,
 # -0.04 on bimodal and -0.06 on flat.
+GIVE_UP_RESTARTS = 10  # a merged engine not up in this many predicted restarts failed
 FIT_WINDOW = 512
 FIT_SAMPLES = 64
 MIN_FIT = 0.3
@@ -134,7 +136,8 @@ class Treadle(Progressive):
                          judge_estimator=judge_estimator)
         self.reconfigure = reconfigure  # merge idle engines for the tail (`tail_merge`)
         self.merges: list[Merge] = []  # decided, in order
-        self._starting: list[int] = []  # TP degrees of merged engines not yet added
+        # Merged engines not yet added: (TP degree, when the merge is given up).
+        self._starting: list[tuple[int, float]] = []
         self.merged_engines: set[str] = set()  # engines a merge started
         self.prior_lengths = list(prior_lengths)
         self.typical_context = typical_context
@@ -180,10 +183,8 @@ class Treadle(Progressive):
 
     def on_event(self, event: Event, now: float) -> None:
         super().on_event(event, now)
-        if isinstance(event, EngineAdded) and event.tp in self._starting:
-            self._starting.remove(event.tp)
-            self.merged_engines.add(event.engine_id)
-            self._next_replan = now  # place the tail on it now
+        if isinstance(event, EngineAdded):
+            self._merged_engine_up(event, now)
         if self.staleness is not None and isinstance(event, TrajectoryArrived) \
                 and not event.judge:
             self._arrivals.append((event.traj_id,
@@ -224,6 +225,15 @@ class Treadle(Progressive):
         except statistics.StatisticsError:  # a constant series
             return None
 
+    def _merged_engine_up(self, event: EngineAdded, now: float) -> None:
+        """A merge's engine is up (the first of its degree added since): place the
+        tail on it now."""
+        starting = [s for s in self._starting if s[0] == event.tp]
+        if starting:
+            self._starting.remove(starting[0])
+            self.merged_engines.add(event.engine_id)
+            self._next_replan = now
+
     def replan(self, now: float) -> None:
         """Re-place, then merge idle engines for the tail where the cost model says
         it pays (`tail_merge.plan_merge`; one merge starting at a time)."""
@@ -236,6 +246,9 @@ class Treadle(Progressive):
             dst = self.target.get(t.traj_id)
             if dst in self.merged_engines and dst != t.engine_id and self._move_pays(t, dst, now):
                 self._move_running(t, dst, now)
+        # A merge whose engine is not up within GIVE_UP_RESTARTS of its predicted
+        # restart failed to launch (the driver reports no failed start): merge again.
+        self._starting = [s for s in self._starting if s[1] > now]
         if self._starting:
             return
         live = [t for t in self.trajs.values() if t.phase is not Phase.DONE]
@@ -245,7 +258,8 @@ class Treadle(Progressive):
         for eid in merge.drain:  # drained first: their GPUs are the new engine's
             self._drain(eid, now)
         self._add_engine(merge.tp)
-        self._starting.append(merge.tp)
+        give_up = now + GIVE_UP_RESTARTS * self.cost.restart_time(merge.tp)
+        self._starting.append((merge.tp, give_up))
         self.merges.append(merge)
 
     def _move_pays(self, t: TrajState, dst: str, now: float) -> bool:

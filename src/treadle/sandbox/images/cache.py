@@ -55,7 +55,7 @@ from treadle.sandbox.images._layout import (
     read_config,
     stage_layout,
 )
-from treadle.sandbox.images._sif import read_sif
+from treadle.sandbox.images._sif import read_sif_file
 
 log = logging.getLogger(__name__)
 
@@ -299,7 +299,7 @@ class ImageCache:
             rootfs = os.path.join(final, "rootfs")
             if source.kind == "sif":
                 digest, config = source.digest, ImageConfig()
-                _unsquash(path, source.ref, rootfs)
+                _unsquash(path, source, rootfs)
             else:
                 digest, config = _umoci_unpack(path, source, staging, rootfs)
             os.chmod(rootfs, 0o755)
@@ -355,33 +355,46 @@ def _umoci_unpack(umoci: str, source: Source, staging: str,
     return digest, config
 
 
-def _unsquash(unsquashfs: str, ref: str, rootfs: str) -> None:
+def _unsquash(unsquashfs: str, source: Source, rootfs: str) -> None:
     """A SIF image's system partition extracted at `rootfs` (`_sif`): `unsquashfs`
-    reads the squashfs at its offset in the file, no mount. Files it cannot write
-    (device nodes, for a user who may not make them) are skipped, as umoci's
-    rootless unpack skips them; extended attributes are not restored; then
+    reads the squashfs at its offset in the file, no mount, from the file opened
+    here and checked against the digest it was identified by (a file replaced since
+    is refused, not unpacked into the old one's entry). Extended attributes are not
+    restored; a device node a user other than root may not make is left out, as
+    umoci's rootless unpack leaves it (unsquashfs's exit status 2 with nothing but
+    those); any other error fails the unpack (a damaged block is one); then
     `_as_rootless`."""
-    part = read_sif(ref)
-    # -ignore-errors -no-exit-code: a device it may not make is skipped, not a failure
-    # (a damaged file system still is one).
-    proc = subprocess.run([unsquashfs, "-quiet", "-no-progress", "-no-xattrs",
-                           "-ignore-errors", "-no-exit-code", "-offset", str(part.offset),
-                           "-dest", rootfs, ref],
-                          capture_output=True, text=True, timeout=_UMOCI_TIMEOUT_S, check=False)
-    if proc.returncode != 0 or not os.path.isdir(rootfs):
+    ref = source.ref
+    with open(ref, "rb") as f:
+        part = read_sif_file(f, ref)
+        if part.digest != source.digest:
+            raise SandboxImageError(f"image {ref}: it changed since it was identified; "
+                                    "open it again")
+        proc = subprocess.run([unsquashfs, "-quiet", "-no-progress", "-no-xattrs", "-offset",
+                               str(part.offset), "-dest", rootfs, f"/proc/self/fd/{f.fileno()}"],
+                              capture_output=True, text=True, timeout=_UMOCI_TIMEOUT_S,
+                              check=False, pass_fds=(f.fileno(),))
+    errors = [line for line in proc.stderr.splitlines() if line.strip()]
+    devices_only = proc.returncode == 2 and os.getuid() != 0 and all(
+        "because you're not superuser" in line for line in errors)
+    if (proc.returncode != 0 and not devices_only) or not os.path.isdir(rootfs):
         raise SandboxImageError(f"image {ref}: unsquashfs cannot read its system partition: "
-                                + (proc.stderr.strip().splitlines() or ["?"])[-1])
+                                + (errors or ["?"])[-1])
     _as_rootless(rootfs)
 
 
 def _as_rootless(rootfs: str) -> None:
     """Make an extracted tree what umoci's rootless unpack makes: every file ours,
     no device node, FIFO or socket (each becomes an empty file), no setuid or setgid
-    bit. Run as root, unsquashfs restores the image's owners and makes its devices:
+    bit (a device unsquashfs could not make, run as another user than root, is
+    absent). Run as root, unsquashfs restores the image's owners and makes its devices:
     an image could otherwise leave, in the shared cache, a device node or a file
     another host user owns (the staging directory is 0700 until then)."""
     uid, gid = os.getuid(), os.getgid()
-    for directory, dirs, files in os.walk(rootfs):
+    def unreadable(e: OSError) -> None:
+        raise e  # a directory walked past would keep what is in it
+
+    for directory, dirs, files in os.walk(rootfs, onerror=unreadable):
         for name in (*dirs, *files):
             path = os.path.join(directory, name)
             st = os.lstat(path)

@@ -101,11 +101,11 @@ def tool_arguments(raw: bytes) -> Mapping[str, Any] | str:
     the tool either: it is given as a JSON string, which no record refuses."""
     try:
         value = strict_json.loads(raw) if raw.strip() else {}
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         text = raw.decode("utf-8", "replace")
         try:
             json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
             return text
         return json.dumps(text)
     return value if isinstance(value, dict) else raw.decode("utf-8")
