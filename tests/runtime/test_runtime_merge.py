@@ -45,9 +45,9 @@ def test_a_running_turn_moves_to_the_merged_engine_with_its_tokens() -> None:
     results = asyncio.run(main())
     [merge] = policy.merges
     assert (merge.tp, len(merge.drain), merge.moved) == (2, 2, ("long",))
-    # Four engines launched for the pool, the fifth by the merge; two of the pool's
-    # stopped for it (and the rest at the runtime's close).
-    assert len(launcher.started) == 5
+    # Four engines launched for the pool (e000-e003), the fifth (e004) by the merge,
+    # split back into two TP-1 ones once the long trajectory was done.
+    assert len(launcher.started) >= 5 and policy.splits == 1
     merged = launcher.started[4]
     [long] = [r for r in results if r.traj_id == "long"]
     assert long.output_tokens == 20_000  # every token once: those before the move kept
@@ -57,4 +57,4 @@ def test_a_running_turn_moves_to_the_merged_engine_with_its_tokens() -> None:
         == [20_000]
     resumed = [r for r in merged.requests if r.request_id.startswith("long")]
     assert len(resumed) == 1 and 0 < resumed[0].max_tokens < 20_000
-    assert long.turn_records[0].engine_id in policy.merged_engines
+    assert long.turn_records[0].engine_id == "e004"

@@ -392,10 +392,10 @@ class _HeldTools(ScaledClock):
         await super().sleep(seconds)
 
 
-async def _merge_live() -> tuple[Treadle, list[ReplayResult], list[Any], int]:
+async def _merge_live() -> tuple[Treadle, list[ReplayResult], list[tuple[str, int, Any]]]:
     """Three short trajectories and a long one on four TP-1 engines on the cluster;
-    treadle's policy with the true lengths (the oracle). (policy, results, the
-    placements of the engines it started, their TP degrees)"""
+    treadle's policy with the true lengths (the oracle). (policy, results, each
+    merged engine's id, degree and placement as it was added)"""
     short = [TrajectorySpec(f"s{i}", f"g{i}", 200, (TurnSpec(100, 0.0, 0),)) for i in range(3)]
     turns = (*(TurnSpec(1000, 2.0, 50) for _ in range(19)), TurnSpec(1000, 0.0, 0))
     specs = [*short, TrajectorySpec("long", "g9", 200, turns)]
@@ -405,42 +405,51 @@ async def _merge_live() -> tuple[Treadle, list[ReplayResult], list[Any], int]:
                           batch_size=4, truth=truth, layout=(1, 1, 1, 1), max_batch=64)
     assert isinstance(policy, Treadle)
     added = asyncio.Event()
+    placed: list[tuple[str, int, Any]] = []
     seen = policy.on_event
+    launcher = RayLauncher(EmulatedProcess(time_scale=SCALE), resources=dict(LENDS))
+    runtime = Runtime(policy, launcher=launcher, gpus=4, clock=ScaledClock(SCALE))
 
     def on_event(event: Event, now: float) -> None:
         seen(event, now)
         if isinstance(event, EngineAdded) and event.engine_id in policy.merged_engines:
+            launched = runtime.pool.slot(event.engine_id).launched
+            assert launched is not None
+            placed.append((event.engine_id, event.tp, launcher.placement(launched.url)))
             added.set()
 
     policy.on_event = on_event  # type: ignore[method-assign]
-    launcher = RayLauncher(EmulatedProcess(time_scale=SCALE), resources=dict(LENDS))
-    runtime = Runtime(policy, launcher=launcher, gpus=4, clock=ScaledClock(SCALE))
     await runtime.start()
     try:
         held = _HeldTools(SCALE, 3, added)
         results = await asyncio.gather(*(
             replay(t, runtime.turns(t.traj_id, t.group_id),
                    held if t.traj_id == "long" else runtime.clock) for t in specs))
-        slots = [s for s in runtime.engines() if s.engine_id in policy.merged_engines]
-        placements = [launcher.placement(s.launched.url) for s in slots if s.launched]
-        return policy, results, placements, sum(s.tp for s in slots)
+        return policy, results, placed
     finally:
         await runtime.close()
 
 
 def test_idle_engines_are_merged_live_and_the_long_tail_moves_to_the_new_engine(
         cluster: tuple[Cluster, dict[str, str]]) -> None:
-    policy, results, placements, tp = asyncio.run(_merge_live())
+    policy, results, placed = asyncio.run(_merge_live())
     # The three short ones done, their engines idle: two were stopped and one TP-2
     # engine started in their place (a placement group of two GPUs on one node).
     [merge] = policy.merges
     assert (merge.tp, len(merge.drain), merge.moved) == (2, 2, ("long",))
-    assert tp == 2 and [len(set(p.gpu_ids)) for p in placements] == [2]
-    # The long trajectory's turns after its held tool call ran there; every turn ran.
+    [(merged, tp, placement)] = placed
+    assert tp == 2 and len(set(placement.gpu_ids)) == 2
+    # The long trajectory's turns after its held tool call ran there; every turn ran;
+    # then, with no trajectory left, the merged engine was split back.
     [long] = [r for r in results if r.traj_id == "long"]
-    merged = set(policy.merged_engines)
-    assert [t.engine_id in merged for t in long.turn_records] == [False] * 3 + [True] * 17
+    assert [t.engine_id == merged for t in long.turn_records] == [False] * 3 + [True] * 17
     assert [len(r.turn_records) for r in results] == [1, 1, 1, 20]
+    assert policy.splits == 1
+    # Closed mid-split (the TP-1 engines it launches were still starting): nothing of
+    # it holds GPUs on the cluster.
+    held = [g["name"] for g in ray.util.placement_group_table().values()
+            if g["name"].startswith("treadle-") and g["state"] != "REMOVED"]
+    assert held == []
 
 
 def test_a_node_lost_mid_job_moves_its_turns_and_loses_nothing(

@@ -59,6 +59,10 @@ def test_idle_engines_merge_into_one_of_tp_2_and_the_tail_finishes_sooner(turns:
     merged, merged_s = _run(workload, reconfigure=True)
     _, plain_s = _run(workload, reconfigure=False)
     assert [(m.tp, len(m.drain), m.moved) for m in merged.merges] == [(2, 2, ("long",))]
+    # Once the long one is done, the TP-2 engine is split back into the two TP-1 ones
+    # it replaced, for the next batch.
+    assert merged.splits == 1 and merged.merged_engines == {}
+    assert sorted(e.tp for e in merged.engines.values()) == [1, 1, 1, 1]
     first = merged.merges[0]
     assert first.finish_merged_s < first.finish_now_s
     # 20,000 tokens at 13.1 ms (TP 1) against a 20 s restart and 8.2 ms (TP 2).
@@ -104,7 +108,7 @@ def test_a_merge_whose_engine_never_comes_up_is_given_up_and_merged_again() -> N
     # Seven idle engines: four drained for a TP-4 engine that never comes; ten of its
     # restarts later it is given up, and the three left idle are merged (a TP-2 one).
     assert [(m.tp, len(m.drain)) for m in policy.merges] == [(4, 4), (2, 2)]
-    assert policy.merged_engines == set()
+    assert policy.merged_engines == {} and policy.splits == 0
 
 
 def _traj(tid: str, engine: str, phase: Phase, context: int, admitted_at: float = 0.0) -> TrajState:

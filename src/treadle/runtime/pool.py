@@ -211,7 +211,10 @@ class EnginePool:
         """The scheduler's `AddEngine`: launched once the engines being stopped have
         stopped (a merge's new engine takes the GPUs of the ones it drained, which a
         local process holds until it exits); a failure is logged."""
-        await asyncio.gather(*self._stopping, return_exceptions=True)
+        if self._stopping:
+            # `wait`, not `gather`: cancelling this launch (the runtime's close) must not
+            # cancel the stops, which would leave their processes and GPUs held.
+            await asyncio.wait(set(self._stopping))
         try:
             await self.launch(tp)
         except EngineError as e:

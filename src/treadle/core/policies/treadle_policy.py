@@ -44,8 +44,9 @@ Mechanisms, in the order they act:
    running turn. In simulation it pays on pools below TP 8 (pareto on 32 × TP 2:
    354.5 → 343.5 s); on the pools treadle chooses for the built-in workloads at 64
    H100s (TP 8, or TP 4 at 4,096 trajectories, where the placement keeps every
-   engine busy to the end) nothing is merged. It needs a driver that launches
-   engines (`reconfigure=False` for one that does not).
+   engine busy to the end) nothing is merged. Once no trajectory is left, a
+   merged engine is split back into those it replaced. It needs a driver that
+   launches engines (`reconfigure=False` for one that does not).
 """
 
 from __future__ import annotations
@@ -136,9 +137,13 @@ class Treadle(Progressive):
                          judge_estimator=judge_estimator)
         self.reconfigure = reconfigure  # merge idle engines for the tail (`tail_merge`)
         self.merges: list[Merge] = []  # decided, in order
-        # Merged engines not yet added: (TP degree, when the merge is given up).
-        self._starting: list[tuple[int, float]] = []
-        self.merged_engines: set[str] = set()  # engines a merge started
+        # Merged engines not yet added: (TP degree, when the merge is given up, the
+        # degrees of the engines it drained).
+        self._starting: list[tuple[int, float, tuple[int, ...]]] = []
+        # Engines a merge started, and the degrees of those it drained for them.
+        self.merged_engines: dict[str, tuple[int, ...]] = {}
+        self.splits = 0  # merged engines split back once no trajectory was left
+        self._not_done: set[str] = set()  # trajectories arrived and not done
         self.prior_lengths = list(prior_lengths)
         self.typical_context = typical_context
         self.max_batch = max_batch
@@ -185,6 +190,8 @@ class Treadle(Progressive):
         super().on_event(event, now)
         if isinstance(event, EngineAdded):
             self._merged_engine_up(event, now)
+        elif isinstance(event, TrajectoryArrived):
+            self._not_done.add(event.traj_id)
         if self.staleness is not None and isinstance(event, TrajectoryArrived) \
                 and not event.judge:
             self._arrivals.append((event.traj_id,
@@ -200,6 +207,8 @@ class Treadle(Progressive):
             elif event.final and t is not None:
                 self._awaited.discard(event.traj_id)
                 self._outcome[event.traj_id] = float(t.output_tokens)
+        if t is not None and t.phase is Phase.DONE:
+            self._not_done.discard(t.traj_id)
         super().observe(event, t, now)
 
     def _take_outcomes(self) -> None:
@@ -231,8 +240,26 @@ class Treadle(Progressive):
         starting = [s for s in self._starting if s[0] == event.tp]
         if starting:
             self._starting.remove(starting[0])
-            self.merged_engines.add(event.engine_id)
+            self.merged_engines[event.engine_id] = starting[0][2]
             self._next_replan = now
+
+    def rebalance(self, now: float) -> None:
+        super().rebalance(now)
+        if self.merged_engines and not self._not_done:
+            self._split_back(now)
+
+    def _split_back(self, now: float) -> None:
+        """No trajectory left (a synchronous step's end: the trainer's turn): each
+        merged engine is drained and the engines it replaced started again, so the
+        next batch's bulk runs on the pool chosen for it; their restart overlaps the
+        training step."""
+        for eid, degrees in sorted(self.merged_engines.items()):
+            if eid in self.engines:
+                self._drain(eid, now)
+                for tp in degrees:
+                    self._add_engine(tp)
+                self.splits += 1
+        self.merged_engines.clear()
 
     def replan(self, now: float) -> None:
         """Re-place, then merge idle engines for the tail where the cost model says
@@ -255,11 +282,12 @@ class Treadle(Progressive):
         merge = plan_merge(live, self.live_engines(), self.cost, self.remaining, now)
         if merge is None:
             return
+        degrees = tuple(self.engines[eid].tp for eid in merge.drain)
         for eid in merge.drain:  # drained first: their GPUs are the new engine's
             self._drain(eid, now)
         self._add_engine(merge.tp)
         give_up = now + GIVE_UP_RESTARTS * self.cost.restart_time(merge.tp)
-        self._starting.append((merge.tp, give_up))
+        self._starting.append((merge.tp, give_up, degrees))
         self.merges.append(merge)
 
     def _move_pays(self, t: TrajState, dst: str, now: float) -> bool:
