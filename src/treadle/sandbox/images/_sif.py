@@ -21,7 +21,8 @@ operator's, like an OCI archive.
 The cache keys an image by the sha256 of its system partition's bytes (what is
 extracted): two files holding the same partition are one entry. Hashing reads the
 partition once per process and file version (the cache remembers a file's
-identification by its inode, size and modification time), about 0.4 s a GB here.
+identification by its inode, size and modification time): about 0.7 s a GB here
+(37 ms for the tests' 57 MB image).
 """
 
 from __future__ import annotations
