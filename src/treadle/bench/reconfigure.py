@@ -2,7 +2,8 @@
 (`core.policies.tail_merge`) does to one rollout step, in the simulator.
 
 For each workload, treadle runs on pools of every homogeneous TP degree (forced)
-and on the pool it chooses itself, each with and without merges, beside the best
+and on the pool it chooses itself (chosen once, by simulating with merges on, and
+run both ways), each with and without merges, beside the best
 TP-tuned baseline (verl at its best degree). The report says, per run, the
 makespan, the merges decided (their degrees) and the trajectories moved, and the
 ratio of the merged run to the plain one. A merge changes nothing on a pool whose
