@@ -122,16 +122,18 @@ def test_a_resume_and_a_pause_in_one_batch_start_no_call() -> None:
     from treadle.testing import FakeClock
 
     async def main() -> None:
-        host = MirrorHost(FakeClock(), request_timeout_s=None, turn_retries=0)
+        # An autojumping fake clock's sleep returns once no task can run: the event
+        # that every waiter the batch woke has run.
+        clock = FakeClock(autojump=True)
+        host = MirrorHost(clock, request_timeout_s=None, turn_retries=0)
         link = _Link(host, "t")  # the actor's RunnerHost for a trajectory
         waiting = asyncio.ensure_future(link.calls_allowed())
-        await asyncio.sleep(0)  # it waits on the shut gate
+        await clock.sleep(1.0)  # it waits on the shut gate
         host.apply([Weights(1, "s1", open=True), Hold(7)])
-        for _ in range(5):  # the loop turns over: a woken waiter would have run
-            await asyncio.sleep(0)
+        await clock.sleep(1.0)
         assert not waiting.done()
         host.apply([Weights(1, "s1", open=True)])
-        await asyncio.wait_for(waiting, 5)
+        await waiting
 
     asyncio.run(main())
 
@@ -148,15 +150,16 @@ def test_a_call_ended_carries_the_tokens_of_that_call() -> None:
     from treadle.testing import FakeClock
 
     async def main() -> list[int]:
-        host = MirrorHost(FakeClock(), request_timeout_s=None, turn_retries=0)
+        clock = FakeClock(autojump=True)
+        host = MirrorHost(clock, request_timeout_s=None, turn_retries=0)
         host.engines["e1"] = EngineSlot("e1", FakeEngine("e1", tokens_per_s=1e9), 1, 8,
                                         4096, "e1")
         host.apply([Weights(0, "s0", open=True)])
         turns = host.turns("t", "g")
         generating = asyncio.ensure_future(
             turns.generate([1, 2, 3], 5, Sampling(temperature=1.0), []))
-        while not any(isinstance(m, Told) for m in host.outbox):  # it has arrived
-            await asyncio.sleep(0)
+        await clock.sleep(1.0)  # no task can run: the turn waits for its admission
+        assert any(isinstance(m, Told) for m in host.outbox)  # it has arrived
         turns.admit("e1", 0.0)
         await generating
         return [m.sampled for m in host.outbox if isinstance(m, CallEnded)]
