@@ -25,7 +25,7 @@ escaping treadle is a bug. Each package owns a branch::
     │   ├── ContextTooLong              (503; the session ends with status error),
     │   ├── GatewayEngineError          treadle failing the call (500, a bug; the
     │   ├── GatewayInternalError        session ends, stage runtime); and of a served
-    │   ├── UnknownTool                 tool (treadle.gateway.tools): no such tool
+    │   ├── UnknownTool                 tool: no such tool
     │   └── NoReplyYet                  (404), a tool call before the first reply (409)
     ├── ServiceBusy                     treadle.service.errors: too many trajectories
     │                                   queued to take the job now (the API's 503)

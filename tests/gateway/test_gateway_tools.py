@@ -18,9 +18,9 @@ from treadle.core.policies import build_policy, parse_policy
 from treadle.envs.base import RewardResult, Suite
 from treadle.envs.tools.answer import SubmitAnswerTool
 from treadle.envs.tools.base import Tool, ToolContext, ToolResult
-from treadle.gateway.errors import SessionBusy, SessionEnded
+from treadle.gateway.errors import NoReplyYet, SessionBusy, SessionEnded, UnknownTool
 from treadle.gateway.session import CallRequest, Session, SessionSpec
-from treadle.gateway.tools import NoReplyYet, SessionTools, UnknownTool
+from treadle.gateway.tools import SessionTools
 from treadle.runtime.driver import Runtime
 from treadle.testing import FakeClock
 from treadle.types import GroupKey, Task, Turn

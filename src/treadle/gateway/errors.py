@@ -40,6 +40,20 @@ class SessionBusy(GatewayError):
     code = "session_busy"
 
 
+class UnknownTool(GatewayError):
+    """The session's served episode has no tool by that name, or it is served none."""
+
+    status = 404
+    code = "tool_not_found"
+
+
+class NoReplyYet(GatewayError):
+    """A tool call before the session's first reply: a call belongs to a reply."""
+
+    status = 409
+    code = "no_reply_yet"
+
+
 class SessionEnded(GatewayError):
     """The session has ended (by its owner, its idle timeout, or a failure)."""
 
@@ -76,5 +90,5 @@ class GatewayEngineError(GatewayError):
 
 
 __all__ = ["ContextTooLong", "GatewayEngineError", "GatewayError", "GatewayInternalError",
-           "InvalidRequest",
-           "SessionBusy", "SessionEnded", "SessionLimit", "UnknownSession"]
+           "InvalidRequest", "NoReplyYet",
+           "SessionBusy", "SessionEnded", "SessionLimit", "UnknownSession", "UnknownTool"]

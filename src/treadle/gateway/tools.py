@@ -35,22 +35,8 @@ from typing import Any
 
 from treadle.envs.base import Episode
 from treadle.envs.tools.base import ToolResult
-from treadle.gateway.errors import GatewayError, SessionBusy, SessionEnded
+from treadle.gateway.errors import NoReplyYet, SessionBusy, SessionEnded, UnknownTool
 from treadle.gateway.session import Session
-
-
-class UnknownTool(GatewayError):
-    """The session's episode has no tool by that name."""
-
-    status = 404
-    code = "tool_not_found"
-
-
-class NoReplyYet(GatewayError):
-    """A tool call before the session's first reply: a call belongs to a reply."""
-
-    status = 409
-    code = "no_reply_yet"
 
 
 class SessionTools:
@@ -111,4 +97,4 @@ class SessionTools:
             await asyncio.wait({task})
 
 
-__all__ = ["NoReplyYet", "SessionTools", "UnknownTool"]
+__all__ = ["SessionTools"]

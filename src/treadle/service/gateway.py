@@ -45,7 +45,7 @@ from treadle.agent.fingerprint import tokenizer_fingerprint
 from treadle.agent.runner import Sampling
 from treadle.agent.tokenizer import Tokenizer
 from treadle.clock import MONOTONIC, Clock
-from treadle.gateway.errors import SessionBusy
+from treadle.gateway.errors import SessionBusy, UnknownTool
 from treadle.gateway.harness import Harness
 from treadle.gateway.session import (
     CallRequest,
@@ -56,7 +56,7 @@ from treadle.gateway.session import (
     no_call_served,
 )
 from treadle.gateway.sessions import Sessions
-from treadle.gateway.tools import SessionTools, UnknownTool
+from treadle.gateway.tools import SessionTools
 from treadle.runtime.driver import Runtime
 from treadle.service.errors import RequestRefused
 from treadle.service.harness_runs import HarnessRuns
