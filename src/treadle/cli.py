@@ -107,7 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--modes", default="sync,overprovision,async,partial",
                    help="with --steps: the modes")
     b.add_argument("--policies", help="with --steps: the policies (default every baseline "
-                                      "at every TP, heddle, treadle)")
+                                      "at every TP, heddle, treadle, oracle)")
+    b.add_argument("--merge", metavar="REPORT.json",
+                   help="with --steps: run only --policies and put their rows into this "
+                        "report of the same settings (the others kept), written to --out")
     b.add_argument("--train-fraction", type=float, default=0.3)
     b.add_argument("--max-staleness", type=int, default=1)
     b.add_argument("--jobs", type=int, default=1, help="with --steps: runs at a time")
@@ -322,9 +325,8 @@ def _sim_steps(args: argparse.Namespace) -> int:
         specs = [parse_policy(p) for p in args.policies.split(",") if p.strip()]
     except (KeyError, ValueError) as exc:
         raise UsageError(str(exc).strip("'\"")) from exc
-    specs = [s for s in specs if s.name != "oracle"]  # a one-step reference
     if not specs:
-        raise UsageError("--policies names no policy with a multi-step run (the oracle has none)")
+        raise UsageError("--policies names no policy")
     if args.steps < 1 or args.gpus < 1 or args.trajectories < 16 or args.trajectories % 16:
         raise UsageError("--steps and --gpus must be >= 1, --trajectories a multiple of 16")
     if args.timeline:

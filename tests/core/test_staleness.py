@@ -130,3 +130,18 @@ def test_a_tighter_bound_of_its_own_ranks_a_trajectory_as_older() -> None:
     q.on_event(TrajectoryArrived("strict", "g-strict", 100), 0.0)  # the policy's bound
     assert _admitted(q.decide(0.0)) == ["long"]  # same age: more work left first
 
+
+
+def test_what_the_gate_holds_starts_once_nothing_else_is_in_flight() -> None:
+    """Every trajectory left too long for its window: none else runs, so no batch
+    completes and no update comes. The gate must not hold them for ever."""
+    p = _policy({"long": 40000, "short": 10}, Staleness(1, finish_first=True, gate=True),
+                cap=8)
+    p.on_event(PolicyUpdated(1), 100.0)
+    p.on_event(PolicyUpdated(2), 200.0)  # one update every 100 s
+    p.on_event(TrajectoryArrived("long", "g-long", 100), 290.0)
+    p.on_event(TrajectoryArrived("short", "g-short", 100), 290.0)
+    assert _admitted(p.decide(290.0)) == ["short"] and p.held == 1
+    _finish(p, "short", 291.0)
+    # Only the held one is left: no engine runs or queues anything, no tool call is out.
+    assert _admitted(p.decide(291.0 + p.replan_s)) == ["long"]

@@ -7,6 +7,9 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from treadle.bench.sim_steps import run_steps_bench
 
@@ -45,3 +48,38 @@ def test_a_tiny_multi_step_bench(tmp_path: Path) -> None:
     ) / best["trained_tokens_per_gpu_s"]
     markdown = out.with_suffix(".md").read_text()
     assert f"| {best['policy']} ({best['mode']}) |" in markdown
+
+
+_WALL = ("layout_choice_s", "sim_wall_s")
+
+
+def _rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    plain = json.loads(json.dumps(report))  # tuples: lists, as the file has them
+    return [{k: v for k, v in r.items() if k not in _WALL}
+            for w in plain["workloads"] for r in w["results"]]
+
+
+def test_merge_adds_a_policy_as_a_whole_run_would(tmp_path: Path) -> None:
+    """`--merge` runs only the named policies and gives the report a run of all of
+    them gives (wall-clock fields aside); the oracle's row is among them."""
+    common = {"sizes": "32", "workloads": "short", "seed": 0, "steps": 2,
+              "modes": "sync,partial", "train_fraction": 0.3, "max_staleness": 1, "jobs": 1}
+    base = tmp_path / "base.json"
+    run_steps_bench(argparse.Namespace(**common, out=str(base), policies="verl,treadle"),
+                    log=lambda _: None)
+    merged = run_steps_bench(argparse.Namespace(**common, out=str(tmp_path / "m.json"),
+                                                policies="treadle,oracle", merge=str(base)),
+                             log=lambda _: None)
+    whole = run_steps_bench(argparse.Namespace(**common, out=str(tmp_path / "w.json"),
+                                               policies="verl,treadle,oracle"),
+                            log=lambda _: None)
+    assert _rows(merged) == _rows(whole)
+    assert {r["policy"] for r in _rows(merged)} == {"verl", "treadle", "oracle"}
+    (w,) = merged["workloads"]
+    assert w["summary"]["oracle_best"] == whole["workloads"][0]["summary"]["oracle_best"]
+    assert w["summary"]["oracle_best"] is not None
+    assert [r["mode"] for r in w["prompt_history"]["treadle_without"]] == ["sync", "partial"]
+    with pytest.raises(ValueError, match="steps"):
+        run_steps_bench(argparse.Namespace(**{**common, "steps": 3}, out=str(tmp_path / "x"),
+                                           policies="oracle", merge=str(base)),
+                        log=lambda _: None)

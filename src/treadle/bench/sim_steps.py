@@ -4,14 +4,17 @@ docs/sim-steps.md.
 For every workload (the four suites and the seeded shapes) and every mode (sync,
 overprovision, async, partial) it runs K RL steps of `trajectories` a step on 64
 H100s serving Qwen3-14B: the paper-configured baselines (slime, verl at TP 1), the
-same on every homogeneous TP degree, heddle and treadle; and reports each one's
+same on every homogeneous TP degree, heddle, treadle and the oracle (treadle's
+mechanisms told every trajectory's true length: what prediction error costs across
+steps); and reports each one's
 trained tokens per GPU-second, utilisation, staleness, tokens discarded and ratio to
 the mode's multi-step lower bound (`core.steps_bound`). Per workload it names the
 best TP-tuned baseline in its best mode, treadle's best mode and the ratio of the
 two, and measures what per-prompt history adds: the predictor's accuracy over the
 steps with and without earlier epochs of each prompt, and treadle's run without it.
 Runs are independent and deterministic; `--jobs` runs them in parallel processes
-(only the wall-clock fields change).
+(only the wall-clock fields change), and `--merge` puts a few policies' rows into a
+report of the same settings without running the others again.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from treadle.sim.stream import PromptStream
 
 GPUS, MODEL, GPU, GROUP = 64, "qwen3-14b", "h100", 16
 BASELINES = ("slime", "verl", *(f"{p}@tp{tp}" for p in ("slime", "verl") for tp in (2, 4, 8)))
-POLICIES = (*BASELINES, "heddle", "treadle")
+POLICIES = (*BASELINES, "heddle", "treadle", "oracle")
 MODES = tuple(m.value for m in Mode)
 GOAL = 1.3  # treadle's best mode over the best TP-tuned baseline's, long-tailed workloads
 ABLATION_MODES = ("sync", "partial")  # where treadle also runs without per-prompt history
@@ -156,6 +159,8 @@ def summarise(rows: Sequence[dict[str, Any]], long_tailed: bool,
             / pols[base]["trained_tokens_per_gpu_s"],
             "heddle_over_best_tp_tuned": pols["heddle"]["trained_tokens_per_gpu_s"]
             / pols[base]["trained_tokens_per_gpu_s"] if "heddle" in pols else None,
+            "oracle_over_best_tp_tuned": pols["oracle"]["trained_tokens_per_gpu_s"]
+            / pols[base]["trained_tokens_per_gpu_s"] if "oracle" in pols else None,
             "lower_bound_s": pols["treadle"]["lower_bound_s"],
             "ceiling_tokens_per_gpu_s": ceilings[mode],
         }
@@ -171,6 +176,9 @@ def summarise(rows: Sequence[dict[str, Any]], long_tailed: bool,
     # The strict form: the most tokens per GPU-second any schedule trains in any
     # mode, over the best baseline's. Below the goal, no scheduler can meet it.
     reach = max(ceilings[m] for m in per_mode) / base_row["trained_tokens_per_gpu_s"]
+    # The oracle in its best mode: how far perfect length prediction takes treadle.
+    oracle = max((by_mode[m]["oracle"] for m in by_mode if "oracle" in by_mode[m]),
+                 key=lambda r: r["trained_tokens_per_gpu_s"], default=None)
     return {
         "long_tailed": long_tailed, "per_mode": per_mode,
         "best_tp_tuned": {"mode": best_base_mode, "policy": base_row["policy"],
@@ -180,6 +188,11 @@ def summarise(rows: Sequence[dict[str, Any]], long_tailed: bool,
                          "tokens_per_gpu_s": treadle_row["trained_tokens_per_gpu_s"],
                          "staleness_max": treadle_row["staleness_max"]},
         "treadle_best_over_best_tp_tuned": ratio,
+        "oracle_best": None if oracle is None else {
+            "mode": oracle["mode"], "tokens_per_gpu_s": oracle["trained_tokens_per_gpu_s"],
+            "staleness_max": oracle["staleness_max"],
+            "over_best_tp_tuned": oracle["trained_tokens_per_gpu_s"]
+            / base_row["trained_tokens_per_gpu_s"]},
         "bound_headroom_over_best_tp_tuned": headroom,
         "ceiling_over_best_tp_tuned": reach,
         "goal_met": (ratio >= GOAL and treadle_row["staleness_max"] <= 1)
@@ -196,13 +209,17 @@ def run_steps_bench(args: Any, log: Callable[[str], None]) -> dict[str, Any]:
     n = int(str(args.sizes).split(",")[0])
     common = {"steps": args.steps, "trajectories": n, "seed": args.seed,
               "train_fraction": args.train_fraction, "max_staleness": args.max_staleness}
+    merge = getattr(args, "merge", None)
+    base = _mergeable(Path(merge), common, workloads, modes) if merge else None
     tasks = [_Task(w, m, p, **common) for w in workloads for m in modes for p in policies]
     ablations = [_Task(w, m, "treadle", per_prompt=False, **common)
                  for w in workloads for m in modes
-                 if "treadle" in policies and m in ABLATION_MODES]
+                 if "treadle" in policies and m in ABLATION_MODES and base is None]
     started = time.perf_counter()
     log(f"{len(tasks) + len(ablations)} runs of {args.steps} steps, {args.jobs} at a time")
     results = _map([*tasks, *ablations], args.jobs, log, started)
+    if base is not None:
+        results = _merged(base, results, set(policies))
     report: dict[str, Any] = {
         "gpus": GPUS, "model": MODEL, "gpu": GPU, "seed": args.seed, **common,
         "group_size": GROUP, "prompts_per_epoch": EPOCH_BATCHES * n // GROUP,
@@ -212,7 +229,7 @@ def run_steps_bench(args: Any, log: Callable[[str], None]) -> dict[str, Any]:
     }
     for w in workloads:
         mine = [r for r in results if r["task"]["workload"] == w]
-        rows = [r["row"] for r in mine if r["task"]["per_prompt"]]
+        rows = sorted((r["row"] for r in mine if r["task"]["per_prompt"]), key=_row_order)
         bounds = {r["task"]["mode"]: r["bound"] for r in mine}
         history = history_for(w, n, args.seed, max_context=cost.model.max_context)
         stats = _stream(w, n, args.seed, True, cost)
@@ -238,6 +255,49 @@ def run_steps_bench(args: Any, log: Callable[[str], None]) -> dict[str, Any]:
     out.with_suffix(".md").write_text(markdown_report(report))
     log(f"report written to {out} and {out.with_suffix('.md')} ({report['wall_s']:.0f}s)")
     return report
+
+
+def _row_order(row: dict[str, Any]) -> tuple[int, int, str]:
+    """Mode, then the policy's place in `POLICIES` (others after, by name)."""
+    p = row["policy"]
+    return (MODES.index(row["mode"]), POLICIES.index(p) if p in POLICIES else len(POLICIES), p)
+
+
+def _mergeable(path: Path, common: dict[str, Any], workloads: Sequence[str],
+               modes: Sequence[str]) -> dict[str, Any]:
+    """The report `--merge` adds rows to; ValueError unless it was run with the same
+    settings, workloads and modes (its rows and the new ones must compare)."""
+    report: dict[str, Any] = json.loads(path.read_text())
+    for key, value in common.items():
+        if report.get(key) != value:
+            raise ValueError(f"{path}: {key} is {report.get(key)!r}, this run's {value!r}")
+    have = {w["workload"]: {r["mode"] for r in w["results"]} for w in report["workloads"]}
+    for w in workloads:
+        if w not in have or not set(modes) <= have[w]:
+            raise ValueError(f"{path} has no run of {w} in every mode of {list(modes)}")
+    return report
+
+
+def _merged(report: dict[str, Any], results: list[dict[str, Any]],
+            policies: set[str]) -> list[dict[str, Any]]:
+    """The report's runs as `_run` results, the new policies' rows in place of theirs."""
+    out = list(results)
+    seen = {(r["task"]["workload"], r["task"]["mode"]) for r in results}
+    for w in report["workloads"]:
+        for row in w["results"]:
+            if row["policy"] in policies and (w["workload"], row["mode"]) in seen:
+                continue
+            out.append(_kept(w, row, per_prompt=True))
+        for row in w["prompt_history"]["treadle_without"]:
+            out.append(_kept(w, row, per_prompt=False))
+    return out
+
+
+def _kept(w: dict[str, Any], row: dict[str, Any], *, per_prompt: bool) -> dict[str, Any]:
+    """A kept row, as `_run` gives it."""
+    return {"task": {"workload": w["workload"], "mode": row["mode"], "policy": row["policy"],
+                     "per_prompt": per_prompt},
+            "row": row, "train_s": w["train_s"], "bound": w["lower_bounds"][row["mode"]]}
 
 
 def _map(tasks: Sequence[_Task], jobs: int, log: Callable[[str], None],
@@ -273,12 +333,14 @@ def markdown_report(report: dict[str, Any]) -> str:
         "`x LB`: makespan over the mode's multi-step lower bound. `bound allows`: the "
         "best baseline's makespan over its mode's bound; `ceiling / best`: the most "
         "trained tokens per GPU-second the bound leaves any schedule in any mode, over the "
-        "best baseline's (below 1.3, no scheduler meets the goal).",
+        "best baseline's (below 1.3, no scheduler meets the goal); `oracle / best`: "
+        "treadle told every trajectory's true length, in its best mode, over the best "
+        "baseline.",
         "",
         "| workload | best TP-tuned (mode) | tok/GPU-s | treadle best mode | tok/GPU-s "
-        "| staleness p50/max | discarded M | treadle / best | bound allows | ceiling / best "
-        "| goal |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| staleness p50/max | discarded M | treadle / best | oracle / best | bound allows "
+        "| ceiling / best | goal |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for w in report["workloads"]:
         s = w["summary"]
@@ -294,15 +356,17 @@ def markdown_report(report: dict[str, Any]) -> str:
             f"| {ours['staleness_p50']:g}/{ours['staleness_max']} "
             f"| {ours['tokens_discarded'] / 1e6:.2f} "
             f"| {s['treadle_best_over_best_tp_tuned']:.3f} "
+            f"| {_oracle_cell(s.get('oracle_best'))} "
             f"| {s['bound_headroom_over_best_tp_tuned']:.2f} "
             f"| {s['ceiling_over_best_tp_tuned']:.2f} | {goal} |")
-    lines += ["", "## Per mode: treadle / heddle over the mode's best TP-tuned baseline "
-              "(which), and the mode's ceiling (tok/GPU-s)", "",
+    lines += ["", "## Per mode: treadle / heddle / oracle over the mode's best TP-tuned "
+              "baseline (which), and the mode's ceiling (tok/GPU-s)", "",
               "| workload | " + " | ".join(MODES) + " |", "|---|" + "---|" * len(MODES)]
     for w in report["workloads"]:
         pm = w["summary"]["per_mode"]
         cells = [f"{pm[m]['treadle_over_best_tp_tuned']:.3f} / "
-                 f"{pm[m]['heddle_over_best_tp_tuned'] or 0:.2f} ({pm[m]['best_tp_tuned']}); "
+                 f"{pm[m]['heddle_over_best_tp_tuned'] or 0:.2f} / "
+                 f"{_ratio(pm[m].get('oracle_over_best_tp_tuned'))} ({pm[m]['best_tp_tuned']}); "
                  f"{pm[m]['ceiling_tokens_per_gpu_s']:,.0f}"
                  if m in pm else "" for m in MODES]
         lines.append(f"| {w['workload']} | " + " | ".join(cells) + " |")
@@ -339,6 +403,14 @@ def markdown_report(report: dict[str, Any]) -> str:
                 f"| {r['sim_wall_s']:.0f} |")
         lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def _oracle_cell(best: dict[str, Any] | None) -> str:
+    return "-" if best is None else f"{best['over_best_tp_tuned']:.3f} ({best['mode']})"
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def report_rows(report: dict[str, Any]) -> list[StepsReport]:

@@ -16,8 +16,9 @@ so training is a little under F of it (coding, 64 H100: 25% of treadle's step).
 
 from __future__ import annotations
 
+import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from treadle.core.cost_model import CostModel
@@ -26,11 +27,13 @@ from treadle.core.policies import PolicySpec, build_policy, parse_policy
 from treadle.core.policies.progressive import Staleness
 from treadle.core.predictor import Outcome
 from treadle.core.steps_bound import GroupCost, StepsBound, steps_lower_bound
-from treadle.sim.runner import MAX_BATCH, layout_label, treadle_scorer
+from treadle.sim.runner import MAX_BATCH, layout_label, outcome_of, treadle_scorer
 from treadle.sim.steps import Mode, StepsConfig, StepsDriver
 from treadle.sim.stream import EpochSource, PromptStream
 from treadle.workloads import Workload
 from treadle.workloads.load import generate_named
+
+_ATTEMPT = re.compile(r"-a\d+$")  # `PromptStream.attempt`'s suffix
 
 # Prompts per epoch, in batches: a 10-step run sees each prompt twice.
 EPOCH_BATCHES = 5
@@ -137,16 +140,22 @@ def simulate_steps(spec: PolicySpec | str, stream: PromptStream, cost: CostModel
     """One policy through the run."""
     if isinstance(spec, str):
         spec = parse_policy(spec)
-    if spec.name == "oracle":
-        raise ValueError("the oracle is a one-step reference; it has no multi-step run")
     started = clock()
     n, rollout_gpus = config.batch_groups * stream.group_size, gpus - config.train_gpus
-    ours = spec.name == "treadle"
+    ours = spec.name in ("treadle", "oracle")
     scorer = treadle_scorer(cost, rollout_gpus, history, n) if ours else None
-    staleness = (Staleness(config.max_staleness, finish_first=True, gate=True)
+    # The oracle's gate would hold what truly cannot finish in its window until
+    # nothing else runs (`Progressive._gated`), and the batch waits for those: it
+    # finishes the oldest first instead.
+    staleness = (Staleness(config.max_staleness, finish_first=True,
+                           gate=spec.name == "treadle")
                  if ours and config.max_staleness is not None else None)
+    truth = StreamTruth(stream, config.steps * config.batch_groups + config.cap,
+                        config.batch_groups) \
+        if spec.name == "oracle" else None
     policy = build_policy(spec, cost, batch_size=n, history=history, seed=seed,
-                          max_batch=MAX_BATCH, layout_scorer=scorer, staleness=staleness)
+                          max_batch=MAX_BATCH, layout_scorer=scorer, staleness=staleness,
+                          truth=truth)
     pool = policy.initial_pool(rollout_gpus)
     chosen = clock()
     result = StepsDriver(cost, gpus, policy, pool, stream, config, max_batch=MAX_BATCH).run()
@@ -168,3 +177,34 @@ def default_train_gpus(gpus: int) -> int:
     """The async trainer's GPUs when none are named: 3/8 of the cluster in whole
     nodes of 8 (24 of 64; see docs/sim-steps.md for what other splits do)."""
     return max(8, round(gpus * 3 / 8 / 8) * 8) if gpus >= 16 else max(1, gpus // 2)
+
+
+class StreamTruth(Mapping[str, Outcome]):
+    """Every launched attempt's true outcome, for the multi-step `oracle`: the
+    first `groups` groups of the stream, an attempt (`PromptStream.attempt`, id
+    suffixed `-aN`) replaying its trajectory's episode. Built lazily: the oracle asks
+    only for what was launched."""
+
+    def __init__(self, stream: PromptStream, groups: int, first: int) -> None:
+        self._stream, self._groups = stream, groups
+        self._known: dict[str, Outcome] = {}
+        self._filled = 0
+        self._fill(first)  # the first batch: what the oracle's pool is chosen for
+
+    def _fill(self, upto: int) -> None:
+        for i in range(self._filled, min(upto, self._groups)):
+            for spec in self._stream.group(i).specs:
+                self._known[spec.traj_id] = outcome_of(spec)
+        self._filled = max(self._filled, min(upto, self._groups))
+
+    def __getitem__(self, traj_id: str) -> Outcome:
+        base = _ATTEMPT.sub("", traj_id)
+        while base not in self._known and self._filled < self._groups:
+            self._fill(self._filled + 1)
+        return self._known[base]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._known)
+
+    def __len__(self) -> int:
+        return len(self._known)

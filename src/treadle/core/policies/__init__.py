@@ -107,6 +107,7 @@ def build_policy(spec: PolicySpec, cost: CostModel, *, batch_size: int,
                                   typical_context=typical_context(list(truth.values())),
                                   max_batch=max_batch, layout=layout,
                                   judge_estimator=TruthEstimator(truth),
+                                  layout_scorer=layout_scorer, staleness=staleness,
                                   reconfigure=reconfigure)
     policy.name = "oracle"
     return policy

@@ -267,6 +267,15 @@ class Progressive(TrajectoryScheduler):
         for t in sorted(self.unrouted.values(), key=lambda t: t.traj_id):
             if not self._gated(t, now):
                 self._enqueue(t, self.target[t.traj_id], self.ranked(t, now), now)
+        if self._held and not any(e.running or e.queued for e in engines) and not any(
+                t.phase is Phase.TOOL for t in live):
+            # Nothing else in flight: no batch can complete and no update come, so
+            # what the gate holds would wait for ever (every trajectory left
+            # predicted too long for its window, as true lengths can be). It starts.
+            for tid in sorted(self._held):
+                t = self.unrouted[tid]
+                self._enqueue(t, self.target[tid], self.ranked(t, now), now)
+            self._held.clear()
         for t in live:
             if t.phase is Phase.TOOL:
                 self._consider_migration(t, now)
