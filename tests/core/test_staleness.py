@@ -88,14 +88,21 @@ def test_a_trajectory_back_from_its_tool_after_an_update_goes_first(finish_first
     assert _admitted(p.decide(3.0)) == (["b"] if finish_first else ["c"])
 
 
-@pytest.mark.parametrize("gate", [True, False])
-def test_the_gate_puts_off_what_cannot_finish_before_the_next_update(gate: bool) -> None:
+def _long_and_short_late_in_a_version(gate: bool) -> Treadle:
+    """One update every 100 s; at 290 s, 10 s before the next, a trajectory of
+    40,000 tokens and one of 10 arrive."""
     p = _policy({"long": 40000, "short": 10}, Staleness(1, finish_first=True, gate=gate),
                 cap=8)
     p.on_event(PolicyUpdated(1), 100.0)
-    p.on_event(PolicyUpdated(2), 200.0)  # one update every 100 s
+    p.on_event(PolicyUpdated(2), 200.0)
     p.on_event(TrajectoryArrived("long", "g-long", 100), 290.0)
     p.on_event(TrajectoryArrived("short", "g-short", 100), 290.0)
+    return p
+
+
+@pytest.mark.parametrize("gate", [True, False])
+def test_the_gate_puts_off_what_cannot_finish_before_the_next_update(gate: bool) -> None:
+    p = _long_and_short_late_in_a_version(gate)
     started = _admitted(p.decide(290.0))
     # 40,000 tokens take far longer than the 10 s left of the version; 10 do not.
     assert started == (["short"] if gate else ["long", "short"])
@@ -135,12 +142,7 @@ def test_a_tighter_bound_of_its_own_ranks_a_trajectory_as_older() -> None:
 def test_what_the_gate_holds_starts_once_nothing_else_is_in_flight() -> None:
     """Every trajectory left too long for its window: none else runs, so no batch
     completes and no update comes. The gate must not hold them for ever."""
-    p = _policy({"long": 40000, "short": 10}, Staleness(1, finish_first=True, gate=True),
-                cap=8)
-    p.on_event(PolicyUpdated(1), 100.0)
-    p.on_event(PolicyUpdated(2), 200.0)  # one update every 100 s
-    p.on_event(TrajectoryArrived("long", "g-long", 100), 290.0)
-    p.on_event(TrajectoryArrived("short", "g-short", 100), 290.0)
+    p = _long_and_short_late_in_a_version(gate=True)
     assert _admitted(p.decide(290.0)) == ["short"] and p.held == 1
     _finish(p, "short", 291.0)
     # Only the held one is left: no engine runs or queues anything, no tool call is out.
