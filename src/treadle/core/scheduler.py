@@ -268,7 +268,8 @@ class TrajectoryScheduler(Scheduler):
             if event.engine_id in self.engines:
                 self._drain(event.engine_id, now)
         elif isinstance(event, EngineRemoved):
-            self.engines.pop(event.engine_id, None)
+            if self.engines.pop(event.engine_id, None) is not None:
+                self._unhome(event.engine_id)
         elif isinstance(event, EngineFailed):
             self._engine_failed(event.engine_id, now)
         elif isinstance(event, PolicyUpdated):
@@ -441,9 +442,15 @@ class TrajectoryScheduler(Scheduler):
                     t.queue_time_s += now - t.queued_at
                 t.engine_id, t.kv_reserved = None, 0
                 self._ready(t, now)
+        self._unhome(eid)
+
+    def _unhome(self, eid: str) -> None:
+        """The engine is gone (failed, or drained and removed while trajectories were
+        parked on it in a tool call): their KV with it, they are routed afresh when
+        their tools return."""
         for t in self.trajs.values():
             if t.phase is Phase.TOOL and t.engine_id == eid:
-                t.engine_id = None  # its KV is gone; routed afresh when the tool returns
+                t.engine_id = None
 
     # -- shared routing helpers ------------------------------------------------------
 

@@ -44,9 +44,10 @@ Mechanisms, in the order they act:
    running turn. In simulation it pays on pools below TP 8 (pareto on 32 × TP 2:
    354.5 → 343.5 s); on the pools treadle chooses for the built-in workloads at 64
    H100s (TP 8, or TP 4 at 4,096 trajectories, where the placement keeps every
-   engine busy to the end) nothing is merged. Once no trajectory is left, a
-   merged engine is split back into those it replaced. It needs a driver that
-   launches engines (`reconfigure=False` for one that does not).
+   engine busy to the end) nothing is merged. A merged engine is split back into
+   those it replaced at a step's end, or, where new trajectories arrive meanwhile,
+   once the tail it was merged for has ended. It needs a
+   driver that launches engines (`reconfigure=False` for one that does not).
 """
 
 from __future__ import annotations
@@ -137,12 +138,15 @@ class Treadle(Progressive):
                          judge_estimator=judge_estimator)
         self.reconfigure = reconfigure  # merge idle engines for the tail (`tail_merge`)
         self.merges: list[Merge] = []  # decided, in order
-        # Merged engines not yet added: (TP degree, when the merge is given up, the
-        # degrees of the engines it drained).
-        self._starting: list[tuple[int, float, tuple[int, ...]]] = []
+        # Merges whose engine is not added yet: each with the degrees of the engines
+        # it drained and when it is given up.
+        self._starting: list[tuple[Merge, tuple[int, ...], float]] = []
         # Engines a merge started, and the degrees of those it drained for them.
         self.merged_engines: dict[str, tuple[int, ...]] = {}
-        self.splits = 0  # merged engines split back once no trajectory was left
+        # Engine -> the trajectories its merge was for, and when it came up.
+        self._merged_for: dict[str, tuple[frozenset[str], float]] = {}
+        self._last_arrival = 0.0  # when the latest trajectory arrived
+        self.splits = 0  # merged engines split back once their tail had ended
         self._not_done: set[str] = set()  # trajectories arrived and not done
         self.prior_lengths = list(prior_lengths)
         self.typical_context = typical_context
@@ -192,6 +196,7 @@ class Treadle(Progressive):
             self._merged_engine_up(event, now)
         elif isinstance(event, TrajectoryArrived):
             self._not_done.add(event.traj_id)
+            self._last_arrival = now
         if self.staleness is not None and isinstance(event, TrajectoryArrived) \
                 and not event.judge:
             self._arrivals.append((event.traj_id,
@@ -237,29 +242,39 @@ class Treadle(Progressive):
     def _merged_engine_up(self, event: EngineAdded, now: float) -> None:
         """A merge's engine is up (the first of its degree added since): place the
         tail on it now."""
-        starting = [s for s in self._starting if s[0] == event.tp]
+        starting = [s for s in self._starting if s[0].tp == event.tp]
         if starting:
             self._starting.remove(starting[0])
-            self.merged_engines[event.engine_id] = starting[0][2]
+            merge, degrees, _ = starting[0]
+            self.merged_engines[event.engine_id] = degrees
+            self._merged_for[event.engine_id] = (frozenset(merge.moved), now)
             self._next_replan = now
 
     def rebalance(self, now: float) -> None:
         super().rebalance(now)
-        if self.merged_engines and not self._not_done:
-            self._split_back(now)
+        for eid in sorted(self.merged_engines):
+            tail, up_at = self._merged_for[eid]
+            if not self._not_done or (
+                    self._last_arrival > up_at and not tail & self._not_done):
+                self._split_back(eid, now)
 
-    def _split_back(self, now: float) -> None:
-        """No trajectory left (a synchronous step's end: the trainer's turn): each
-        merged engine is drained and the engines it replaced started again, so the
-        next batch's bulk runs on the pool chosen for it; their restart overlaps the
-        training step."""
-        for eid, degrees in sorted(self.merged_engines.items()):
-            if eid in self.engines:
-                self._drain(eid, now)
-                for tp in degrees:
-                    self._add_engine(tp)
-                self.splits += 1
-        self.merged_engines.clear()
+    def _split_back(self, eid: str, now: float) -> None:
+        """Split a merged engine back into those it replaced: at a synchronous step's
+        end (no trajectory left: the trainer's turn), or once new trajectories have
+        arrived since it came up and the tail it was merged for has ended (jobs
+        that keep trajectories in flight). It is drained (what runs there finishes,
+        or moves in a tool gap) and the engines it replaced start once its GPUs
+        are free, so that the new bulk runs on the pool chosen for it. Not while
+        only the old batch runs: a step's last trajectories keep the merged
+        engine (splitting it early made a search step 15% slower in the
+        simulator)."""
+        degrees = self.merged_engines.pop(eid)
+        del self._merged_for[eid]
+        if eid in self.engines:
+            self._drain(eid, now)
+            for tp in degrees:
+                self._add_engine(tp)
+            self.splits += 1
 
     def replan(self, now: float) -> None:
         """Re-place, then merge idle engines for the tail where the cost model says
@@ -275,7 +290,7 @@ class Treadle(Progressive):
                 self._move_running(t, dst, now)
         # A merge whose engine is not up within GIVE_UP_RESTARTS of its predicted
         # restart failed to launch (the driver reports no failed start): merge again.
-        self._starting = [s for s in self._starting if s[1] > now]
+        self._starting = [s for s in self._starting if s[2] > now]
         if self._starting:
             return
         live = [t for t in self.trajs.values() if t.phase is not Phase.DONE]
@@ -287,7 +302,7 @@ class Treadle(Progressive):
             self._drain(eid, now)
         self._add_engine(merge.tp)
         give_up = now + GIVE_UP_RESTARTS * self.cost.restart_time(merge.tp)
-        self._starting.append((merge.tp, give_up, degrees))
+        self._starting.append((merge, degrees, give_up))
         self.merges.append(merge)
 
     def _move_pays(self, t: TrajState, dst: str, now: float) -> bool:
