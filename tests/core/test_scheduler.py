@@ -610,3 +610,20 @@ def test_policy_versions_only_grow(version: int) -> None:
         s.on_event(PolicyUpdated(2), 0.0)
     with pytest.raises(ValueError, match="only grow"):
         s.on_event(PolicyUpdated(version), 1.0)
+
+
+def test_an_engine_removed_while_a_trajectory_is_parked_on_it_leaves_it_homeless() -> None:
+    """Drained and removed while a trajectory waits on a tool call with its KV there:
+    the KV is gone with the engine, and the next turn is routed afresh."""
+    s = FakeFifoScheduler(cap=1)
+    add_engine(s, "e0")
+    add_engine(s, "e1")
+    arrive(s, "a")
+    assert admits(s.decide(0.0)) == [("a", "e0")]
+    finish_turn(s, "a", 1.0, final=False)  # parked on e0 in a tool call
+    s.drain_requests.append("e0")
+    s.decide(2.0)
+    s.on_event(EngineRemoved("e0"), 3.0)
+    assert s.trajs["a"].engine_id is None
+    tool_done(s, "a", 4.0)
+    assert admits(s.decide(4.0)) == [("a", "e1")]
