@@ -79,6 +79,9 @@ def test_merge_adds_a_policy_as_a_whole_run_would(tmp_path: Path) -> None:
     assert w["summary"]["oracle_best"] == whole["workloads"][0]["summary"]["oracle_best"]
     assert w["summary"]["oracle_best"] is not None
     assert [r["mode"] for r in w["prompt_history"]["treadle_without"]] == ["sync", "partial"]
+    first = json.loads(base.read_text())
+    assert merged["wall_s"] == first["wall_s"]  # the report's own run, and the merge's
+    assert [m["policies"] for m in merged["merges"]] == [["treadle", "oracle"]]
     with pytest.raises(ValueError, match="steps"):
         run_steps_bench(argparse.Namespace(**{**common, "steps": 3}, out=str(tmp_path / "x"),
                                            policies="oracle", merge=str(base)),

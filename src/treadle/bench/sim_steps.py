@@ -249,6 +249,11 @@ def run_steps_bench(args: Any, log: Callable[[str], None]) -> dict[str, Any]:
             "results": rows,
         })
     report["wall_s"] = time.perf_counter() - started
+    if base is not None:  # the report's own provenance kept, this merge added to it
+        merged = {"policies": policies, "runs": len(tasks), "wall_s": report["wall_s"],
+                  "machine": report["machine"]}
+        report.update({k: v for k, v in base.items() if k != "workloads"})
+        report["merges"] = [*base.get("merges", []), merged]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")

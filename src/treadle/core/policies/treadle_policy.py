@@ -46,8 +46,8 @@ Mechanisms, in the order they act:
    H100s (TP 8, or TP 4 at 4,096 trajectories, where the placement keeps every
    engine busy to the end) nothing is merged. A merged engine is split back into
    those it replaced at a step's end, or, where new trajectories arrive meanwhile,
-   once the tail it was merged for has ended. It needs a
-   driver that launches engines (`reconfigure=False` for one that does not).
+   once the tail it was merged for has ended. It needs a driver that launches
+   engines (`reconfigure=False` for one that does not).
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from treadle.core.cost_model import TP_DEGREES, CostModel
@@ -123,6 +124,15 @@ def scored_candidates(gpus: int, lengths: Sequence[float], cost: CostModel, cont
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class MergedEngine:
+    """An engine a merge started (`tail_merge`), until it is split back."""
+
+    degrees: tuple[int, ...]  # TP degrees of the engines drained for it
+    tail: frozenset[str]  # the trajectories it was merged for
+    up_at: float  # when it was added
+
+
 class Treadle(Progressive):
     name = "treadle"
     migration_margin = 2.0  # saved time must exceed the move's cost by this factor
@@ -141,10 +151,7 @@ class Treadle(Progressive):
         # Merges whose engine is not added yet: each with the degrees of the engines
         # it drained and when it is given up.
         self._starting: list[tuple[Merge, tuple[int, ...], float]] = []
-        # Engines a merge started, and the degrees of those it drained for them.
-        self.merged_engines: dict[str, tuple[int, ...]] = {}
-        # Engine -> the trajectories its merge was for, and when it came up.
-        self._merged_for: dict[str, tuple[frozenset[str], float]] = {}
+        self.merged_engines: dict[str, MergedEngine] = {}  # engines a merge started
         self._last_arrival = 0.0  # when the latest trajectory arrived
         self.splits = 0  # merged engines split back once their tail had ended
         self._not_done: set[str] = set()  # trajectories arrived and not done
@@ -246,16 +253,15 @@ class Treadle(Progressive):
         if starting:
             self._starting.remove(starting[0])
             merge, degrees, _ = starting[0]
-            self.merged_engines[event.engine_id] = degrees
-            self._merged_for[event.engine_id] = (frozenset(merge.moved), now)
+            self.merged_engines[event.engine_id] = MergedEngine(degrees,
+                                                                frozenset(merge.moved), now)
             self._next_replan = now
 
     def rebalance(self, now: float) -> None:
         super().rebalance(now)
-        for eid in sorted(self.merged_engines):
-            tail, up_at = self._merged_for[eid]
-            if not self._not_done or (
-                    self._last_arrival > up_at and not tail & self._not_done):
+        for eid, merged in sorted(self.merged_engines.items()):
+            if not self._not_done or (self._last_arrival > merged.up_at
+                                      and not merged.tail & self._not_done):
                 self._split_back(eid, now)
 
     def _split_back(self, eid: str, now: float) -> None:
@@ -268,11 +274,10 @@ class Treadle(Progressive):
         only the old batch runs: a step's last trajectories keep the merged
         engine (splitting it early made a search step 15% slower in the
         simulator)."""
-        degrees = self.merged_engines.pop(eid)
-        del self._merged_for[eid]
+        merged = self.merged_engines.pop(eid)
         if eid in self.engines:
             self._drain(eid, now)
-            for tp in degrees:
+            for tp in merged.degrees:
                 self._add_engine(tp)
             self.splits += 1
 
