@@ -51,6 +51,7 @@ from treadle.core.events import (
     TurnFinished,
     TurnPreempted,
 )
+from treadle.core.predictor import Estimate
 from treadle.core.turn_queue import TurnQueue
 
 # Added to a judge turn's priority: above every rollout priority a policy gives (the
@@ -92,6 +93,12 @@ class TrajState:
     first_version: int | None = None
     judge: bool = False  # a judge's call: ranked JUDGE_RANK after rollouts
     max_staleness: int | None = None  # its own bound (TrajectoryArrived.max_staleness)
+    # A policy's memo of its work estimate (`Progressive.estimate`), with the turns
+    # done and the memo generation it was made at: kept here, not in a dict of
+    # tuples, as it is read several times a trajectory a decision.
+    memo: Estimate | None = None
+    memo_turns: int = -1
+    memo_generation: int = -1
 
 
 @dataclass(slots=True)
