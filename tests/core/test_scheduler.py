@@ -610,3 +610,10 @@ def test_policy_versions_only_grow(version: int) -> None:
         s.on_event(PolicyUpdated(2), 0.0)
     with pytest.raises(ValueError, match="only grow"):
         s.on_event(PolicyUpdated(version), 1.0)
+
+
+def test_engines_are_kept_in_id_order_whatever_order_they_come_up_in() -> None:
+    s = FakeFifoScheduler()
+    for eid in ("e1", "e3", "e0", "e4", "e2", "e4"):  # e4 twice: replaced in place
+        add_engine(s, eid)
+    assert list(s.engines) == ["e0", "e1", "e2", "e3", "e4"]
