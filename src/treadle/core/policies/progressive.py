@@ -231,29 +231,28 @@ class Progressive(TrajectoryScheduler):
         were empty when this began are never donors in it. The donors are a heap
         keyed on their queue lengths, updated as each turn moves, so a decision costs
         O(engines + steals · log donors), not O(engines · donors)."""
-        engines = self.live_engines()
+        cap = self.admission_cap
         donors: list[EngineState] = []
-        thieves = False  # an engine that may steal: no queue, a free slot
-        for e in engines:
-            if e.queued:
+        thieves: list[EngineState] = []  # no queue, a free slot
+        for e in self.live_engines():
+            if e.queue:
                 donors.append(e)
-            elif not thieves and len(e.running) < self.admission_cap(e):
-                thieves = True
-        # No thief now, none later in this pass: a thief's queue only grows and a
-        # donor keeps a turn. (Ranking 1,024 donors for nothing made every decision
-        # of a 100,000-trajectory batch cost 0.8 ms.)
+            elif len(e.running) < cap(e):
+                thieves.append(e)
+        # Only those steal: a thief's queue only grows in this pass and a donor
+        # keeps a turn. (Ranking 1,024 donors with no thief made every decision of a
+        # 100,000-trajectory batch cost 0.8 ms.)
         if not donors or not thieves:
             return
-        # The largest (queued, engine id) first: rank the ids, negate both.
-        rank = {e.engine_id: i for i, e in enumerate(sorted(donors, key=lambda e: e.engine_id))}
-        heap = [(-e.queued, -rank[e.engine_id], e) for e in donors]
+        # The largest (queued, engine id) first. Engines are kept in id order, so a
+        # donor's index is its rank by id; both negated.
+        heap = [(-e.queued, -i, e) for i, e in enumerate(donors)]
         heapq.heapify(heap)
-        for thief in engines:
+        for thief in thieves:
             budget = self.kv_budget(thief)
-            while (not thief.queued and len(thief.running) < self.admission_cap(thief)
-                   and heap):
-                donor = heap[0][2]
-                if donor is thief or donor.queued <= 1:
+            while not thief.queue and len(thief.running) < cap(thief) and heap:
+                _, neg_rank, donor = heap[0]
+                if donor.queued <= 1:
                     break
                 t = self._queue_head(donor)
                 if t is None:
@@ -264,7 +263,7 @@ class Progressive(TrajectoryScheduler):
                 self._requeue(t, thief.engine_id, t.priority, now)
                 self.steals += 1
                 if donor.queued:
-                    heapq.heapreplace(heap, (-donor.queued, -rank[donor.engine_id], donor))
+                    heapq.heapreplace(heap, (-donor.queued, neg_rank, donor))
                 else:
                     heapq.heappop(heap)
 
