@@ -137,9 +137,9 @@ def _every_engine_tail(items: list[tuple[str, float, float]], engines: list[Engi
                        ) -> dict[str, str]:
     """The tail's placement by evaluating every engine for every item: the reference
     `lpt_placement`'s pruned search must agree with, pick for pick."""
-    from treadle.core.policies.list_placement import Load
+    from treadle.core.policies.list_placement import _Load
 
-    loads = [Load(e.tp) for e in engines]
+    loads = [_Load(e.tp) for e in engines]
     out = {}
     for tid, rem, ctx in sorted(items, key=lambda it: (-it[1], it[0])):
         best = min(range(len(loads)), key=lambda i: (loads[i].finish_with(COST, rem, ctx), i))
@@ -166,17 +166,17 @@ def test_the_pruned_tail_search_places_as_evaluating_every_engine_would(seed: in
 def _heap_rest(items: list[tuple[str, float, float]], engines: list[EngineState],
                ) -> dict[str, str]:
     """The whole list placement written plainly: the tail as `_every_engine_tail`
-    places it, the rest each popped off a heap keyed on `Load.finish_with` of a
+    places it, the rest each popped off a heap keyed on `_Load.finish_with` of a
     typical short trajectory, added, and pushed back with its new key: the reference
     `lpt_placement`'s inlined loop must agree with, pick for pick."""
     import heapq
 
-    from treadle.core.policies.list_placement import TAIL_MAX, TAIL_PER_ENGINE, Load
+    from treadle.core.policies.list_placement import TAIL_MAX, TAIL_PER_ENGINE, _Load
 
     order = sorted(items, key=lambda it: (-it[1], it[0]))
     n_tail = min(len(order), TAIL_PER_ENGINE * len(engines), max(TAIL_MAX, len(engines)))
     out = _every_engine_tail(order[:n_tail], engines)
-    loads = [Load(e.tp) for e in engines]
+    loads = [_Load(e.tp) for e in engines]
     index = {e.engine_id: i for i, e in enumerate(engines)}
     for tid, rem, ctx in order[:n_tail]:
         loads[index[out[tid]]].add(rem, ctx)

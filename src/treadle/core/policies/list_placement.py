@@ -29,7 +29,7 @@ LAYOUT_TOLERANCE = 0.12
 
 
 @dataclass(slots=True)
-class Load:
+class _Load:
     """An engine's planned load, as seen by its longest trajectory.
 
     Co-runner i stays for min(1, Rᵢ/head) of the head's remaining time, at a mean
@@ -65,7 +65,7 @@ def lpt_makespan(items: Sequence[tuple[str, float, float]], engines: Sequence[En
                  cost: CostModel) -> float:
     """The list placement's predicted makespan (decode seconds) for `items`."""
     plan = lpt_placement(items, engines, cost)
-    loads = {e.engine_id: Load(e.tp) for e in engines}
+    loads = {e.engine_id: _Load(e.tp) for e in engines}
     for tid, rem, ctx in items:
         loads[plan[tid]].add(rem, ctx)
     return max((ld.finish(cost) for ld in loads.values()), default=0.0)
@@ -118,8 +118,8 @@ def lpt_placement(items: Sequence[tuple[str, float, float]], engines: Sequence[E
     typical short trajectory. Deterministic (ties by order and engine id)."""
     if not engines:
         return {}
-    order = longest_first(items)
-    loads = [Load(e.tp) for e in engines]
+    order = _longest_first(items)
+    loads = [_Load(e.tp) for e in engines]
     out: dict[str, str] = {}
     n_tail = min(len(order), TAIL_PER_ENGINE * len(engines), max(TAIL_MAX, len(engines)))
     tail = order[:n_tail]
@@ -127,40 +127,33 @@ def lpt_placement(items: Sequence[tuple[str, float, float]], engines: Sequence[E
         out[tid] = engines[i].engine_id
     rest = order[n_tail:]
     if rest:
-        place_by_heap(rest, loads, [e.engine_id for e in engines], cost, out)
+        typ_rem = rest[len(rest) // 2][1]
+        typ_ctx = sum(it[2] for it in rest) / len(rest)
+        heap = [(ld.finish_with(cost, typ_rem, typ_ctx), i) for i, ld in enumerate(loads)]
+        heapq.heapify(heap)
+        # `_Load.add` and `finish_with` inlined, with the very float operations they
+        # do (the key is bit for bit theirs), and one `heapreplace` for a pop and a
+        # push (the entries are distinct, so the heap yields them in the same order):
+        # this loop is most of a large batch's placement.
+        ids = [e.engine_id for e in engines]
+        coeffs = cost.step_coeffs
+        typ_kv = typ_rem * (typ_ctx + typ_rem / 2.0)
+        replace = heapq.heapreplace
+        for tid, rem, ctx in rest:
+            i = heap[0][1]
+            ld = loads[i]
+            if rem > ld.head:
+                ld.head = rem
+            ld.tokens += rem
+            ld.kv_tokens += rem * (ctx + rem / 2.0)
+            out[tid] = ids[i]
+            head = max(ld.head, typ_rem, 1.0)
+            alpha, beta = coeffs(ld.tp, max(1, round((ld.tokens + typ_rem) / head)))
+            replace(heap, (head * (alpha + beta * ((ld.kv_tokens + typ_kv) / head)), i))
     return out
 
 
-def place_by_heap(items: Sequence[tuple[str, float, float]], loads: list[Load],
-                  ids: Sequence[str], cost: CostModel, out: dict[str, str]) -> None:
-    """Place `items` (longest first) in turn on the engine whose predicted finish with
-    a typical one of them (median length, mean context) is least, ties by index:
-    `loads` take them in, `out` gets their engine ids."""
-    typ_rem = items[len(items) // 2][1]
-    typ_ctx = sum(it[2] for it in items) / len(items)
-    heap = [(ld.finish_with(cost, typ_rem, typ_ctx), i) for i, ld in enumerate(loads)]
-    heapq.heapify(heap)
-    # `Load.add` and `finish_with` inlined, with the very float operations they do
-    # (the key is bit for bit theirs), and one `heapreplace` for a pop and a push
-    # (the entries are distinct, so the heap yields them in the same order): this
-    # loop is most of a large batch's placement.
-    coeffs = cost.step_coeffs
-    typ_kv = typ_rem * (typ_ctx + typ_rem / 2.0)
-    replace = heapq.heapreplace
-    for tid, rem, ctx in items:
-        i = heap[0][1]
-        ld = loads[i]
-        if rem > ld.head:
-            ld.head = rem
-        ld.tokens += rem
-        ld.kv_tokens += rem * (ctx + rem / 2.0)
-        out[tid] = ids[i]
-        head = max(ld.head, typ_rem, 1.0)
-        alpha, beta = coeffs(ld.tp, max(1, round((ld.tokens + typ_rem) / head)))
-        replace(heap, (head * (alpha + beta * ((ld.kv_tokens + typ_kv) / head)), i))
-
-
-def longest_first(items: Sequence[tuple[str, float, float]]) -> list[tuple[str, float, float]]:
+def _longest_first(items: Sequence[tuple[str, float, float]]) -> list[tuple[str, float, float]]:
     """`items` by remaining tokens descending, ties by id: sorted on the length alone
     (a C key), then each run of equal lengths (siblings share a fresh estimate) by
     id, instead of building a key tuple an item."""
@@ -176,10 +169,10 @@ def longest_first(items: Sequence[tuple[str, float, float]]) -> list[tuple[str, 
     return order
 
 
-_LoadKey = tuple[int, float, float, float]  # a `Load`'s whole state
+_LoadKey = tuple[int, float, float, float]  # a `_Load`'s whole state
 
 
-def _place_tail(tail: Sequence[tuple[str, float, float]], loads: list[Load],
+def _place_tail(tail: Sequence[tuple[str, float, float]], loads: list[_Load],
                 cost: CostModel) -> list[int]:
     """The engine index of each of `tail` (longest first), each to the engine whose
     predicted finish with it is least (ties: the lowest index), as evaluating every
@@ -201,7 +194,7 @@ def _place_tail(tail: Sequence[tuple[str, float, float]], loads: list[Load],
     So a re-plan over m engines costs about O(m · k log m) for the k groups visited
     an item instead of O(m²) (`TAIL_PER_ENGINE` · m items, each against all m)."""
 
-    def state(load: Load) -> _LoadKey:
+    def state(load: _Load) -> _LoadKey:
         return (load.tp, load.head, load.tokens, load.kv_tokens)
 
     groups: dict[_LoadKey, list[int]] = {}  # each a heap of engine indices

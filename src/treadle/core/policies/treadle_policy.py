@@ -18,13 +18,6 @@ Mechanisms, in the order they act:
    engine, fast engines first, and shorter ones fill the engines whose longest
    trajectory is shortest. Exact per-engine evaluation for the tail (the 4·m
    longest), a heap keyed on a typical short trajectory for the rest: O(n log m).
-   A re-plan between two full placements places only the trajectories whose
-   estimate or context changed since (and new ones), the others keeping their
-   engine (`kept_placement`), while they are at most `UPDATE_SHARE` of the live
-   ones and the engines and the estimates' generation are the same: over 1,024
-   engines and ~100,000 live trajectories that took a re-plan from ~250-300 ms to
-   ~100-130 ms (`bench control-plane`), with makespans in `treadle sim` within
-   ±1.6% of full re-placement (seeds 0-2, coding, search, math, pareto).
 3. **Layout scored by simulating the step.** Candidate pools — every homogeneous
    TP degree, and every two-tier pool of k TP-8 engines beside engines of a lower
    degree — are ranked by the list placement's predicted makespan for the batch
@@ -73,7 +66,6 @@ from treadle.core.events import (
     TrajectoryEnded,
     TurnFinished,
 )
-from treadle.core.policies.kept_placement import Item, KeptPlacement, engines_key
 from treadle.core.policies.layout import Layout, homogeneous_pool, reduce_lengths
 from treadle.core.policies.list_placement import (
     candidate_layouts,
@@ -100,10 +92,6 @@ MIXED_MARGIN = 0.05
 # end of 10 partial steps the fit was 0.80-0.90 on the suites, 0.28 on pareto,
 # -0.04 on bimodal and -0.06 on flat.
 GIVE_UP_RESTARTS = 10  # a merged engine not up in this many predicted restarts failed
-# A re-plan places only the trajectories changed since the last one
-# (`kept_placement`) while they are at most this share of the live ones; past it,
-# or with other engines or renewed estimates, it places every one afresh.
-UPDATE_SHARE = 0.5
 FIT_WINDOW = 512
 FIT_SAMPLES = 64
 MIN_FIT = 0.3
@@ -172,15 +160,6 @@ class Treadle(Progressive):
         self._outcome: dict[str, float | None] = {}  # None: ended without finishing
         self._fit: deque[tuple[float, float]] = deque(maxlen=FIT_WINDOW)
         self.count_balanced = 0  # placements made by count (predictions untrusted)
-        # The last full placement, kept (`kept_placement`): as placed (engines, the
-        # items, the plan, the estimate generation), made a `KeptPlacement` at the
-        # first re-plan that updates it; and the trajectories changed since.
-        self._full: tuple[tuple[tuple[str, int], ...], list[Item], dict[str, str], int] \
-            | None = None
-        self._kept: KeptPlacement | None = None
-        self._changed: set[str] = set()
-        self._kept_generation = -1
-        self.partial_replans = 0  # re-plans that placed only what changed
 
     def initial_pool(self, gpus: int) -> list[int]:
         if self.layout is not None:
@@ -220,9 +199,6 @@ class Treadle(Progressive):
             self._awaited.add(event.traj_id)
 
     def observe(self, event: Event, t: TrajState | None, now: float) -> None:
-        if isinstance(event, TrajectoryArrived | TurnFinished | ToolCallFinished
-                      | TrajectoryEnded):
-            self._changed.add(event.traj_id)  # its estimate or context may move
         if isinstance(event, TurnFinished | ToolCallFinished | TrajectoryEnded) \
                 and event.traj_id in self._awaited:  # a rollout `_arrivals` holds
             if isinstance(event, TrajectoryEnded):
@@ -339,57 +315,12 @@ class Treadle(Progressive):
         by_count = fit is not None and fit < MIN_FIT
         if by_count:
             self.count_balanced += 1
-            self._full = self._kept = None
-            return lpt_placement([(t.traj_id, 1.0, float(t.context_tokens)) for t in live],
-                                 engines, self.cost)
-        if self._can_update(engines, len(live)):
-            return self._place_changed(engines)
-        items = [(t.traj_id, max(1.0, rem), float(t.context_tokens))
-                 for t, rem in zip(live, self.remaining_all(live), strict=True)]
-        plan = lpt_placement(items, engines, self.cost)
-        self._full = (engines_key(engines), items, plan, self._generation)
-        self._kept = None
-        self._changed.clear()
-        return plan
-
-    def _can_update(self, engines: list[EngineState], live: int) -> bool:
-        """Whether the re-plan may place only what changed: the last placement was
-        by length, on these engines, with estimates of this generation, and at
-        most `UPDATE_SHARE` of the live trajectories changed since."""
-        if len(self._changed) > UPDATE_SHARE * live:
-            return False
-        if self._kept is not None:
-            return self._kept.key == engines_key(engines) \
-                and self._kept_generation == self._generation
-        full = self._full
-        return full is not None and full[0] == engines_key(engines) \
-            and full[3] == self._generation
-
-    def _place_changed(self, engines: list[EngineState]) -> dict[str, str]:
-        """The kept placement, with the trajectories changed since placed again and
-        those gone taken out (`KeptPlacement.update`)."""
-        if self._kept is None:
-            assert self._full is not None
-            _, items, plan, self._kept_generation = self._full
-            self._kept = KeptPlacement(engines, items, plan)
-            self._full = None
-        changed: list[TrajState] = []
-        gone: list[str] = []
-        for tid in sorted(self._changed):
-            t = self.trajs.get(tid)
-            if t is None or t.phase is Phase.DONE:
-                gone.append(tid)
-            else:
-                changed.append(t)
-        self._changed.clear()
-        items = [(t.traj_id, max(1.0, rem), float(t.context_tokens))
-                 for t, rem in zip(changed, self.remaining_all(changed), strict=True)]
-        target = self.target
-        for tid in gone:
-            target.pop(tid, None)
-        target.update(self._kept.update(items, gone, self.cost))
-        self.partial_replans += 1
-        return target
+        if by_count:
+            items = [(t.traj_id, 1.0, float(t.context_tokens)) for t in live]
+        else:
+            items = [(t.traj_id, max(1.0, rem), float(t.context_tokens))
+                     for t, rem in zip(live, self.remaining_all(live), strict=True)]
+        return lpt_placement(items, engines, self.cost)
 
     def should_migrate(self, t: TrajState, src: str, dst: str, now: float) -> bool:
         """Move only if the predicted remaining tokens times the per-token time the
