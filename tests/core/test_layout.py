@@ -163,6 +163,49 @@ def test_the_pruned_tail_search_places_as_evaluating_every_engine_would(seed: in
     assert lpt_placement(items, engines, COST) == _every_engine_tail(items, engines)
 
 
+def _heap_rest(items: list[tuple[str, float, float]], engines: list[EngineState],
+               ) -> dict[str, str]:
+    """The whole list placement written plainly: the tail as `_every_engine_tail`
+    places it, the rest each popped off a heap keyed on `_Load.finish_with` of a
+    typical short trajectory, added, and pushed back with its new key: the reference
+    `lpt_placement`'s inlined loop must agree with, pick for pick."""
+    import heapq
+
+    from treadle.core.policies.list_placement import TAIL_MAX, TAIL_PER_ENGINE, _Load
+
+    order = sorted(items, key=lambda it: (-it[1], it[0]))
+    n_tail = min(len(order), TAIL_PER_ENGINE * len(engines), max(TAIL_MAX, len(engines)))
+    out = _every_engine_tail(order[:n_tail], engines)
+    loads = [_Load(e.tp) for e in engines]
+    index = {e.engine_id: i for i, e in enumerate(engines)}
+    for tid, rem, ctx in order[:n_tail]:
+        loads[index[out[tid]]].add(rem, ctx)
+    rest = order[n_tail:]
+    typ_rem = rest[len(rest) // 2][1]
+    typ_ctx = sum(it[2] for it in rest) / len(rest)
+    heap = [(ld.finish_with(COST, typ_rem, typ_ctx), i) for i, ld in enumerate(loads)]
+    heapq.heapify(heap)
+    for tid, rem, ctx in rest:
+        _, i = heapq.heappop(heap)
+        loads[i].add(rem, ctx)
+        out[tid] = engines[i].engine_id
+        heapq.heappush(heap, (loads[i].finish_with(COST, typ_rem, typ_ctx), i))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_placement_past_the_tail_is_the_plain_heap_placement(seed: int) -> None:
+    rng = random.Random(seed)
+    layout = tuple(rng.choice((1, 2, 4, 8)) for _ in range(rng.randint(2, 12)))
+    n = rng.randint(5, 30) * len(layout)  # past the tail's 4 an engine
+    lengths = [float(rng.choice((0.4, 50, 400))) if rng.random() < 0.3
+               else rng.lognormvariate(7.5, 1.2) for _ in range(n)]
+    items = [(f"t{i:03d}", length, float(rng.choice((0, 500, 8000))))
+             for i, length in enumerate(lengths)]
+    engines = _engines(layout)
+    assert lpt_placement(items, engines, COST) == _heap_rest(items, engines)
+
+
 def test_lpt_makespan_falls_with_more_engines_but_not_below_the_longest() -> None:
     items = [(f"t{i}", length, 3000.0) for i, length in enumerate(_lengths(200, 5))]
     one = lpt_makespan(items, _engines((8,)), COST)

@@ -395,3 +395,31 @@ def test_group_signal_adds_accuracy() -> None:
 
 def test_evaluate_is_deterministic() -> None:
     assert evaluate(TEST_BATCH, TEST_HISTORY) == evaluate(TEST_BATCH, TEST_HISTORY)
+
+
+def test_siblings_with_no_progress_share_one_estimate_equal_to_their_own() -> None:
+    """A fresh member's estimate is computed once a group state and shared, and it is
+    the very number computing it for that member alone gives, before and after the
+    group's evidence and the population's outcomes move."""
+    rng = random.Random(3)
+    p = Predictor(lognormal_history(rng, 64, 2000, 1.0, within=0.3))
+    fresh = [f"a{i}" for i in range(6)]
+    for tid in fresh:
+        p.arrived(tid, "g", 100)
+    run(p, "b0", "g", [300, 200], end=False)  # a sibling under way ...
+    run(p, "b1", "other", [900], end=True)  # ... and an outcome elsewhere
+
+    def check() -> None:
+        shared = [p.estimate(tid) for tid in fresh]
+        assert all(e is shared[0] for e in shared)  # one computation
+        for tid in fresh:
+            assert p._compute(p._live[tid]) == shared[0]  # its own, exactly
+        assert p.estimate("b0") == p._compute(p._live["b0"]) != shared[0]
+
+    check()
+    run(p, "b2", "g", [4000], end=True)  # the group's first outcome: a new epoch
+    check()
+    p.turn_finished("a5", 700)  # progress: a5 is on its own now
+    fresh.remove("a5")
+    check()
+    assert p.estimate("a5") == p._compute(p._live["a5"]) != p.estimate("a0")

@@ -627,3 +627,10 @@ def test_an_engine_removed_while_a_trajectory_is_parked_on_it_leaves_it_homeless
     assert s.trajs["a"].engine_id is None
     tool_done(s, "a", 4.0)
     assert admits(s.decide(4.0)) == [("a", "e1")]
+
+
+def test_engines_are_kept_in_id_order_whatever_order_they_come_up_in() -> None:
+    s = FakeFifoScheduler()
+    for eid in ("e1", "e3", "e0", "e4", "e2", "e4"):  # e4 twice: replaced in place
+        add_engine(s, eid)
+    assert list(s.engines) == ["e0", "e1", "e2", "e3", "e4"]

@@ -50,7 +50,8 @@ tokens so far plus one (one more turn samples at least one token) and at most
 `forget`. Unknown ids raise `KeyError` naming the id. Deterministic (no randomness;
 insertion-ordered dicts). Estimates are cached per trajectory until its own events,
 its group's events or any new outcome: repeated queries are O(1), a recomputation is
-O(log buckets) plus the group fit, O(group size) and cached per group state.
+O(log buckets) plus the group fit, O(group size) and cached per group state; members
+with no progress yet share one computation a group state.
 
 Limits: prompt length is recorded but not used; history weighs like this run's
 outcomes (no recency decay); state is kept for every group seen (a few hundred bytes
@@ -65,15 +66,13 @@ import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
-# Histogram resolution: 16 buckets per doubling (~4.4% wide) up to 2^24; larger
-# values share the last bucket, whose min/max/mean stay exact.
-PER_OCTAVE = 16
-N_BUCKETS = 1 + PER_OCTAVE * 24
+from treadle.core.log_histogram import LogHistogram, log_len
+
 # Tail prior: with no data above x, a Pareto tail of index 3 has E[L | L > x] = 1.5·x;
-# the prior weighs as one observation.
+# the prior weighs as one observation (`log_histogram.TAIL_PSEUDO`).
 TAIL_GROWTH = 1.5
-TAIL_PSEUDO = 1.0
 # Progress weight k / (k + PROGRESS_PSEUDO) after k turns: the per-turn rate of one
 # turn is noisy, of several telling. 2 scored best of 0.5, 1, 2, 4 on the tests'
 # synthetic workload.
@@ -119,84 +118,15 @@ class Outcome:
     observation_tokens: int = 0  # tool output appended to its context, all calls
 
 
-@dataclass(frozen=True, slots=True)
-class Estimate:
-    """Predicted work of one trajectory; all fields finite and >= 0."""
+class Estimate(NamedTuple):
+    """Predicted work of one trajectory; all fields finite and >= 0. A tuple of
+    floats, which Python's cyclic collector stops tracking: a large batch holds one
+    an estimated trajectory, and tracked ones made its full collections slower."""
 
     total_tokens: float  # predicted total output tokens (>= tokens so far)
     remaining_tokens: float
     remaining_turns: float
     remaining_tool_s: float
-
-
-class _LogHistogram:
-    """Non-negative integers (token totals, turn counts) in log buckets: per bucket
-    the count, sum of logs, min and max, plus Fenwick trees over counts and log sums.
-
-    Suffix sums are total minus prefix; the float residue of that subtraction is
-    ~1e-12 of the total and is dropped when nothing lies above.
-    """
-
-    __slots__ = ("_cnt", "_cnt_tree", "_hi", "_lo", "_sum", "_sum_tree", "n", "total")
-
-    def __init__(self) -> None:
-        self._cnt_tree = [0] * (N_BUCKETS + 1)
-        self._sum_tree = [0.0] * (N_BUCKETS + 1)
-        self._cnt = [0] * N_BUCKETS
-        self._sum = [0.0] * N_BUCKETS
-        self._lo = [0] * N_BUCKETS
-        self._hi = [0] * N_BUCKETS
-        self.n = 0
-        self.total = 0.0  # sum of logs
-
-    @staticmethod
-    def bucket(v: float) -> int:
-        return 0 if v < 1.0 else min(N_BUCKETS - 1, 1 + int(math.log2(v) * PER_OCTAVE))
-
-    def add(self, v: int) -> None:
-        b = self.bucket(v)
-        if self._cnt[b] == 0:
-            self._lo[b] = self._hi[b] = v
-        else:
-            self._lo[b] = min(self._lo[b], v)
-            self._hi[b] = max(self._hi[b], v)
-        lv = _log_len(v)
-        self._cnt[b] += 1
-        self._sum[b] += lv
-        self.n += 1
-        self.total += lv
-        i = b + 1
-        while i <= N_BUCKETS:
-            self._cnt_tree[i] += 1
-            self._sum_tree[i] += lv
-            i += i & -i
-
-    def log_mean_above(self, x: float, prior: float) -> float:
-        """E[ln v | v > x], mixed with one pseudo-observation ln v = prior."""
-        b = self.bucket(x)
-        c_le = 0
-        s_le = 0.0
-        i = b + 1
-        while i > 0:
-            c_le += self._cnt_tree[i]
-            s_le += self._sum_tree[i]
-            i -= i & -i
-        count = float(self.n - c_le)
-        total = self.total - s_le if count else 0.0
-        cb = self._cnt[b]
-        if cb and x < self._lo[b]:
-            count += cb
-            total += self._sum[b]
-        elif cb and x < self._hi[b]:
-            # Logs spread evenly over [ln lo, ln hi]: the fraction above x falls
-            # linearly and their mean rises linearly from the bucket's mean to ln hi,
-            # which keeps the result continuous in x.
-            llo, lhi, lx = _log_len(self._lo[b]), _log_len(self._hi[b]), math.log(x)
-            frac = (lhi - lx) / (lhi - llo)
-            mean = self._sum[b] / cb
-            count += frac * cb
-            total += frac * cb * (mean + (lx - llo) / (lhi - llo) * (lhi - mean))
-        return (total + TAIL_PSEUDO * prior) / (count + TAIL_PSEUDO)
 
 
 @dataclass(slots=True)
@@ -227,6 +157,10 @@ class _Group:
     version: int = 0  # bumped whenever the group's evidence changes
     fit: tuple[float, float] | None = None  # (log centre, effective members)
     fit_key: tuple[int, int] = (-1, -1)  # (predictor epoch, version) of the fit
+    # The estimate of a member with no progress yet (`_Live.fresh`): it depends on
+    # the group and the predictor's state only, so siblings share it.
+    fresh: Estimate | None = None
+    fresh_key: tuple[int, int] = (-1, -1)  # (predictor epoch, version) of `fresh`
 
 
 @dataclass(slots=True, eq=False)
@@ -244,9 +178,12 @@ class _Live:
     cache: Estimate | None = None
     cache_key: tuple[int, int] = (-1, -1)  # (predictor epoch, group version)
 
-
-def _log_len(v: float) -> float:
-    return math.log(max(v, 1.0))
+    @property
+    def fresh(self) -> bool:
+        """Nothing sampled, no turn or tool call yet: its estimate is its group's
+        (`_compute` reads nothing else of it; the prompt is not used)."""
+        return not (self.tokens or self.turns or self.tool_calls or self.in_tool
+                    or self.done) and self.tool_s == 0.0
 
 
 def _hazard(a: float) -> float:
@@ -289,8 +226,8 @@ class Predictor:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         self._max_tokens = max_tokens
         self._use_groups = use_groups
-        self._hist = _LogHistogram()  # finished totals
-        self._turn_hist = _LogHistogram()  # finished turn counts
+        self._hist = LogHistogram()  # finished totals
+        self._turn_hist = LogHistogram()  # finished turn counts
         self._all = _LogStats()  # log totals of every outcome
         self._groups: dict[str, _Group] = {}
         self._within_ss = 0.0  # pooled within-group sum of squared log deviations
@@ -358,7 +295,17 @@ class Predictor:
         t = self._get(traj_id)
         key = (self._epoch, t.group.version)
         if t.cache is None or t.cache_key != key:
-            t.cache = Estimate(float(t.tokens), 0.0, 0.0, 0.0) if t.done else self._compute(t)
+            if t.done:
+                t.cache = Estimate(float(t.tokens), 0.0, 0.0, 0.0)
+            elif t.fresh:
+                # A batch's arrival asks for every member of every group: computed
+                # once a group, not once a trajectory.
+                g = t.group
+                if g.fresh is None or g.fresh_key != key:
+                    g.fresh, g.fresh_key = self._compute(t), key
+                t.cache = g.fresh
+            else:
+                t.cache = self._compute(t)
             t.cache_key = key
         return t.cache
 
@@ -396,7 +343,7 @@ class Predictor:
             _check(name, getattr(o, name))
         self._hist.add(o.output_tokens)
         self._turn_hist.add(o.turns)
-        v = _log_len(o.output_tokens)
+        v = log_len(o.output_tokens)
         self._all.add(v)
         g = self._group(o.group_id)
         self._within_ss += g.finished.add(v)
@@ -470,7 +417,7 @@ class Predictor:
         x = float(t.tokens)
         rate = self._turn_rate(t)
         # 1: population E[ln L | L > x].
-        log_total = self._hist.log_mean_above(x, _log_len(max(TAIL_GROWTH * x, x + 2 * rate)))
+        log_total = self._hist.log_mean_above(x, log_len(max(TAIL_GROWTH * x, x + 2 * rate)))
         g = t.group
         if self._use_groups and g.finished.n:  # 2: shrink toward the group
             sd = self._within_sd()
@@ -482,7 +429,7 @@ class Predictor:
             prior = math.log(max(TAIL_GROWTH * k, k + 1.0))
             more_turns = math.exp(self._turn_hist.log_mean_above(k, prior)) - k
             w = k / (k + PROGRESS_PSEUDO)
-            log_total += w * (_log_len(x + rate * more_turns) - log_total)
+            log_total += w * (log_len(x + rate * more_turns) - log_total)
         total = math.exp(log_total)
         if self._max_tokens is not None:
             total = min(total, float(self._max_tokens))

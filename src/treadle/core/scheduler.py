@@ -51,6 +51,7 @@ from treadle.core.events import (
     TurnFinished,
     TurnPreempted,
 )
+from treadle.core.predictor import Estimate
 from treadle.core.turn_queue import TurnQueue
 
 # Added to a judge turn's priority: above every rollout priority a policy gives (the
@@ -92,6 +93,12 @@ class TrajState:
     first_version: int | None = None
     judge: bool = False  # a judge's call: ranked JUDGE_RANK after rollouts
     max_staleness: int | None = None  # its own bound (TrajectoryArrived.max_staleness)
+    # A policy's memo of its work estimate (`Progressive.estimate`), with the turns
+    # done and the memo generation it was made at: kept here, not in a dict of
+    # tuples, as it is read several times a trajectory a decision.
+    memo: Estimate | None = None
+    memo_turns: int = -1
+    memo_generation: int = -1
 
 
 @dataclass(slots=True)
@@ -258,10 +265,14 @@ class TrajectoryScheduler(Scheduler):
             self._dequeue(t)
             t.phase = Phase.DONE
         elif isinstance(event, EngineAdded):
+            last = next(reversed(self.engines), None)
             self.engines[event.engine_id] = EngineState(
                 event.engine_id, event.tp, event.max_batch, event.kv_capacity_tokens)
             # Keep engines in id order: routing ties go to the first, on any driver.
-            self.engines = dict(sorted(self.engines.items()))
+            # (Engines mostly come in id order: sorting at every one made bringing
+            # up a pool quadratic.)
+            if last is not None and event.engine_id < last:
+                self.engines = dict(sorted(self.engines.items()))
             self._dirty.add(event.engine_id)
             self._route_unrouted(now)
         elif isinstance(event, EngineDraining):
@@ -361,20 +372,21 @@ class TrajectoryScheduler(Scheduler):
     def _admit_from(self, e: EngineState, now: float) -> None:
         cap = 0 if e.draining else self.admission_cap(e)
         budget = self.kv_budget(e)
-        while (head := e.queue.peek()) is not None and len(e.running) < cap:
+        queue, running = e.queue, e.running
+        while len(running) < cap and (head := queue.peek()) is not None:
             prio, seq, tid = head
             t = self.trajs[tid]
             need = self.kv_need(t) if budget is not None else 0
-            if budget is not None and e.running and e.kv_reserved + need > budget:
+            if budget is not None and running and e.kv_reserved + need > budget:
                 break  # the head waits for KV; nothing behind it jumps the queue
-            e.queue.pop()
+            queue.pop_peeked()
             t.queue_time_s += now - t.queued_at
             t.phase, t.admitted_at = Phase.RUNNING, now
             if t.first_version is None:
                 t.first_version = self.policy_version
             t.kv_reserved = need
             e.kv_reserved += need
-            e.running.add(tid)
+            running.add(tid)
             heapq.heappush(e.by_importance, (-prio, -seq, tid))
             self._out.append(Admit(tid, e.engine_id, prio))
 

@@ -51,6 +51,11 @@ class TurnQueue:
             del self._live[head[2]]
         return head
 
+    def pop_peeked(self) -> None:
+        """Take out the entry `peek` has just returned (nothing changed the queue
+        since): `pop` without looking for it again."""
+        del self._live[heapq.heappop(self._heap)[2]]
+
     def discard(self, traj_id: str) -> bool:
         """Take the trajectory's entry out; False if it had none."""
         return self._live.pop(traj_id, None) is not None

@@ -9,6 +9,7 @@ import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 
 from treadle.core.cost_model import TP_DEGREES, CostModel
 from treadle.core.policies.layout import Layout, reduce_lengths
@@ -117,7 +118,7 @@ def lpt_placement(items: Sequence[tuple[str, float, float]], engines: Sequence[E
     typical short trajectory. Deterministic (ties by order and engine id)."""
     if not engines:
         return {}
-    order = sorted(items, key=lambda it: (-it[1], it[0]))
+    order = _longest_first(items)
     loads = [_Load(e.tp) for e in engines]
     out: dict[str, str] = {}
     n_tail = min(len(order), TAIL_PER_ENGINE * len(engines), max(TAIL_MAX, len(engines)))
@@ -130,12 +131,42 @@ def lpt_placement(items: Sequence[tuple[str, float, float]], engines: Sequence[E
         typ_ctx = sum(it[2] for it in rest) / len(rest)
         heap = [(ld.finish_with(cost, typ_rem, typ_ctx), i) for i, ld in enumerate(loads)]
         heapq.heapify(heap)
+        # `_Load.add` and `finish_with` inlined, with the very float operations they
+        # do (the key is bit for bit theirs), and one `heapreplace` for a pop and a
+        # push (the entries are distinct, so the heap yields them in the same order):
+        # this loop is most of a large batch's placement.
+        ids = [e.engine_id for e in engines]
+        coeffs = cost.step_coeffs
+        typ_kv = typ_rem * (typ_ctx + typ_rem / 2.0)
+        replace = heapq.heapreplace
         for tid, rem, ctx in rest:
-            _, i = heapq.heappop(heap)
-            loads[i].add(rem, ctx)
-            out[tid] = engines[i].engine_id
-            heapq.heappush(heap, (loads[i].finish_with(cost, typ_rem, typ_ctx), i))
+            i = heap[0][1]
+            ld = loads[i]
+            if rem > ld.head:
+                ld.head = rem
+            ld.tokens += rem
+            ld.kv_tokens += rem * (ctx + rem / 2.0)
+            out[tid] = ids[i]
+            head = max(ld.head, typ_rem, 1.0)
+            alpha, beta = coeffs(ld.tp, max(1, round((ld.tokens + typ_rem) / head)))
+            replace(heap, (head * (alpha + beta * ((ld.kv_tokens + typ_kv) / head)), i))
     return out
+
+
+def _longest_first(items: Sequence[tuple[str, float, float]]) -> list[tuple[str, float, float]]:
+    """`items` by remaining tokens descending, ties by id: sorted on the length alone
+    (a C key), then each run of equal lengths (siblings share a fresh estimate) by
+    id, instead of building a key tuple an item."""
+    order = sorted(items, key=itemgetter(1), reverse=True)
+    i, n = 0, len(order)
+    while i < n:
+        j, length = i + 1, order[i][1]
+        while j < n and order[j][1] == length:
+            j += 1
+        if j - i > 1:
+            order[i:j] = sorted(order[i:j], key=itemgetter(0))
+        i = j
+    return order
 
 
 _LoadKey = tuple[int, float, float, float]  # a `_Load`'s whole state

@@ -298,8 +298,11 @@ class Treadle(Progressive):
         self._starting = [s for s in self._starting if s[2] > now]
         if self._starting:
             return
+        engines = self.live_engines()
+        if sum(e.tp for e in engines if not e.running and not e.queue) < min(TP_DEGREES[1:]):
+            return  # too few engines even without work to merge (`plan_merge` says no)
         live = [t for t in self.trajs.values() if t.phase is not Phase.DONE]
-        merge = plan_merge(live, self.live_engines(), self.cost, self.remaining, now)
+        merge = plan_merge(live, engines, self.cost, self.remaining, now)
         if merge is None:
             return
         degrees = tuple(self.engines[eid].tp for eid in merge.drain)
@@ -332,8 +335,11 @@ class Treadle(Progressive):
         by_count = fit is not None and fit < MIN_FIT
         if by_count:
             self.count_balanced += 1
-        items = [(t.traj_id, 1.0 if by_count else max(1.0, self.remaining(t)),
-                  float(t.context_tokens)) for t in live]
+        if by_count:
+            items = [(t.traj_id, 1.0, float(t.context_tokens)) for t in live]
+        else:
+            items = [(t.traj_id, max(1.0, rem), float(t.context_tokens))
+                     for t, rem in zip(live, self.remaining_all(live), strict=True)]
         return lpt_placement(items, engines, self.cost)
 
     def should_migrate(self, t: TrajState, src: str, dst: str, now: float) -> bool:
