@@ -131,25 +131,14 @@ def lpt_placement(items: Sequence[tuple[str, float, float]], engines: Sequence[E
         typ_ctx = sum(it[2] for it in rest) / len(rest)
         heap = [(ld.finish_with(cost, typ_rem, typ_ctx), i) for i, ld in enumerate(loads)]
         heapq.heapify(heap)
-        # `_Load.add` and `finish_with` inlined, with the very float operations they
-        # do (the key is bit for bit theirs), and one `heapreplace` for a pop and a
-        # push (the entries are distinct, so the heap yields them in the same order):
-        # this loop is most of a large batch's placement.
-        ids = [e.engine_id for e in engines]
-        coeffs = cost.step_coeffs
-        typ_kv = typ_rem * (typ_ctx + typ_rem / 2.0)
-        replace = heapq.heapreplace
+        # One `heapreplace` for a pop and a push (the entries are distinct, so the heap
+        # yields them in the same order): this loop is most of a large batch's placement.
         for tid, rem, ctx in rest:
             i = heap[0][1]
             ld = loads[i]
-            if rem > ld.head:
-                ld.head = rem
-            ld.tokens += rem
-            ld.kv_tokens += rem * (ctx + rem / 2.0)
-            out[tid] = ids[i]
-            head = max(ld.head, typ_rem, 1.0)
-            alpha, beta = coeffs(ld.tp, max(1, round((ld.tokens + typ_rem) / head)))
-            replace(heap, (head * (alpha + beta * ((ld.kv_tokens + typ_kv) / head)), i))
+            ld.add(rem, ctx)
+            out[tid] = engines[i].engine_id
+            heapq.heapreplace(heap, (ld.finish_with(cost, typ_rem, typ_ctx), i))
     return out
 
 

@@ -119,18 +119,6 @@ class Progressive(TrajectoryScheduler):
     def remaining(self, t: TrajState) -> float:
         return self.estimate(t).remaining_tokens
 
-    def remaining_all(self, live: list[TrajState]) -> list[float]:
-        """`remaining` of each, with the memo read inline: a re-plan asks it of
-        every live trajectory."""
-        gen, out = self._generation, []
-        for t in live:
-            memo = t.memo
-            if memo is not None and t.memo_turns == t.turns_done and t.memo_generation == gen:
-                out.append(memo.remaining_tokens)
-            else:
-                out.append(self.estimate(t).remaining_tokens)
-        return out
-
     def _estimator(self, judge: bool) -> WorkEstimator:
         return self.judge_est if judge else self.est
 

@@ -335,11 +335,8 @@ class Treadle(Progressive):
         by_count = fit is not None and fit < MIN_FIT
         if by_count:
             self.count_balanced += 1
-        if by_count:
-            items = [(t.traj_id, 1.0, float(t.context_tokens)) for t in live]
-        else:
-            items = [(t.traj_id, max(1.0, rem), float(t.context_tokens))
-                     for t, rem in zip(live, self.remaining_all(live), strict=True)]
+        items = [(t.traj_id, 1.0 if by_count else max(1.0, self.remaining(t)),
+                  float(t.context_tokens)) for t in live]
         return lpt_placement(items, engines, self.cost)
 
     def should_migrate(self, t: TrajState, src: str, dst: str, now: float) -> bool:
