@@ -104,8 +104,9 @@ class ServiceConfig:
     staleness: Staleness | None = None
     # Whether the `treadle` policy merges idle engines into one of a larger TP degree
     # for a job's long tail (`core.policies.tail_merge`; split back once no trajectory
-    # is left). Off by default: it needs a launcher (emulate, vllm_model), and each
-    # merge and split restarts engines, which pays for a long tail, not for every job.
+    # is left, or once its tail has ended and new trajectories have arrived). Off by
+    # default: it needs a launcher (emulate, vllm_model), and each merge and split
+    # restarts engines, which pays for a long tail, not for every job.
     reconfigure: bool = False
     max_queued: int = 262_144  # trajectories waiting for a slot (a fuller submit is a 503)
     max_body_bytes: int = 64 << 20  # request body limit

@@ -93,10 +93,10 @@ MIXED_MARGIN = 0.05
 # placement balances trajectories by count instead of by predicted length. At the
 # end of 10 partial steps the fit was 0.80-0.90 on the suites, 0.28 on pareto,
 # -0.04 on bimodal and -0.06 on flat.
-GIVE_UP_RESTARTS = 10  # a merged engine not up in this many predicted restarts failed
 FIT_WINDOW = 512
 FIT_SAMPLES = 64
 MIN_FIT = 0.3
+GIVE_UP_RESTARTS = 10  # a merged engine not up in this many predicted restarts failed
 
 
 class LayoutScorer(Protocol):
@@ -154,7 +154,9 @@ class Treadle(Progressive):
         self.merged_engines: dict[str, MergedEngine] = {}  # engines a merge started
         self._last_arrival = 0.0  # when the latest trajectory arrived
         self.splits = 0  # merged engines split back once their tail had ended
-        self._not_done: set[str] = set()  # trajectories arrived and not done
+        # Trajectories arrived and not done: `self.trajs` keeps done ones too, and the
+        # split looks at every decision while a merged engine is up.
+        self._not_done: set[str] = set()
         self.prior_lengths = list(prior_lengths)
         self.typical_context = typical_context
         self.max_batch = max_batch
