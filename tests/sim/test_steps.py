@@ -233,3 +233,12 @@ def test_config_rejects_a_split_outside_async() -> None:
         StepsConfig(Mode.SYNC, 2, 4, 1.0, train_gpus=8)
     with pytest.raises(ValueError, match="async"):
         StepsConfig(Mode.ASYNC, 2, 4, 1.0)
+
+
+def test_an_attempts_id_names_the_episode_it_replays() -> None:
+    spec = _stream().group(3).specs[0]
+    for attempt in (1, 2, 12):
+        run = PromptStream.attempt(spec, attempt)
+        assert run.traj_id != spec.traj_id
+        assert PromptStream.episode_of(run.traj_id) == spec.traj_id
+    assert PromptStream.episode_of(spec.traj_id) == spec.traj_id

@@ -16,7 +16,6 @@ so training is a little under F of it (coding, 64 H100: 25% of treadle's step).
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -32,8 +31,6 @@ from treadle.sim.steps import Mode, StepsConfig, StepsDriver
 from treadle.sim.stream import EpochSource, PromptStream
 from treadle.workloads import Workload
 from treadle.workloads.load import generate_named
-
-_ATTEMPT = re.compile(r"-a\d+$")  # `PromptStream.attempt`'s suffix
 
 # Prompts per epoch, in batches: a 10-step run sees each prompt twice.
 EPOCH_BATCHES = 5
@@ -198,7 +195,7 @@ class StreamTruth(Mapping[str, Outcome]):
         self._filled = max(self._filled, min(upto, self._groups))
 
     def __getitem__(self, traj_id: str) -> Outcome:
-        base = _ATTEMPT.sub("", traj_id)
+        base = PromptStream.episode_of(traj_id)
         while base not in self._known and self._filled < self._groups:
             self._fill(self._filled + 1)
         return self._known[base]

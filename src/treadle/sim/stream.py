@@ -14,6 +14,7 @@ per-prompt history).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -30,6 +31,9 @@ class GroupDraw:
     prompt: str  # prompt id (stable across epochs)
     epoch: int
     specs: tuple[TrajectorySpec, ...]  # ids of attempt 0 (`PromptStream.attempt`)
+
+
+_ATTEMPT = re.compile(r"-a\d+$")  # the suffix `PromptStream.attempt` adds
 
 
 class PromptStream:
@@ -61,6 +65,11 @@ class PromptStream:
     def attempt(spec: TrajectorySpec, attempt: int) -> TrajectorySpec:
         """The spec of a restart from the prompt: same episode, its own id."""
         return replace(spec, traj_id=f"{spec.traj_id}-a{attempt}")
+
+    @staticmethod
+    def episode_of(traj_id: str) -> str:
+        """The id of the trajectory an attempt's id (`attempt`) replays."""
+        return _ATTEMPT.sub("", traj_id)
 
     def _epoch(self, epoch: int) -> list[tuple[TrajectorySpec, ...]]:
         cached = self._epochs.get(epoch)
