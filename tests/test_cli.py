@@ -263,3 +263,18 @@ def test_sim_steps_without_a_staleness_bound(capsys: pytest.CaptureFixture[str])
             main([*argv, "--max-staleness", bad])
         assert exc.value.code == 2
         assert "versions >= 0 or none" in capsys.readouterr().err
+
+
+def test_bench_merge_refuses_a_report_it_cannot_add_to_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "sim", "--merge", str(tmp_path / "r.json")]) == 2
+    assert "--steps" in _one_error_line(capsys)
+    (tmp_path / "r.json").write_text("{not json")
+    args = ["bench", "sim", "--steps", "2", "--sizes", "32", "--workloads", "short",
+            "--policies", "oracle", "--merge", str(tmp_path / "r.json"),
+            "--out", str(tmp_path / "out.json")]
+    assert main(args) == 2
+    assert "not a multi-step report" in _one_error_line(capsys, after_progress=True)
+    assert main([*args[:-4], "--merge", str(tmp_path / "none.json"),
+                 "--out", str(tmp_path / "out.json")]) == 2
+    assert "not a multi-step report" in _one_error_line(capsys, after_progress=True)

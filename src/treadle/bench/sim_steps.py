@@ -268,18 +268,28 @@ def _row_order(row: dict[str, Any]) -> tuple[int, int, str]:
     return (MODES.index(row["mode"]), POLICIES.index(p) if p in POLICIES else len(POLICIES), p)
 
 
+class MergeRefused(ValueError):
+    """`--merge` names a report it cannot add to (unreadable, or of other settings)."""
+
+
 def _mergeable(path: Path, common: dict[str, Any], workloads: Sequence[str],
                modes: Sequence[str]) -> dict[str, Any]:
-    """The report `--merge` adds rows to; ValueError unless it was run with the same
-    settings, workloads and modes (its rows and the new ones must compare)."""
-    report: dict[str, Any] = json.loads(path.read_text())
+    """The report `--merge` adds rows to; MergeRefused unless it reads and was run
+    with the same settings, workloads and modes (its rows and the new ones must
+    compare)."""
+    try:
+        report: dict[str, Any] = json.loads(path.read_text())
+        have = {w["workload"]: {r["mode"] for r in w["results"]}
+                for w in report["workloads"]}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise MergeRefused(f"{path}: not a multi-step report ({type(e).__name__}: {e})"
+                           ) from e
     for key, value in common.items():
         if report.get(key) != value:
-            raise ValueError(f"{path}: {key} is {report.get(key)!r}, this run's {value!r}")
-    have = {w["workload"]: {r["mode"] for r in w["results"]} for w in report["workloads"]}
+            raise MergeRefused(f"{path}: {key} is {report.get(key)!r}, this run's {value!r}")
     for w in workloads:
         if w not in have or not set(modes) <= have[w]:
-            raise ValueError(f"{path} has no run of {w} in every mode of {list(modes)}")
+            raise MergeRefused(f"{path} has no run of {w} in every mode of {list(modes)}")
     return report
 
 
