@@ -164,10 +164,10 @@ def test_the_bench_refuses_bad_settings_in_one_line(capsys: pytest.CaptureFixtur
                    "treadle: error: --trajectories must be a multiple of 16 and --gpus of 8"]
 
 
-def _split_times(late: bool) -> tuple[Treadle, list[float]]:
+def _splits(late: bool) -> tuple[int, int]:
     """The tail workload, a trajectory parked in a 3,000 s tool call beside it, and,
     if `late`, one more arriving at 100 s (as a continuous job keeps launching
-    groups): when the merged engine is split back."""
+    groups): the merged engines split back while "waiting" is still out, and in all."""
     tail = _tail_workload(20, 20_000)
     waiting = TrajectorySpec("waiting", "g8", 200,
                              (TurnSpec(100, 3_000.0, 50), TurnSpec(100, 0.0, 0)))
@@ -179,30 +179,22 @@ def _split_times(late: bool) -> tuple[Treadle, list[float]]:
     policy = build_policy(parse_policy("oracle"), _cost(), batch_size=4, truth=truth,
                           layout=(1, 1, 1, 1), max_batch=MAX_BATCH)
     assert isinstance(policy, Treadle)
-    split_at: list[float] = []
-    split_back = policy._split_back
-
-    def recorded(eid: str, now: float) -> None:  # a spy on the split
-        split_at.append(now)
-        split_back(eid, now)
-
-    policy._split_back = recorded  # type: ignore[method-assign]
     cluster = Cluster(_cost(), 4, policy, list(workload.trajectories[:4]), [1, 1, 1, 1],
                       max_batch=MAX_BATCH)
     if late:
         cluster.kernel.at(100.0, lambda: cluster.launch(later))
+    cluster.kernel.run(until=2_999.0)  # "waiting" is in its tool call until 3,000 s
+    while_out = policy.splits
     cluster.run()
     assert [(m.tp, m.moved) for m in policy.merges] == [(2, ("long",))]
-    assert policy.splits == 1 and policy.merged_engines == {}
+    assert policy.merged_engines == {}
     assert sorted(e.tp for e in policy.engines.values()) == [1, 1, 1, 1]
-    return policy, split_at
+    return while_out, policy.splits
 
 
 def test_a_merged_engine_is_split_back_once_its_tail_ends_if_new_work_arrived() -> None:
     """With trajectories arriving after the merge (a continuous job), the merged
     engine is split back when its tail ends, while others still run; with none
     (one synchronous step), it is kept until nothing is left."""
-    _, continuous = _split_times(late=True)
-    _, one_step = _split_times(late=False)
-    assert len(continuous) == 1 and continuous[0] < 3_000.0  # "waiting" still out
-    assert len(one_step) == 1 and one_step[0] > 3_000.0
+    assert _splits(late=True) == (1, 1)  # split while "waiting" is still out
+    assert _splits(late=False) == (0, 1)  # split once nothing is left
