@@ -165,16 +165,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "bench" and args.merge and args.steps <= 1:
             raise UsageError("--merge is for the multi-step benchmark (--steps > 1)")
         if args.command == "bench" and args.steps > 1:
-            from treadle.bench.sim_steps import POLICIES, MergeRefused, run_steps_bench
+            from treadle.bench.sim_steps import POLICIES, run_steps_bench
             from treadle.workloads.load import GENERATED
 
             args.workloads = args.workloads or ",".join(GENERATED)
             args.policies = args.policies or ",".join(POLICIES)
             args.out = args.out or "out/sim-steps.json"
-            try:
-                report = run_steps_bench(args, log=_log)
-            except MergeRefused as exc:
-                raise UsageError(str(exc)) from exc
+            report = run_steps_bench(args, log=_log)  # UsageError: a --merge refused
             if args.json:
                 print(json.dumps(report, indent=2))
             return 0

@@ -32,6 +32,7 @@ from typing import Any
 from treadle.core.cost_model import CostModel
 from treadle.core.predictor import Outcome, Predictor
 from treadle.core.predictor_eval import evaluate
+from treadle.errors import UsageError
 from treadle.sim.runner import history_for
 from treadle.sim.steps import Mode
 from treadle.sim.steps_runner import (
@@ -268,28 +269,24 @@ def _row_order(row: dict[str, Any]) -> tuple[int, int, str]:
     return (MODES.index(row["mode"]), POLICIES.index(p) if p in POLICIES else len(POLICIES), p)
 
 
-class MergeRefused(ValueError):
-    """`--merge` names a report it cannot add to (unreadable, or of other settings)."""
-
-
 def _mergeable(path: Path, common: dict[str, Any], workloads: Sequence[str],
                modes: Sequence[str]) -> dict[str, Any]:
-    """The report `--merge` adds rows to; MergeRefused unless it reads and was run
-    with the same settings, workloads and modes (its rows and the new ones must
-    compare)."""
+    """The report `--merge` adds rows to; UsageError (the command refuses the
+    `--merge`) unless it reads and was run with the same settings, workloads and
+    modes (its rows and the new ones must compare)."""
     try:
         report: dict[str, Any] = json.loads(path.read_text())
         have = {w["workload"]: {r["mode"] for r in w["results"]}
                 for w in report["workloads"]}
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise MergeRefused(f"{path}: not a multi-step report ({type(e).__name__}: {e})"
+        raise UsageError(f"{path}: not a multi-step report ({type(e).__name__}: {e})"
                            ) from e
     for key, value in common.items():
         if report.get(key) != value:
-            raise MergeRefused(f"{path}: {key} is {report.get(key)!r}, this run's {value!r}")
+            raise UsageError(f"{path}: {key} is {report.get(key)!r}, this run's {value!r}")
     for w in workloads:
         if w not in have or not set(modes) <= have[w]:
-            raise MergeRefused(f"{path} has no run of {w} in every mode of {list(modes)}")
+            raise UsageError(f"{path} has no run of {w} in every mode of {list(modes)}")
     return report
 
 
