@@ -24,10 +24,10 @@ from treadle.envs.errors import EnvConfigError, TaskFormatError
 from treadle.envs.suites._pytest_report import Outcome, outcomes
 from treadle.envs.suites.swe_builtin import builtin_specs
 from treadle.envs.suites.swe_images import SweImageSuite
+from treadle.runtime.suite_pools import SuitePools
 from treadle.sandbox import BwrapBackend, LocalBackend
 from treadle.sandbox.pool import PoolSettings, SandboxPool
 from treadle.sandbox.remote import RemoteBackend
-from treadle.service.sandboxes import SuitePools
 from treadle.types import Task
 
 INSTANCE_ID = "six-add-metaclass-qualname"

@@ -9,7 +9,9 @@ import pickle
 
 import pytest
 
-from treadle.agent.journal import Resume
+from treadle.agent.journal import Resume, ResumeFrom
+from treadle.agent.loop import AgentLimits
+from treadle.agent.runner import Sampling
 from treadle.core.events import (
     ToolCallFinished,
     ToolCallStarted,
@@ -22,6 +24,8 @@ from treadle.engines.emulated_client import EmulatedEngineClient
 from treadle.engines.errors import NoEngineAvailable
 from treadle.engines.sglang import SGLangEngine
 from treadle.engines.vllm import VLLMEngine
+from treadle.envs.registry import get_suite
+from treadle.envs.worktree import WorkTree, WorkTreeCapture
 from treadle.runtime.runner_wire import (
     AbortForPause,
     AdmitTurn,
@@ -30,7 +34,9 @@ from treadle.runtime.runner_wire import (
     CallFailed,
     CallStarted,
     Cancel,
+    Captured,
     Done,
+    DropSuite,
     EngineAddress,
     EngineLost,
     Engines,
@@ -39,9 +45,12 @@ from treadle.runtime.runner_wire import (
     Held,
     Hold,
     Journaled,
+    KeepSuite,
     PreemptTurn,
+    Resumed,
     Sampled,
     StartReplay,
+    StartTask,
     Told,
     Weights,
     engine_address,
@@ -49,7 +58,14 @@ from treadle.runtime.runner_wire import (
     pack,
     unpack,
 )
-from treadle.types import GroupKey, KVAcrossUpdates, Trajectory, TrajectoryStatus
+from treadle.types import (
+    GroupKey,
+    KVAcrossUpdates,
+    ResumePoint,
+    Task,
+    Trajectory,
+    TrajectoryStatus,
+)
 from treadle.workloads import TrajectorySpec, TurnSpec
 
 
@@ -60,6 +76,11 @@ def _messages() -> list[object]:
         Engines((address,), ("e0",)), Weights(3, "salt", open=False), Hold(7),
         StartReplay("t", "g", 1, spec, "task", 2, KVAcrossUpdates.KEEP,
                     Resume((), ()), 4, journaled=True),
+        StartTask("t", "g", 1, "math#3", Task("q1", "what is 1 + 2?", "math", {"answer": "3"}),
+                  Sampling(0.7, 0.9, 5), AgentLimits(3, 900), "qwen3", 1, KVAcrossUpdates.KEEP,
+                  ResumeFrom(1, (b"\x81\xa1a\x01",), (), from_prompt=True), 2,
+                  journaled=True),
+        DropSuite("math#3"),
         Cancel("t"), AdmitTurn("t", "e1", -2.5), PreemptTurn("t", "e1"), EngineLost("t", "e1"),
         AbortForPause("t"), Answer(9, "retry"),
         Told("t", TrajectoryArrived("t", "g", 12, judge=True, max_staleness=2)),
@@ -67,7 +88,10 @@ def _messages() -> list[object]:
         Told("t", ToolCallFinished("t", 0.5, 7, True)), Told("t", TurnPreempted("t", "e1", 3)),
         Told("t", TrajectoryEnded("t", "abandoned")),
         CallStarted("t", "e1"), CallEnded("t", "e1", 17), Sampled("t", 5),
-        Journaled("t", 0, 5, b"\x81\xa1a\x01"), Done("t"), Held(7),
+        Journaled("t", 0, 5, b"\x81\xa1a\x01"), Resumed("t", ResumePoint(1, 2, 1, 0, 9, "")),
+        Captured("t", WorkTree({"a.py": "x = 1\n"}, {"a.py": "x = 2\n"}, {"b": "binary"}),
+                 None),
+        Captured("t", None, "SandboxError: gone"), Done("t"), Held(7),
         Finished("t", Trajectory("t", GroupKey("g", 1), status=TrajectoryStatus.COMPLETED)),
         Finished("t", None, "cancelled in its runner"),
         Finished("t", None, "ValueError: a bug", raised=True),
@@ -79,6 +103,20 @@ def test_every_message_comes_back_equal_through_pack_and_a_pickle() -> None:
     back = unpack(pickle.loads(pickle.dumps(pack(batch))))
     assert back == batch
     assert [type(m) for m in back] == [type(m) for m in batch]
+
+
+def test_a_suite_and_a_capture_travel_with_what_they_hold() -> None:
+    # Neither compares by value: what the actor uses of each must come through.
+    suite = get_suite("math", python_tool=False)
+    capture = WorkTreeCapture(max_files=7, max_file_bytes=99)
+    keep, start = unpack(pickle.loads(pickle.dumps(pack([
+        KeepSuite("math#1", suite),
+        StartTask("t", "g", 0, "math#1", suite.tasks(1, seed=3)[0], Sampling(), AgentLimits(),
+                  "hermes", capture=capture)]))))
+    assert isinstance(keep, KeepSuite) and keep.key == "math#1"
+    assert keep.suite.name == "math" and keep.suite.tasks(1, seed=3) == suite.tasks(1, seed=3)
+    assert isinstance(start, StartTask) and start.capture is not None
+    assert (start.capture.max_files, start.capture.max_file_bytes) == (7, 99)
 
 
 def test_a_failed_turn_and_a_failed_call_carry_their_engine_error() -> None:

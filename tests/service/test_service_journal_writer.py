@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from treadle.agent.journal import JournaledTurn, Resume, decode
+from treadle.agent.journal import JournaledTurn, decode
 from treadle.agent.runner import TurnOutput
 from treadle.service.journal import JournalWriter
 from treadle.service.metrics import Metrics
@@ -62,9 +62,9 @@ def test_a_resume_drops_what_it_does_not_keep_before_the_new_turns() -> None:
         assert await astore.start("j", "j/t") == 1
         writer = JournalWriter(astore, Metrics(), interval_s=3600.0)
         writer.start()
-        kept = (ResumePoint(1, 1),)
-        writer.resumed("j", "j/t", Resume((), kept))
-        writer.attempt("j", "j/t", 1).turn(_turn(1, n=5))
+        second = writer.attempt("j", "j/t", 1)
+        second.resumed(ResumePoint(1, 1))  # as a runner actor's resume comes back
+        second.turn(_turn(1, n=5))
         await writer.close()
         return await astore.journaled("j", "j/t")
 

@@ -16,10 +16,10 @@ from agent.agent_helpers import build_tokenizer
 from runtime.runtime_helpers import FakeEngine
 from treadle.envs.base import RewardResult, Suite
 from treadle.envs.registry import get_suite
+from treadle.runtime.suite_pools import SuitePools
 from treadle.sandbox import LocalBackend
 from treadle.sandbox.pool import PoolSettings
 from treadle.service.jobs import PREWARM_AHEAD
-from treadle.service.sandboxes import SuitePools
 from treadle.service.schemas import JobRequest
 from treadle.service.state import ServiceConfig, build_service
 from treadle.types import Task
@@ -93,7 +93,7 @@ def test_each_image_is_opened_once_in_the_background_and_a_failure_is_left(
         pool = pools.pool(suite, _task("f", "img-2"))
         assert pool is not None and pool.backend.image == "img-2"
 
-    with caplog.at_level("INFO", logger="treadle.service.sandboxes"):
+    with caplog.at_level("INFO", logger="treadle.runtime.suite_pools"):
         asyncio.run(asyncio.wait_for(main(), 60))
     assert "pre-warming the sandbox of images broken failed: no such image" in caplog.text
 

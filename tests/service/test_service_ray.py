@@ -162,7 +162,8 @@ def _actors(prefix: str) -> list[str]:
 
 
 @pytest.mark.parametrize(("argv", "line"), [
-    (["--ray"], "--ray starts the engines of --emulate GPUS or --vllm MODEL_DIR: give one"),
+    (["--ray"], "--ray starts the engines of --emulate GPUS or --vllm MODEL_DIR, or runs "
+                "beside engines given by --engine URL: give one"),
     (["--ray", "--emulate", "2"], "Ray is not installed (pip install 'treadle[ray]')"),
     (["--emulate", "2", "--ray-resource", "x=1"], "--ray-resource needs --ray"),
     (["--ray", "--emulate", "2", "--ray-resource", "x"],

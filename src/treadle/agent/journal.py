@@ -183,6 +183,23 @@ def plan_resume(turns: Sequence[bytes], resumes: Sequence[bytes], *, attempt: in
     return Resume(tuple(kept), (*load_points(resumes), point))
 
 
+@dataclass(frozen=True, slots=True)
+class ResumeFrom:
+    """What a restarted attempt resumes from, before its episode is up: its
+    trajectory's journal as kept (turn bodies, earlier resumes' bodies). It travels
+    to where the attempt runs (a runner actor), which plans the resume there with
+    its episode's tools (`plan`)."""
+
+    attempt: int
+    turns: tuple[bytes, ...]
+    resumes: tuple[bytes, ...]
+    from_prompt: bool = False  # keep no turn (`plan_resume`)
+
+    def plan(self, replay_of: ReplayOf | None) -> Resume:
+        return plan_resume(self.turns, self.resumes, attempt=self.attempt,
+                           replay_of=replay_of, from_prompt=self.from_prompt)
+
+
 def resume_body(point: ResumePoint) -> bytes:
     """A resume as the journal keeps it (read back by `plan_resume`)."""
     return encode({"attempt": point.attempt, "turn": point.turn,

@@ -5,8 +5,9 @@
     traj = await runners.replay(spec, traj_id="j/q/0", key=GroupKey("j/q", 0))
     await runners.close()
 
-A workload replay (`runtime.rollout.replay_task`: its agent loop, its engine calls)
-runs in one of `count` runner actors (`runtime.runner_actor.RunnerWorker`, one
+A workload replay (`runtime.rollout.replay_task`: its engine calls and tool gaps) or
+a suite task (`run_task`: its sandbox, agent loop, tools and reward; `task`) runs in
+one of `count` runner actors (`runtime.runner_actor.RunnerWorker`, one
 process each, placed by Ray), not in the service. The runtime and its scheduler stay
 in the service and see each remote trajectory through a proxy (`RemoteTrajectory`,
 a `contract.Runner` adopted by the runtime): the scheduler's decisions about it go
@@ -23,49 +24,58 @@ actor (its process or its node gone: a `push` or `pull` fails with Ray's actor
 error; a call failing otherwise counts as a loss too, and the actor is killed, so
 that nothing it still runs is heard of twice) ends its trajectories for the
 scheduler (`TrajectoryEnded`), releases their
-calls from the pool, and raises `RunnerLost` from each `replay` waiting on one, so
+calls from the pool, and raises `RunnerLost` from each `replay` or `task` waiting on
+one, so
 that the caller runs it again as a new attempt or records it as failed
 (`service.attempts`): none is lost, none finishes twice. A new actor replaces the
 lost one (with `replace`), and trajectories go to the others meanwhile.
 
 Engines must be treadle's HTTP clients (every engine a service holds is): an actor
 makes its own client of each from its address; others are logged and not mirrored.
-Suite tasks (sandboxes, tools, rewards) and gateway sessions run in the service.
-Ray is the `ray` extra, imported inside the functions that use it.
+Suite tasks need the service's tokenizer and sandbox backend (`RunnerKit`), copied
+into each actor when it is made; each actor keeps its own sandbox pools over that
+backend (a local backend's sandboxes run on the actor's node; a remote backend's
+servers are the ones it had then). Gateway sessions run in the service. Ray is the
+`ray` extra, imported inside the functions that use it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import logging
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
-from treadle.agent.journal import Resume
+from treadle.agent.journal import Resume, ResumeFrom
+from treadle.agent.loop import AgentLimits
+from treadle.agent.runner import Sampling
+from treadle.agent.tokenizer import Tokenizer
 from treadle.clock import ScaledClock
+from treadle.envs.base import Suite
+from treadle.envs.worktree import WorkTreeCapture
 from treadle.runtime.driver import Runtime
 from treadle.runtime.ray_launcher import require_ray
 from treadle.runtime.remote_trajectory import BodyJournal, RemoteTrajectory, RunnerLost
+from treadle.runtime.runner_channel import RunnerChannel
 from treadle.runtime.runner_wire import (
-    Answer,
-    CallFailed,
     Cancel,
+    DropSuite,
     EngineAddress,
     Engines,
-    Finished,
-    Held,
-    Hold,
+    KeepSuite,
     StartReplay,
+    StartTask,
     ToRunner,
-    ToService,
     Weights,
     engine_address,
-    pack,
-    unpack,
 )
-from treadle.types import GroupKey, KVAcrossUpdates, Trajectory
+from treadle.sandbox.base import SandboxBackend
+from treadle.sandbox.pool import PoolSettings
+from treadle.types import GroupKey, KVAcrossUpdates, Task, Trajectory
 from treadle.workloads import TrajectorySpec
 
 log = logging.getLogger(__name__)
@@ -91,6 +101,20 @@ class RunnerActors:
             raise ValueError("runner actors: count >= 1, num_cpus >= 0")
 
 
+@dataclass(frozen=True, slots=True)
+class RunnerKit:
+    """What suite tasks need in an actor besides its engines: the service's
+    tokenizer (None: the actors run replays only), sandbox backend (None: suites
+    that need no sandbox only) and pool settings."""
+
+    tokenizer: Tokenizer | None = None
+    sandbox: SandboxBackend | None = None
+    pools: PoolSettings = field(default_factory=PoolSettings)
+
+
+_SUITES_SENT = 64  # suites the actors keep (those of the latest tasks); see KeepSuite
+
+
 @functools.cache
 def _worker_class() -> Any:
     import ray
@@ -100,126 +124,25 @@ def _worker_class() -> Any:
     return ray.remote(RunnerWorker)
 
 
-class RunnerChannel:
-    """One runner actor and its two streams (module docstring)."""
-
-    def __init__(self, name: str, actor: Any, fleet: RayRunners) -> None:
-        self.name = name
-        self.actor = actor
-        self.pid = 0  # its process, once it answered
-        self.node_id = ""
-        self.trajectories: dict[str, RemoteTrajectory] = {}
-        self.ran = 0  # trajectories it finished
-        self.alive = True
-        self.ready = False  # it answered: trajectories may go to it
-        self._fleet = fleet
-        self._outbox: list[ToRunner] = []
-        self._pending = asyncio.Event()
-        self._holds: dict[int, asyncio.Future[None]] = {}
-        self._answers: set[asyncio.Task[None]] = set()  # verdicts on failed calls, pending
-        self._tasks: list[asyncio.Task[None]] = []
-
-    async def open(self) -> None:
-        """Start its streams (what was sent before goes first), then wait until it
-        answers."""
-        loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._push()), loop.create_task(self._pull())]
-        self.pid, self.node_id = await self.actor.where.remote()
-        self.ready = True
-
-    def send(self, message: ToRunner) -> None:
-        if self.alive:
-            self._outbox.append(message)
-            self._pending.set()
-
-    def hold(self, hold_id: int) -> asyncio.Future[None]:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if not self.alive:
-            future.set_result(None)
-            return future
-        self._holds[hold_id] = future
-        self.send(Hold(hold_id))
-        return future
-
-    async def _push(self) -> None:
-        try:
-            while True:
-                await self._pending.wait()
-                await asyncio.sleep(self._fleet.actors.batch_window_s)
-                batch, self._outbox = self._outbox, []
-                self._pending.clear()
-                await self.actor.push.remote(pack(batch))
-        except Exception as e:  # its actor gone (Ray's actor error), or a batch refused
-            self._fleet.lost(self, f"runner {self.name} lost: {type(e).__name__}: {e}")
-
-    async def _pull(self) -> None:
-        try:
-            while True:
-                for m in unpack(await self.actor.pull.remote()):
-                    try:
-                        self._hear(m)
-                    except Exception:  # a bug here must not stop the actor's stream
-                        log.exception("runner %s: a message failed: %r", self.name, m)
-        except Exception as e:
-            self._fleet.lost(self, f"runner {self.name} lost: {type(e).__name__}: {e}")
-
-    def _hear(self, m: ToService) -> None:
-        if isinstance(m, Held):
-            future = self._holds.pop(m.hold_id, None)
-            if future is not None and not future.done():
-                future.set_result(None)
-        elif isinstance(m, CallFailed):
-            task = asyncio.get_running_loop().create_task(self._answer(m))
-            self._answers.add(task)
-            task.add_done_callback(self._answers.discard)
-        else:
-            traj = self.trajectories.get(m.traj_id)
-            if traj is not None:
-                traj.hear(m)
-                if isinstance(m, Finished):
-                    del self.trajectories[m.traj_id]
-                    self.ran += 1
-
-    async def _answer(self, m: CallFailed) -> None:
-        """The runtime's verdict on a failed call, always answered (the actor's turn
-        waits for it): "failed" when finding it out raised."""
-        slot = self._fleet.runtime.pool.get(m.engine_id)
-        verdict: Literal["failed", "retry"] = "failed"
-        try:
-            if slot is not None:
-                verdict = await self._fleet.runtime.call_failed(slot, m.error)
-        except Exception:
-            log.exception("runner %s: no verdict on a failed call of %s", self.name,
-                          m.traj_id)
-            verdict = "failed"
-        self.send(Answer(m.query_id, verdict))
-
-    def close(self) -> list[asyncio.Task[None]]:
-        """Stop its streams; it sends and hears nothing more. Its trajectories are
-        lost (`lost`), its holds answered."""
-        self.alive = False
-        for task in [*self._tasks, *self._answers]:
-            if task is not asyncio.current_task():
-                task.cancel()
-        for future in self._holds.values():
-            if not future.done():
-                future.set_result(None)
-        self._holds.clear()
-        return self._tasks
-
-
 class RayRunners:
     """The runner actors of one runtime (module docstring)."""
 
-    def __init__(self, runtime: Runtime, actors: RunnerActors) -> None:
+    def __init__(self, runtime: Runtime, actors: RunnerActors,
+                 kit: RunnerKit | None = None) -> None:
         require_ray()
         if not isinstance(runtime.clock, ScaledClock):
             raise ValueError("runner actors need the runtime on a real clock (ScaledClock)")
         self.runtime = runtime
         self.actors = actors
+        self.kit = kit or RunnerKit()
+        # Suites sent to actors, by identity, most recently used last: (key, suite),
+        # the suite held so that its id is not reused while it has a key.
+        self._suites: collections.OrderedDict[int, tuple[str, Suite]] = (
+            collections.OrderedDict())
         self.channels: list[RunnerChannel] = []  # the live ones, starting ones too
         self.lost_runners: list[str] = []  # names of the actors lost, oldest first
         self._made = 0
+        self._made_suites = 0
         self._holds = 0
         self._engines: dict[str, EngineAddress] = {}  # mirrored now
         self._engines_dirty = False
@@ -237,6 +160,11 @@ class RayRunners:
             runner.send(self._weights())
 
     @property
+    def runs_tasks(self) -> bool:
+        """Whether suite tasks may run in the actors (`task`): the kit has a tokenizer."""
+        return self.kit.tokenizer is not None
+
+    @property
     def runners(self) -> list[RunnerChannel]:
         """The live runners that answered."""
         return [r for r in self.channels if r.ready]
@@ -248,6 +176,42 @@ class RayRunners:
                      max_staleness: int | None = None) -> Trajectory:
         """`runtime.rollout.replay_task` in a runner actor; RunnerLost if its actor is
         lost first. Cancelled, the actor's run is cancelled too."""
+        start = StartReplay(traj_id, key.group_id, key.repetition, spec, task_id, attempt, kv,
+                            resume, max_staleness, journaled=journal is not None)
+        return await self._run(traj_id, kv, journal, None, lambda _: start)
+
+    async def task(self, suite: Suite, task: Task, *, traj_id: str, key: GroupKey,
+                   sampling: Sampling, limits: AgentLimits, chat_format: str,
+                   attempt: int = 0, kv: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE,
+                   journal: BodyJournal | None = None, resume: ResumeFrom | None = None,
+                   capture: WorkTreeCapture | None = None,
+                   max_staleness: int | None = None) -> Trajectory:
+        """`runtime.rollout.run_task` in a runner actor, with the kit's tokenizer and
+        the actor's sandbox pools; a restarted attempt plans its resume there from
+        `resume` (its point comes back to `journal.resumed`), and `capture` gets the
+        work tree it read. RunnerLost if its actor is lost first; cancelled, the
+        actor's run is cancelled too."""
+        if self.kit.tokenizer is None:
+            raise ValueError("the runner actors have no tokenizer: they run replays only")
+        suite_key = self._suite_key(suite)
+
+        def start(runner: RunnerChannel) -> StartTask:
+            if suite_key not in runner.suites:
+                runner.suites.add(suite_key)
+                runner.send(KeepSuite(suite_key, suite))
+            return StartTask(traj_id, key.group_id, key.repetition, suite_key, task, sampling,
+                             limits, chat_format, attempt, kv, resume, max_staleness,
+                             journaled=journal is not None,
+                             capture=None if capture is None else WorkTreeCapture(
+                                 max_files=capture.max_files,
+                                 max_file_bytes=capture.max_file_bytes))
+        return await self._run(traj_id, kv, journal, capture, start)
+
+    async def _run(self, traj_id: str, kv: KVAcrossUpdates, journal: BodyJournal | None,
+                   capture: WorkTreeCapture | None,
+                   start: Callable[[RunnerChannel], ToRunner]) -> Trajectory:
+        """A trajectory in the actor with the fewest running (ties: the first), started
+        by `start`'s message."""
         while not self.runners:
             if self._closed:
                 raise RunnerLost("the runner actors are closed")
@@ -256,11 +220,10 @@ class RayRunners:
             self._ready.clear()  # (no runner is ready: set again by one, or by a loss)
             await self._ready.wait()
         runner = min(self.runners, key=lambda r: len(r.trajectories))
-        traj = RemoteTrajectory(runner.send, self.runtime, traj_id, kv, journal)
+        traj = RemoteTrajectory(runner.send, self.runtime, traj_id, kv, journal, capture)
         self.runtime.adopt(traj)
         runner.trajectories[traj_id] = traj
-        runner.send(StartReplay(traj_id, key.group_id, key.repetition, spec, task_id, attempt,
-                                kv, resume, max_staleness, journaled=journal is not None))
+        runner.send(start(runner))
         try:
             result = await asyncio.shield(traj.result)
         except asyncio.CancelledError:
@@ -269,6 +232,24 @@ class RayRunners:
         if isinstance(result, str):  # cancelled there, not from here (a raise: RunnerFailure)
             raise RunnerLost(f"trajectory {traj_id}: {result}")
         return result
+
+    def _suite_key(self, suite: Suite) -> str:
+        """The key the actors know `suite` by (sent with the first task of it each
+        actor runs); the least recently used past `_SUITES_SENT` is dropped."""
+        kept = self._suites.get(id(suite))
+        if kept is not None:
+            self._suites.move_to_end(id(suite))
+            return kept[0]
+        self._made_suites += 1
+        key = f"{suite.name}#{self._made_suites}"
+        self._suites[id(suite)] = (key, suite)
+        if len(self._suites) > _SUITES_SENT:
+            _, (old, _) = self._suites.popitem(last=False)
+            for runner in self.channels:
+                if old in runner.suites:
+                    runner.suites.discard(old)
+                    runner.send(DropSuite(old))
+        return key
 
     def where(self) -> dict[str, tuple[int, str]]:
         """Each live runner's (process id, Ray node id), by name."""
@@ -363,8 +344,10 @@ class RayRunners:
             resources=dict(self.actors.resources), scheduling_strategy="SPREAD",
         ).remote(clock.scale, clock.now(), request_timeout_s=self.runtime.request_timeout_s,
                  turn_retries=self.runtime.turn_retries,
-                 batch_window_s=self.actors.batch_window_s)
-        runner = RunnerChannel(name, actor, self)
+                 batch_window_s=self.actors.batch_window_s, tokenizer=self.kit.tokenizer,
+                 sandbox=self.kit.sandbox, pools=self.kit.pools)
+        runner = RunnerChannel(name, actor, self.runtime,
+                               batch_window_s=self.actors.batch_window_s, lost=self.lost)
         runner.send(Engines(tuple(self._engines.values())))  # later changes follow it
         runner.send(self._weights())
         self.channels.append(runner)
@@ -404,4 +387,4 @@ class RayRunners:
                 runner.send(Engines(added, removed))
 
 
-__all__ = ["RayRunners", "RemoteTrajectory", "RunnerActors", "RunnerLost"]
+__all__ = ["RayRunners", "RemoteTrajectory", "RunnerActors", "RunnerKit", "RunnerLost"]

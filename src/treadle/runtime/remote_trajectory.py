@@ -24,6 +24,7 @@ from treadle.core.events import (
     TurnPreempted,
 )
 from treadle.engines.errors import EngineError
+from treadle.envs.worktree import WorkTreeCapture
 from treadle.errors import TreadleError
 from treadle.runtime.driver import Runtime
 from treadle.runtime.pool import EngineSlot
@@ -32,27 +33,32 @@ from treadle.runtime.runner_wire import (
     AdmitTurn,
     CallEnded,
     CallStarted,
+    Captured,
     Done,
     EngineLost,
     FailTurn,
     Finished,
     Journaled,
     PreemptTurn,
+    Resumed,
     Sampled,
     Told,
     ToRunner,
     ToService,
 )
-from treadle.types import KVAcrossUpdates, Trajectory
+from treadle.types import KVAcrossUpdates, ResumePoint, Trajectory
 
 
 class BodyJournal(Protocol):
     """Where a remote trajectory's journal goes (the service's `AttemptJournal`): as
-    `agent.journal.TurnJournal`, its turns already encoded by the runner."""
+    `agent.journal.TurnJournal`, its turns already encoded by the runner, and the
+    resume its runner planned."""
 
     def sampled(self, tokens: int) -> None: ...
 
     def turn_body(self, index: int, tokens: int, body: bytes) -> None: ...
+
+    def resumed(self, point: ResumePoint) -> None: ...
 
 
 class RunnerLost(TreadleError):
@@ -70,12 +76,14 @@ class RemoteTrajectory:
     actor's messages."""
 
     def __init__(self, send: Callable[[ToRunner], None], runtime: Runtime, traj_id: str,
-                 kv: KVAcrossUpdates, journal: BodyJournal | None) -> None:
+                 kv: KVAcrossUpdates, journal: BodyJournal | None,
+                 capture: WorkTreeCapture | None = None) -> None:
         self.traj_id = traj_id
         self.kv = kv
         self.sampled = 0
         self._send = send  # to its actor
         self.journal = journal
+        self.capture = capture  # given the work tree its runner read (`Captured`)
         self.result: asyncio.Future[Trajectory | str] = (
             asyncio.get_running_loop().create_future())
         self._rt = runtime
@@ -146,6 +154,12 @@ class RemoteTrajectory:
         elif isinstance(m, Journaled):
             if self.journal is not None:
                 self.journal.turn_body(m.index, m.tokens, m.body)
+        elif isinstance(m, Resumed):
+            if self.journal is not None:
+                self.journal.resumed(m.point)
+        elif isinstance(m, Captured):
+            if self.capture is not None:
+                self.capture.tree, self.capture.error = m.tree, m.error
         elif isinstance(m, Done):
             self._end(None)
         elif isinstance(m, Finished):

@@ -39,7 +39,6 @@ from treadle.envs.base import Suite, open_episode
 from treadle.envs.worktree import WorkTreeCapture
 from treadle.errors import TreadleError
 from treadle.runtime.contract import TrajectoryHost
-from treadle.runtime.driver import Runtime
 from treadle.runtime.replay import replay
 from treadle.sandbox.base import SandboxBackend
 from treadle.sandbox.pool import SandboxPool
@@ -56,7 +55,8 @@ from treadle.workloads import TrajectorySpec
 log = logging.getLogger(__name__)
 
 
-async def run_task(runtime: Runtime, suite: Suite, task: Task, *, traj_id: str, key: GroupKey,
+async def run_task(runtime: TrajectoryHost, suite: Suite, task: Task, *, traj_id: str,
+                   key: GroupKey,
                    tokenizer: Tokenizer, sandboxes: SandboxBackend | SandboxPool | None,
                    limits: AgentLimits | None = None, sampling: Sampling | None = None,
                    chat_format: str = DEFAULT_FORMAT, attempt: int = 0,
@@ -67,7 +67,8 @@ async def run_task(runtime: Runtime, suite: Suite, task: Task, *, traj_id: str, 
                    capture: WorkTreeCapture | None = None,
                    judge: bool = False,
                    max_staleness: int | None = None) -> Trajectory:
-    """One suite task, start to end, on the runtime's engines (see the module docstring),
+    """One suite task, start to end, on the runtime's engines (see the module docstring;
+    `runtime` may be a runner actor's host, `runtime.runner_actor`),
     its conversation in the chat format named `chat_format` (`agent.chat`). Its
     deadline and times are on `clock`, by default the runtime's; `kv`: what its calls
     after a weight update do with KV cached before it (recorded); `max_staleness`:

@@ -4,9 +4,9 @@
 loop). The service sends it batches of messages (`push`, `runtime.runner_wire`) and
 takes back what its trajectories did (`pull`, which waits until there is something
 and returns everything gathered since). Its trajectories run as they run in the
-service — `runtime.rollout.replay_task` over `runtime.turns.ScheduledTurns` — against
-`MirrorHost`, a `TrajectoryHost` whose runners see a `RunnerHost` that mirrors the
-service's runtime:
+service — `runtime.rollout.replay_task` and `run_task` over
+`runtime.turns.ScheduledTurns` — against `MirrorHost`, a `TrajectoryHost` whose
+runners see a `RunnerHost` that mirrors the service's runtime:
 
 - the engines (`Engines`: an HTTP client of its own per engine of the pool), the
   weights' version and cache salt, and whether calls may go (`Weights`, `Hold`);
@@ -15,6 +15,14 @@ service's runtime:
   (`CallFailed`) whose `Answer` comes in a later `push`;
 - what the runtime tells a runner (`AdmitTurn`, `PreemptTurn`, ...) is applied to
   it on arrival, in the order the scheduler decided.
+
+A suite task runs with the actor's own copy of the service's tokenizer and its own
+sandbox pools (`SuitePools` over the service's sandbox backend, sent when the actor
+is made: a local backend's sandboxes run on the actor's node); a restarted attempt
+plans its resume there, from the journal the service sent (`ResumeFrom`), and the
+resume's point goes back (`Resumed`), as does the work tree its judges read
+(`Captured`). Rewards run here (some run tests in the sandbox); the rubric's judges
+run in the service.
 
 Its clock is the service's (the same scale, counted from the same instant), so the
 scheduler sees tool latencies and a record's times as if the trajectory ran there.
@@ -33,14 +41,16 @@ import time
 from collections.abc import Coroutine
 from typing import Any, Literal
 
-from treadle.agent.journal import JournaledTurn
+from treadle.agent.journal import JournaledTurn, Resume, ResumeFrom, ResumePlan
 from treadle.agent.runner import TurnRunner
+from treadle.agent.tokenizer import Tokenizer
 from treadle.clock import Clock, ScaledClock
 from treadle.core.events import Event
 from treadle.engines.errors import EngineError
+from treadle.envs.base import Suite
 from treadle.runtime.contract import Runner
 from treadle.runtime.pool import EngineSlot
-from treadle.runtime.rollout import replay_task
+from treadle.runtime.rollout import replay_task, run_task
 from treadle.runtime.runner_wire import (
     AbortForPause,
     AdmitTurn,
@@ -49,7 +59,9 @@ from treadle.runtime.runner_wire import (
     CallFailed,
     CallStarted,
     Cancel,
+    Captured,
     Done,
+    DropSuite,
     EngineLost,
     Engines,
     FailTurn,
@@ -57,10 +69,13 @@ from treadle.runtime.runner_wire import (
     Held,
     Hold,
     Journaled,
+    KeepSuite,
     Packed,
     PreemptTurn,
+    Resumed,
     Sampled,
     StartReplay,
+    StartTask,
     Told,
     ToRunner,
     ToService,
@@ -69,7 +84,10 @@ from treadle.runtime.runner_wire import (
     pack,
     unpack,
 )
+from treadle.runtime.suite_pools import SuitePools
 from treadle.runtime.turns import ScheduledTurns
+from treadle.sandbox.base import SandboxBackend
+from treadle.sandbox.pool import PoolSettings
 from treadle.types import GroupKey, KVAcrossUpdates, Trajectory
 
 log = logging.getLogger(__name__)
@@ -79,10 +97,14 @@ class MirrorHost:
     """The runtime as this actor's runners see it (module docstring)."""
 
     def __init__(self, clock: Clock, *, request_timeout_s: float | None,
-                 turn_retries: int) -> None:
+                 turn_retries: int, tokenizer: Tokenizer | None = None,
+                 sandboxes: SuitePools | None = None) -> None:
         self.clock = clock
         self.request_timeout_s = request_timeout_s
         self.turn_retries = turn_retries
+        self.tokenizer = tokenizer  # the service's (suite tasks; None: replays only)
+        self.sandboxes = sandboxes or SuitePools(None, PoolSettings())
+        self.suites: dict[str, Suite] = {}  # what `StartTask.suite` names
         self.policy_version = 0
         self.cache_salt = ""
         self.engines: dict[str, EngineSlot] = {}
@@ -132,9 +154,14 @@ class MirrorHost:
             elif isinstance(m, Hold):
                 self.gate.clear()
                 self.send(Held(m.hold_id))  # after every CallStarted sent before
-            elif isinstance(m, StartReplay):
+            elif isinstance(m, KeepSuite):
+                self.suites[m.key] = m.suite
+            elif isinstance(m, DropSuite):
+                self.suites.pop(m.key, None)
+            elif isinstance(m, StartReplay | StartTask):
                 self.attempts[m.traj_id] = m.attempt
-                task = asyncio.get_running_loop().create_task(self._replay(m))
+                task = asyncio.get_running_loop().create_task(
+                    self._replay(m) if isinstance(m, StartReplay) else self._task(m))
                 task.add_done_callback(functools.partial(self._settled, m.traj_id))
                 self.tasks[m.traj_id] = task
             elif isinstance(m, Cancel):
@@ -162,6 +189,34 @@ class MirrorHost:
             task_id=m.task_id, attempt=m.attempt, kv=m.kv, journal=journal,
             resume=None if kept is None else (lambda _replay_of: kept),
             max_staleness=m.max_staleness)
+
+    async def _task(self, m: StartTask) -> Trajectory:
+        """A suite task (module docstring); a suite not sent, or no tokenizer, raises
+        (the service sends neither so: a bug, `Finished.raised`)."""
+        if self.tokenizer is None:
+            raise RuntimeError("this runner has no tokenizer: it runs replays only")
+        suite = self.suites[m.suite]
+        capture = m.capture
+        try:
+            return await run_task(
+                self, suite, m.task, traj_id=m.traj_id, key=GroupKey(m.group_id, m.repetition),
+                tokenizer=self.tokenizer, sandboxes=self.sandboxes.pool(suite, m.task),
+                limits=m.limits, sampling=m.sampling, chat_format=m.chat_format,
+                attempt=m.attempt, kv=m.kv,
+                journal=_Journal(self, m.traj_id) if m.journaled else None,
+                resume=None if m.resume is None else self._resume(m.traj_id, m.resume),
+                capture=capture, max_staleness=m.max_staleness)
+        finally:
+            if capture is not None:  # before its Finished: the service judges with it
+                self.send(Captured(m.traj_id, capture.tree, capture.error))
+
+    def _resume(self, traj_id: str, source: ResumeFrom) -> ResumePlan:
+        """The resume of a restarted attempt, planned here; its point goes back."""
+        def plan(replay_of: Any) -> Resume:
+            resume = source.plan(replay_of)
+            self.send(Resumed(traj_id, resume.point))
+            return resume
+        return plan
 
     def _settled(self, traj_id: str, task: asyncio.Task[Trajectory]) -> None:
         """A trajectory's task is over, however (a callback: a task cancelled before
@@ -198,6 +253,7 @@ class MirrorHost:
         for task in [*self.tasks.values(), *self._background]:
             task.cancel()
         await asyncio.gather(*self.tasks.values(), *self._background, return_exceptions=True)
+        await self.sandboxes.close()
         for slot in self.engines.values():
             with contextlib.suppress(Exception):
                 await slot.engine.aclose()
@@ -293,14 +349,19 @@ class _Journal:
 class RunnerWorker:
     """The runner actor (module docstring). `now`: the service's clock time when it
     made the actor, on a clock of `scale` (modelled seconds a real second);
-    `batch_window_s`: how long what a pull returns may gather once there is some."""
+    `batch_window_s`: how long what a pull returns may gather once there is some;
+    `tokenizer`, `sandbox` and `pools`: the service's tokenizer, sandbox backend and
+    pool settings, for suite tasks."""
 
     def __init__(self, scale: float, now: float, *, request_timeout_s: float | None,
-                 turn_retries: int, batch_window_s: float = 0.0) -> None:
+                 turn_retries: int, batch_window_s: float = 0.0,
+                 tokenizer: Tokenizer | None = None, sandbox: SandboxBackend | None = None,
+                 pools: PoolSettings | None = None) -> None:
         self.batch_window_s = batch_window_s  # real seconds a pull waits for more to send
         clock = ScaledClock(scale, origin=time.monotonic() - now * scale)
         self.host = MirrorHost(clock, request_timeout_s=request_timeout_s,
-                               turn_retries=turn_retries)
+                               turn_retries=turn_retries, tokenizer=tokenizer,
+                               sandboxes=SuitePools(sandbox, pools or PoolSettings()))
 
     def where(self) -> tuple[int, str]:
         """(this process's id, the Ray node it runs on)."""

@@ -4,19 +4,23 @@ Two streams per runner actor, each a list of these messages per Ray call, in ord
 
 - *to the runner* (`ToRunner`): the engines it may call (`Engines`), the weights
   served and whether calls may go (`Weights`), a hold to acknowledge (`Hold`), the
-  trajectories to run (`StartReplay`, `Cancel`), and the scheduler's decisions about
-  them (`AdmitTurn`, `PreemptTurn`, `EngineLost`, `AbortForPause`, `FailTurn`),
-  with the answers to its questions (`Answer`);
+  suites its tasks name (`KeepSuite`, `DropSuite`), the trajectories to run
+  (`StartReplay`, `StartTask`, `Cancel`), and the scheduler's decisions about them
+  (`AdmitTurn`, `PreemptTurn`, `EngineLost`, `AbortForPause`, `FailTurn`), with the
+  answers to its questions (`Answer`);
 - *to the service* (`ToService`): each trajectory's scheduler events (`Told`), its
   calls (`CallStarted`, `CallEnded`, `CallFailed`: a question), its journal
-  (`Sampled`, `Journaled`), its end (`Done`: no more events; `Finished`: the
-  record), and holds acknowledged (`Held`).
+  (`Sampled`, `Journaled`, `Resumed`), its work tree for the judges (`Captured`),
+  its end (`Done`: no more events; `Finished`: the record), and holds acknowledged
+  (`Held`).
 
 Engines travel as addresses (`EngineAddress`): a runner makes its own HTTP client of
-each, as the service made its own; a journaled turn as its journal body (bytes).
-A batch travels `pack`ed: each message (and a `Told`'s event) a tuple of a type
-code and its fields, since unpickling a slotted dataclass costs a `fields()` walk
-per object, which showed as the largest part of the service's CPU per turn.
+each, as the service made its own; a journaled turn as its journal body (bytes). A
+suite travels once per actor (`KeepSuite`, named by a key its tasks give), not with
+each task: a suite of a corpus is tens of kilobytes. A batch travels `pack`ed: each
+message (and a `Told`'s event) a tuple of a type code and its fields, since
+unpickling a slotted dataclass costs a `fields()` walk per object, which showed as
+the largest part of the service's CPU per turn.
 """
 
 from __future__ import annotations
@@ -24,12 +28,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from treadle.agent.journal import Resume
+from treadle.agent.journal import Resume, ResumeFrom
+from treadle.agent.loop import AgentLimits
+from treadle.agent.runner import Sampling
 from treadle.core import events
 from treadle.core.events import Event
 from treadle.engines.base import Engine
 from treadle.engines.errors import EngineError
-from treadle.types import KVAcrossUpdates, Trajectory
+from treadle.envs.base import Suite
+from treadle.envs.worktree import WorkTree, WorkTreeCapture
+from treadle.types import KVAcrossUpdates, ResumePoint, Task, Trajectory
 from treadle.workloads import TrajectorySpec
 
 EngineKind = Literal["vllm", "emulated", "sglang"]
@@ -136,6 +144,42 @@ class StartReplay:
 
 
 @dataclass(frozen=True, slots=True)
+class KeepSuite:
+    """A suite the tasks sent after it name by `key` (`StartTask.suite`)."""
+
+    key: str
+    suite: Suite
+
+
+@dataclass(frozen=True, slots=True)
+class DropSuite:
+    """No task names the suite of `key` any more."""
+
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class StartTask:
+    """Run a suite task (`runtime.rollout.run_task`) in the runner's own sandbox pools,
+    with its tokenizer."""
+
+    traj_id: str
+    group_id: str
+    repetition: int
+    suite: str  # the key of a suite sent before (`KeepSuite`)
+    task: Task
+    sampling: Sampling
+    limits: AgentLimits
+    chat_format: str
+    attempt: int = 0
+    kv: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE
+    resume: ResumeFrom | None = None  # planned there once its episode is up (`Resumed`)
+    max_staleness: int | None = None
+    journaled: bool = False  # send its journal back (`Sampled`, `Journaled`)
+    capture: WorkTreeCapture | None = None  # read its work tree, send it back (`Captured`)
+
+
+@dataclass(frozen=True, slots=True)
 class Cancel:
     traj_id: str
 
@@ -178,8 +222,9 @@ class Answer:
     verdict: Literal["failed", "retry"]
 
 
-ToRunner = (Engines | Weights | Hold | StartReplay | Cancel | AdmitTurn | PreemptTurn
-            | EngineLost | AbortForPause | FailTurn | Answer)
+ToRunner = (Engines | Weights | Hold | KeepSuite | DropSuite | StartReplay | StartTask
+            | Cancel | AdmitTurn | PreemptTurn | EngineLost | AbortForPause | FailTurn
+            | Answer)
 
 
 # -- to the service ---------------------------------------------------------------------
@@ -229,6 +274,23 @@ class Journaled:
 
 
 @dataclass(frozen=True, slots=True)
+class Resumed:
+    """A restarted attempt's resume, as its runner planned it (for the journal)."""
+
+    traj_id: str
+    point: ResumePoint
+
+
+@dataclass(frozen=True, slots=True)
+class Captured:
+    """A task's work tree, read before its sandbox closed (`StartTask.capture`)."""
+
+    traj_id: str
+    tree: WorkTree | None
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class Done:
     traj_id: str
 
@@ -249,14 +311,14 @@ class Held:
     hold_id: int
 
 
-ToService = (Told | CallStarted | CallEnded | CallFailed | Sampled | Journaled | Done
-             | Finished | Held)
+ToService = (Told | CallStarted | CallEnded | CallFailed | Sampled | Journaled | Resumed
+             | Captured | Done | Finished | Held)
 
 
 _MESSAGES: tuple[type[Any], ...] = (
-    Engines, Weights, Hold, StartReplay, Cancel, AdmitTurn, PreemptTurn, EngineLost,
-    AbortForPause, FailTurn, Answer, Told, CallStarted, CallEnded, CallFailed, Sampled,
-    Journaled, Done, Finished, Held)
+    Engines, Weights, Hold, KeepSuite, DropSuite, StartReplay, StartTask, Cancel, AdmitTurn,
+    PreemptTurn, EngineLost, AbortForPause, FailTurn, Answer, Told, CallStarted, CallEnded,
+    CallFailed, Sampled, Journaled, Resumed, Captured, Done, Finished, Held)
 _EVENTS: tuple[type[Any], ...] = (
     events.TrajectoryArrived, events.TurnFinished, events.ToolCallStarted,
     events.ToolCallFinished, events.TurnPreempted, events.TrajectoryEnded)

@@ -10,11 +10,12 @@ sessions are the gateway's and start over. It returns the trajectory (a failure
 outside the agent loop is an error record, stage runtime) and raises only
 CancelledError.
 
-With runner actors (`runtime.ray_runners`), replays run in them. A replay whose
+With runner actors (`runtime.ray_runners`), replays run in them, and suite tasks
+too where the actors were given the tokenizer and sandboxes (`RayRunners.runs_tasks`;
+a suite task's rubric is judged here, with the work tree its actor read). One whose
 actor is lost runs again as a new attempt (counted in the store, resumed from its
 journaled turns), on another actor, at most `runner_retries` times; after that its
-record is an error, stage runtime, that says so. Suite tasks and harness runs stay
-in the service.
+record is an error, stage runtime, that says so. Harness runs stay in the service.
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ from treadle.runtime.driver import Runtime
 from treadle.runtime.ray_runners import RayRunners
 from treadle.runtime.remote_trajectory import RunnerLost
 from treadle.runtime.rollout import replay_task, run_task
+from treadle.runtime.suite_pools import SuitePools
 from treadle.service.journal import AttemptJournal, JournalWriter
 from treadle.service.judging import Judging
 from treadle.service.planning import HarnessWork, ReplayWork, SuiteWork, Work
-from treadle.service.sandboxes import SuitePools
 from treadle.store.jobs import TrajectoryState
 from treadle.types import FailureStage, GroupKey, Trajectory, TrajectoryStatus
 
@@ -93,6 +94,8 @@ class Attempts:
             match work:
                 case ReplayWork() if self.runners is not None:
                     return await self._remote(work, attempt, journals, self.runners)
+                case SuiteWork() if self.runners is not None and self.runners.runs_tasks:
+                    return await self._remote(work, attempt, journals, self.runners)
                 case ReplayWork():
                     return await replay_task(
                         self.runtime, work.spec, traj_id=tid, key=key, task_id=p.task_id,
@@ -128,21 +131,29 @@ class Attempts:
             for each in journals:
                 each.ended()
 
-    async def _remote(self, work: ReplayWork, attempt: int, journals: list[AttemptJournal],
-                      runners: RayRunners) -> Trajectory:
-        """A replay in a runner actor, run again while its actor is lost (module
-        docstring); `journals` gets each attempt's journal."""
+    async def _remote(self, work: ReplayWork | SuiteWork, attempt: int,
+                      journals: list[AttemptJournal], runners: RayRunners) -> Trajectory:
+        """A replay or suite task in a runner actor, run again while its actor is lost
+        (module docstring); `journals` gets each attempt's journal."""
         p = work.planned
         tid = p.trajectory_id
         key = GroupKey(p.group_id, p.repetition)
         for retry in range(self.runner_retries + 1):
-            plan = await self.journal.resume(work.job_id, tid, attempt)
             try:
-                return await runners.replay(
-                    work.spec, traj_id=tid, key=key, task_id=p.task_id, attempt=attempt,
+                if isinstance(work, ReplayWork):
+                    plan = await self.journal.resume(work.job_id, tid, attempt)
+                    return await runners.replay(
+                        work.spec, traj_id=tid, key=key, task_id=p.task_id, attempt=attempt,
+                        kv=work.kv, journal=journals[-1],
+                        resume=None if plan is None else plan(None),
+                        max_staleness=work.max_staleness)
+                capture = self.judging.capture(work)
+                return await self.judging.judged(work, await runners.task(
+                    work.suite, work.task, traj_id=tid, key=key, sampling=work.sampling,
+                    limits=work.limits, chat_format=work.chat_format, attempt=attempt,
                     kv=work.kv, journal=journals[-1],
-                    resume=None if plan is None else plan(None),
-                    max_staleness=work.max_staleness)
+                    resume=await self.journal.resume_from(work.job_id, tid, attempt),
+                    capture=capture, max_staleness=work.max_staleness), capture)
             except RunnerLost as e:
                 lost = e
             if retry == self.runner_retries:

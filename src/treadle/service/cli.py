@@ -9,8 +9,9 @@ all), `--vllm MODEL_DIR` (vLLM engines started here, RL endpoints on), `--emulat
 (emulated engine processes laid out by the policy on N GPUs,
 for experiments without GPUs), or later `POST /v1/engines`. `--ray [ADDRESS]` starts
 the engines of `--emulate` or `--vllm` on a Ray cluster (`--ray-resource NAME=AMOUNT`:
-what each engine GPU asks of a node besides the GPU); with `--runners N`, workload
-replays run in N runner actors there (`runtime.ray_runners`). Frozen sub-agents'
+what each engine GPU asks of a node besides the GPU), or runs beside `--engine`s;
+with `--runners N`, workload replays and suite tasks run in N runner actors there
+(`runtime.ray_runners`; suite tasks stay here with `--sandbox-servers`). Frozen sub-agents'
 sessions go to `--frozen-engine URL` (repeatable: engines at a pinned version that
 weight updates never reach, `--frozen-served-model`, `--frozen-policy-version`) when
 given. Suite tasks need
@@ -104,7 +105,9 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                    help="start the engines of --emulate or --vllm on a Ray cluster (the ray "
                         "extra): the one at ADDRESS, or without one $RAY_ADDRESS's, or a "
-                        "local one started here; the policy plans the pool for its GPUs")
+                        "local one started here; the policy plans the pool for its GPUs "
+                        "(with --engine: the engines are those, the cluster runs the "
+                        "runners and sandbox servers)")
     p.add_argument("--ray-resource", action="append", default=[], metavar="NAME=AMOUNT",
                    help="what each engine GPU asks of a Ray node besides the GPU (a custom "
                         "resource the engine nodes declare); repeatable")
@@ -121,9 +124,10 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
                         "sandboxes on the environment images under DIR (the same path on "
                         "every sandbox node), so suites of image tasks run on the cluster")
     p.add_argument("--runners", type=int, default=None, metavar="N",
-                   help="with --ray: run workload replays (their agent loops and engine "
-                        "calls) in N runner actors on the cluster, the scheduler staying "
-                        "here")
+                   help="with --ray: run workload replays and suite tasks (their agent "
+                        "loops, engine calls, sandboxes, tools and rewards) in N runner "
+                        "actors on the cluster, the scheduler staying here (suite tasks "
+                        "stay here with --sandbox-servers)")
     p.add_argument("--runner-cpus", type=float, default=1.0,
                    help="Ray CPUs each runner actor holds")
     p.add_argument("--runner-resource", action="append", default=[], metavar="NAME=AMOUNT",
@@ -305,9 +309,9 @@ def _ray_cluster(args: argparse.Namespace) -> RayCluster | None:
         if args.ray_resource:
             raise ValueError("--ray-resource needs --ray")
         return None
-    if not (args.emulate or args.vllm):
-        raise ValueError("--ray starts the engines of --emulate GPUS or --vllm MODEL_DIR: "
-                         "give one")
+    if not (args.emulate or args.vllm or args.engine):
+        raise ValueError("--ray starts the engines of --emulate GPUS or --vllm MODEL_DIR, "
+                         "or runs beside engines given by --engine URL: give one")
     resources = tuple(_resource("--ray-resource", r) for r in args.ray_resource)
     require_ray()
     return RayCluster(args.ray or None, resources=resources)

@@ -58,13 +58,13 @@ from treadle.gateway.session import (
 from treadle.gateway.sessions import Sessions
 from treadle.gateway.tools import SessionTools
 from treadle.runtime.driver import Runtime
+from treadle.runtime.suite_pools import SuitePools
 from treadle.service.errors import RequestRefused
 from treadle.service.harness_runs import HarnessRuns
 from treadle.service.judging import Judging
 from treadle.service.keys import SessionKeys
 from treadle.service.outbox import Outbox
 from treadle.service.planning import HarnessWork
-from treadle.service.sandboxes import SuitePools
 from treadle.service.schemas import (
     JobRequest,
     SessionCreated,

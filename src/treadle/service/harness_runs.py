@@ -28,9 +28,9 @@ from treadle.gateway.session import Session, SessionLimits, SessionSpec, no_call
 from treadle.gateway.sessions import Sessions
 from treadle.gateway.tools import SessionTools
 from treadle.runtime.driver import Runtime
+from treadle.runtime.suite_pools import SuitePools
 from treadle.service.keys import SessionKeys
 from treadle.service.planning import HarnessWork
-from treadle.service.sandboxes import SuitePools
 from treadle.types import FailureStage, GroupKey, RewardSource, Trajectory, TrajectoryStatus
 
 log = logging.getLogger(__name__)

@@ -31,11 +31,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from treadle.agent.journal import JournaledTurn, Resume, ResumePlan, plan_resume, resume_body
+from treadle.agent.journal import JournaledTurn, Resume, ResumeFrom, ResumePlan, resume_body
 from treadle.envs.tools.base import ToolReplay
 from treadle.service.metrics import Metrics
 from treadle.store.aio import AsyncStore
 from treadle.store.journal import TURN, JournalRow
+from treadle.types import ResumePoint
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ class _Row:
 class _Resumed:
     job_id: str
     trajectory_id: str
-    resume: Resume
+    point: ResumePoint
 
 
 class AttemptJournal:
@@ -83,6 +84,10 @@ class AttemptJournal:
         self._writer.unjournaled -= self._pending
         self._pending = 0
         self._writer.add(_Row(*self._key, index, tokens, TURN, lambda: body))
+
+    def resumed(self, point: ResumePoint) -> None:
+        """The attempt's resume, planned elsewhere (a runner actor's)."""
+        self._writer.resumed(self._key[0], self._key[1], point)
 
     def ended(self) -> None:
         self._writer.unjournaled -= self._pending
@@ -116,16 +121,24 @@ class JournalWriter:
         """How attempt `attempt` (`Store.start`'s answer) of a trajectory resumes:
         None for a first attempt, else a plan its runner calls with its episode's
         tools' replay kinds (None: it has no tools) once the episode is up."""
+        source = await self.resume_from(job_id, trajectory_id, attempt)
+        if source is None:
+            return None
+
+        def plan(replay_of: Callable[[str], ToolReplay] | None) -> Resume:
+            resume = source.plan(replay_of)
+            self.resumed(job_id, trajectory_id, resume.point)
+            return resume
+        return plan
+
+    async def resume_from(self, job_id: str, trajectory_id: str,
+                          attempt: int) -> ResumeFrom | None:
+        """What attempt `attempt` resumes from, for a runner elsewhere to plan (its
+        resume's point comes back to `resumed`); None for a first attempt."""
         if attempt == 0:
             return None
         journaled = await self.store.journaled(job_id, trajectory_id)
-
-        def plan(replay_of: Callable[[str], ToolReplay] | None) -> Resume:
-            resume = plan_resume(journaled.turns, journaled.resumes, attempt=attempt,
-                                 replay_of=replay_of, from_prompt=self.from_prompt)
-            self.resumed(job_id, trajectory_id, resume)
-            return resume
-        return plan
+        return ResumeFrom(attempt, journaled.turns, journaled.resumes, self.from_prompt)
 
     def row(self, job_id: str, trajectory_id: str, attempt: int, n: int, tokens: int,
             kind: str, body: Callable[[], bytes]) -> None:
@@ -133,14 +146,15 @@ class JournalWriter:
         `service.session_journal`); `body` is rendered on the store's thread."""
         self.add(_Row(job_id, trajectory_id, attempt, n, tokens, kind, body))
 
-    def resumed(self, job_id: str, trajectory_id: str, resume: Resume) -> None:
-        """Record a resume planned elsewhere (a gateway session opened again)."""
-        self.add(_Resumed(job_id, trajectory_id, resume))
+    def resumed(self, job_id: str, trajectory_id: str, point: ResumePoint) -> None:
+        """Record a resume (planned here, by a gateway session opened again, or by a
+        runner actor)."""
+        self.add(_Resumed(job_id, trajectory_id, point))
 
     def add(self, op: _Row | _Resumed) -> None:
         if isinstance(op, _Resumed):
-            self.metrics.resumes["turn" if op.resume.point.turn else "prompt"] += 1
-            self.metrics.resume_discarded_tokens += op.resume.point.discarded_tokens
+            self.metrics.resumes["turn" if op.point.turn else "prompt"] += 1
+            self.metrics.resume_discarded_tokens += op.point.discarded_tokens
         self._ops.append(op)
         if isinstance(op, _Row):
             self.unjournaled += op.tokens
@@ -201,7 +215,7 @@ class JournalWriter:
                 written += self.store.store.journal_turns(turns)
                 turns = []
             if isinstance(op, _Resumed):
-                point = op.resume.point
+                point = op.point
                 self.store.store.resume_journal(op.job_id, op.trajectory_id, point.attempt,
                                                 point.turn, resume_body(point))
         return written, time.perf_counter() - started

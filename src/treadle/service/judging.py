@@ -48,9 +48,9 @@ from treadle.rewards.judging import JudgeCache, conversation_text
 from treadle.runtime.agent_judges import JudgeSuite
 from treadle.runtime.driver import Runtime
 from treadle.runtime.judge_lanes import EndpointLane, EngineLane
+from treadle.runtime.suite_pools import SuitePools
 from treadle.service.planning import HarnessWork, SuiteWork
 from treadle.service.rubric_schemas import JudgeParams, RubricParams
-from treadle.service.sandboxes import SuitePools
 from treadle.types import Task, Trajectory
 
 

@@ -23,7 +23,6 @@ from typing import Any
 
 from treadle.agent.journal import (
     BAD_BODY,
-    Resume,
     decode,
     dump_output,
     encode,
@@ -111,7 +110,7 @@ class SessionJournal:
             call, _ = wire.parse_chat(request)
             await session.call(call)
         self.writer.resumed(session.spec.job_id, session.spec.trajectory_id,
-                            Resume((), tuple(traj.resumed)))
+                            traj.resumed[-1])
 
 
 def spec_body(spec: SessionSpec, owner: str | None, key_digest: bytes) -> bytes:

@@ -38,8 +38,9 @@ from treadle.runtime.launcher import (
     VLLMProcess,
 )
 from treadle.runtime.ray_launcher import RayCluster, RayLauncher
-from treadle.runtime.ray_runners import RayRunners, RunnerActors
+from treadle.runtime.ray_runners import RayRunners, RunnerActors, RunnerKit
 from treadle.runtime.ray_sandboxes import RaySandboxFleet, SandboxServers
+from treadle.runtime.suite_pools import SuitePools
 from treadle.sandbox.autoscale import Scaling
 from treadle.sandbox.base import SandboxBackend
 from treadle.sandbox.pool import PoolSettings
@@ -56,7 +57,6 @@ from treadle.service.metrics import Metrics
 from treadle.service.monitor import Monitor
 from treadle.service.outbox import Outbox
 from treadle.service.planning import Planner
-from treadle.service.sandboxes import SuitePools
 from treadle.service.schemas import EngineRequest
 from treadle.service.session_journal import SessionJournal
 from treadle.service.weight_schemas import WeightsView
@@ -133,8 +133,9 @@ class ServiceConfig:
     # is then theirs (a remote backend with a token of this service's own).
     sandbox_servers: SandboxServers | None = None
     sandbox_scaling: Scaling = field(default_factory=Scaling)
-    # With `ray`: run workload replays in these runner actors on the cluster
-    # (runtime.ray_runners), the scheduler staying here; None: in this process.
+    # With `ray`: run workload replays and suite tasks in these runner actors on the
+    # cluster (runtime.ray_runners), the scheduler staying here; None: in this
+    # process. Suite tasks stay here with `sandbox_servers` (see build_service).
     runners: RunnerActors | None = None
     # Directories a job's suite options may name files under (e.g. nemo_gym's
     # rows_path); a path outside them, or any path when there are none, is refused.
@@ -337,7 +338,12 @@ def build_service(config: ServiceConfig) -> Service:
                       grace_s=config.session_grace_s, harnesses=config.harnesses,
                       url=config.public_url, keys=session_keys, frozen=frozen,
                       journal=SessionJournal(journal, store), judging=judging)
-    runners = _runners(config, runtime)
+    # Suite tasks run in the runner actors too, with copies of the tokenizer and the
+    # sandbox backend; not with a sandbox fleet, whose servers are counted and
+    # retired by the sandboxes this process opens (the actors' would go unseen).
+    kit = RunnerKit(tokenizer, config.sandbox, config.sandbox_pool) if fleet is None \
+        else RunnerKit()
+    runners = _runners(config, runtime, kit)
     attempts = Attempts(runtime, sandboxes, judging, journal,
                         tokenizer=tokenizer, harnesses=gateway, runners=runners)
     rollouts = Rollouts(runtime, store, planner, outbox, attempts, harnesses=gateway,
@@ -361,9 +367,10 @@ def _launcher(config: ServiceConfig) -> tuple[EngineLauncher | None, int]:
             max_model_len=config.vllm_max_model_len,
             extra_env=(("VLLM_CPU_KVCACHE_SPACE", "1"), ("VLLM_SERVER_DEV_MODE", "1")))
         gpus = config.vllm_engines
-    elif config.ray is not None:
-        raise ValueError("ray starts the engines of emulate or vllm_model: give one")
-    else:
+    elif config.ray is not None and not config.engines:
+        raise ValueError("ray starts the engines of emulate or vllm_model, or runs beside "
+                         "engines given by URL (engines): give one")
+    else:  # engines given by URL (beside a Ray cluster's runners and sandboxes, or not)
         return None, 0
     if config.ray is None:
         return LocalLauncher(spec), gpus
@@ -389,14 +396,14 @@ def _sandbox_fleet(config: ServiceConfig,
                            config.sandbox_scaling, demand=demand)
 
 
-def _runners(config: ServiceConfig, runtime: Runtime) -> RayRunners | None:
+def _runners(config: ServiceConfig, runtime: Runtime, kit: RunnerKit) -> RayRunners | None:
     """The runner actors on the Ray cluster (`runners`)."""
     if config.runners is None:
         return None
     if config.ray is None:
         raise ValueError("runners start on a Ray cluster: give ray too")
     config.ray.connect(num_gpus=config.emulate or None)
-    return RayRunners(runtime, config.runners)
+    return RayRunners(runtime, config.runners, kit)
 
 
 def _open_sessions(gateway: Gateway) -> Callable[[str], bool]:

@@ -1,11 +1,12 @@
-"""The service's sandbox pools: one per suite (and per image), all with the same settings.
+"""Sandbox pools per suite (and per image), all with the same settings.
 
 A suite's trajectories share a pool (`sandbox.pool.SandboxPool`) made on first use
 with the suite's limits and the service's `PoolSettings`; a suite whose tasks run
 on their own images (`Suite.sandbox_backend`, e.g. swe-images) gets one per image,
 without warm spares.
-The job runner and the gateway (a harness run's verifier) are given the same
-`SuitePools`. `close` closes them all.
+In a service, the job runner and the gateway (a harness run's verifier) are given
+the same `SuitePools`; each runner actor has its own (`runtime.runner_actor`), over
+the service's backend. `close` closes them all.
 
 Pre-warming: the job runner calls `prepare` for the trajectories that start next
 (`jobs.PREWARM_AHEAD`), so that an image is unpacked while the trajectories before

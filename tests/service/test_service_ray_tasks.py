@@ -1,0 +1,188 @@
+"""Suite tasks in runner actors (`treadle serve --ray --runners N`): each task's
+sandbox, agent loop, tool calls and reward run in an actor's process, on a local
+Ray cluster of this module's own, beside a scripted engine given by URL (its replies
+in the test tokenizer's vocabulary) and a local sandbox backend; the scheduler and
+the journal stay in the service. An actor killed mid-task has its trajectory run
+again as a new attempt that resumes from its journaled turns, planned in the new
+actor: no journaled turn is sampled again."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import Response
+from service_helpers import running, until
+
+from agent.agent_helpers import build_tokenizer
+from engines.engines_fakes import FakeVLLMServer
+from treadle.runtime.ray_launcher import RayCluster
+from treadle.runtime.ray_runners import RunnerActors
+from treadle.sandbox.local import LocalBackend
+from treadle.service.schemas import EngineRequest
+from treadle.service.state import Service, ServiceConfig
+from treadle.store import NotFound, Store
+
+ray = pytest.importorskip("ray")
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+TOKEN = "tasks-token"
+CALL = '<tool_call>\n{"name": "python", "arguments": {"code": "print(1 + 2)"}}\n</tool_call>'
+LIMITS = {"max_turns": 2}  # each trajectory: a call, its result, a call, its result
+
+
+class _Engine:
+    """The scripted engine: every reply is CALL; `hold(n)` holds the n-th completion
+    from now until `free` is set (its caller may go away meanwhile)."""
+
+    def __init__(self, tok_dir: Path) -> None:
+        tok = build_tokenizer(tok_dir)
+        self.fake = FakeVLLMServer(reply_ids=[*tok.encode(CALL), tok.token_id("<|im_end|>")])
+        self.free = threading.Event()
+        self._seen = 0
+        self._held: set[int] = set()
+
+        async def hold(request: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
+            if request.url.path == "/v1/completions":
+                self._seen += 1
+                if self._seen in self._held:
+                    await asyncio.to_thread(self.free.wait)
+                    if await request.is_disconnected():
+                        return Response(status_code=499)
+            return await call_next(request)
+
+        self.fake.app.middleware("http")(hold)
+
+    def hold(self, n: int) -> None:
+        self._held.add(self._seen + n)
+
+
+Served = tuple[str, Service, _Engine, Path]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """A one-node cluster with room for two runner actors, and a service whose suite
+    tasks run in them."""
+    work = tmp_path_factory.mktemp("tasks")
+    engine = _Engine(work / "tok")
+    ray.init(address="local", num_cpus=2, resources={"treadle_runner": 2},
+             include_dashboard=False, log_to_driver=False)
+    try:
+        with engine.fake.serve() as url:
+            config = ServiceConfig(
+                db=str(work / "s.db"), token=TOKEN, policy="verl",
+                engines=[EngineRequest(url=url, model="m")], tokenizer=str(work / "tok"),
+                sandbox=LocalBackend(), ray=RayCluster(None),
+                runners=RunnerActors(2, num_cpus=0, resources=(("treadle_runner", 1.0),)))
+            try:
+                with running(config, startup_timeout_s=240) as (base, service):
+                    yield base, service, engine, work / "s.db"
+            finally:
+                engine.free.set()
+    finally:
+        ray.shutdown()
+
+
+def _records(client: httpx.Client, job: str) -> list[dict[str, Any]]:
+    with client.stream("GET", f"/v1/jobs/{job}/trajectories", params={"follow": "true"},
+                       timeout=300) as r:
+        assert r.status_code == 200
+        return [json.loads(line)["trajectory"] for line in r.iter_lines() if line]
+
+
+def _client(url: str) -> httpx.Client:
+    return httpx.Client(base_url=url, timeout=30, headers={"authorization": f"Bearer {TOKEN}"})
+
+
+def test_suite_tasks_run_their_tools_in_runner_actors(served: Served) -> None:
+    url, service, engine, _ = served
+    runners = service.runners
+    assert runners is not None and runners.runs_tasks
+    asked = len(engine.fake.requests)
+    with _client(url) as client:
+        before = runners.ran()
+        r = client.post("/v1/jobs", json={"tasks": {"suite": "math", "count": 3, "seed": 1},
+                                          "samples_per_task": 2, "limits": LIMITS,
+                                          "job_id": "t"})
+        assert r.status_code == 201, r.text
+        records = _records(client, "t")
+        ran = {name: k - before.get(name, 0) for name, k in runners.ran().items()}
+        pids = {pid for pid, _ in runners.where().values()}
+    assert len(records) == 6 and len({t["trajectory_id"] for t in records}) == 6
+    # Every task ran in an actor (processes other than the service's), both had some.
+    assert sum(ran.values()) == 6 and all(ran.values()), ran
+    assert len(pids) == 2 and os.getpid() not in pids
+    for t in records:
+        assert t["attempt"] == 0 and t["failure_stage"] is None, t["reason"]
+        assert len(t["turns"]) == 2
+        calls = [turn["tool_call"] for turn in t["turns"]]
+        # The python tool ran in the actor's sandbox: its output is the record's.
+        assert all(c["name"] == "python" and c["error"] is None for c in calls), calls
+    # Token-exact: each record's prompt is one the engine was sent, and its second
+    # turn's context that prompt, then the first reply as sampled.
+    sent = [q["prompt"] for q in engine.fake.requests[asked:]]
+    assert len(sent) == 12
+    reply = engine.fake.reply_ids
+    assert reply is not None
+    for t in records:
+        prompt = t["segments"][0]["prompt_ids"]
+        assert prompt in sent
+        assert [*prompt, *reply] in [p[:len(prompt) + len(reply)] for p in sent]
+
+
+def test_a_runner_killed_mid_task_resumes_its_trajectory_from_the_journal(
+        served: Served) -> None:
+    url, service, engine, db = served
+    runners = service.runners
+    assert runners is not None
+    engine.hold(2)  # the trajectory's second reply: asked once its first turn is kept
+    asked = len(engine.fake.requests)
+    with _client(url) as client:
+        r = client.post("/v1/jobs", json={"tasks": {"suite": "math", "count": 1, "seed": 2},
+                                          "limits": LIMITS, "job_id": "k"})
+        assert r.status_code == 201, r.text
+        until(lambda: _journaled(db) >= 1, lambda: _ended(db), db)
+        [victim] = [x for x in runners.runners if x.trajectories]  # the job's one
+        ray.kill(victim.actor)
+        [record] = _records(client, "k")
+    assert runners.lost_runners[-1] == victim.name
+    assert record["attempt"] == 1 and record["failure_stage"] is None, record["reason"]
+    # The new attempt resumed after the journaled turn, planned in the new actor ...
+    assert [(p["attempt"], p["turn"]) for p in record["resumed"]] == [(1, 1)]
+    assert len(record["turns"]) == 2
+    # ... so the engine answered twice: turn 0, and turn 1 of the new attempt (the
+    # lost attempt's turn 1 is held); the journaled turn was not sampled again, and
+    # the new attempt's context is the first's: the prompt, then the kept reply.
+    sent = [q["prompt"] for q in engine.fake.requests[asked:]]
+    assert len(sent) == 2, len(sent)
+    reply = engine.fake.reply_ids
+    assert reply is not None
+    assert sent[1][:len(sent[0]) + len(reply)] == [*sent[0], *reply]
+    assert record["segments"][0]["prompt_ids"] == sent[0]
+
+
+def _journaled(db: Path) -> int:
+    """Turns journaled of job k's unfinished trajectory."""
+    with Store(db) as store:
+        try:
+            return sum(len(store.journaled("k", s.trajectory_id).turns)
+                       for s in store.unfinished("k"))
+        except NotFound:  # (not submitted yet)
+            return 0
+
+
+def _ended(db: Path) -> str | None:
+    with Store(db) as store:
+        try:
+            if store.job("k").status.terminal:
+                return "the job ended before its first turn was journaled"
+        except NotFound:
+            pass
+    return None
