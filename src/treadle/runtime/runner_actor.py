@@ -160,8 +160,11 @@ class MirrorHost:
                 self.suites.pop(m.key, None)
             elif isinstance(m, StartReplay | StartTask):
                 self.attempts[m.traj_id] = m.attempt
+                # A task's suite is looked up now: a DropSuite later in this batch
+                # must not pull it away before the task's first step.
                 task = asyncio.get_running_loop().create_task(
-                    self._replay(m) if isinstance(m, StartReplay) else self._task(m))
+                    self._replay(m) if isinstance(m, StartReplay)
+                    else self._task(m, self.suites.get(m.suite)))
                 task.add_done_callback(functools.partial(self._settled, m.traj_id))
                 self.tasks[m.traj_id] = task
             elif isinstance(m, Cancel):
@@ -190,12 +193,13 @@ class MirrorHost:
             resume=None if kept is None else (lambda _replay_of: kept),
             max_staleness=m.max_staleness)
 
-    async def _task(self, m: StartTask) -> Trajectory:
+    async def _task(self, m: StartTask, suite: Suite | None) -> Trajectory:
         """A suite task (module docstring); a suite not sent, or no tokenizer, raises
         (the service sends neither so: a bug, `Finished.raised`)."""
         if self.tokenizer is None:
             raise RuntimeError("this runner has no tokenizer: it runs replays only")
-        suite = self.suites[m.suite]
+        if suite is None:
+            raise RuntimeError(f"no suite {m.suite!r} was sent to this runner")
         capture = m.capture
         try:
             return await run_task(
