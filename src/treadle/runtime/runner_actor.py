@@ -41,7 +41,7 @@ import time
 from collections.abc import Coroutine
 from typing import Any, Literal
 
-from treadle.agent.journal import JournaledTurn, Resume, ResumeFrom, ResumePlan
+from treadle.agent.journal import JournaledTurn, ReplayOf, Resume, ResumeFrom, ResumePlan
 from treadle.agent.runner import TurnRunner
 from treadle.agent.tokenizer import Tokenizer
 from treadle.clock import Clock, ScaledClock
@@ -216,7 +216,7 @@ class MirrorHost:
 
     def _resume(self, traj_id: str, source: ResumeFrom) -> ResumePlan:
         """The resume of a restarted attempt, planned here; its point goes back."""
-        def plan(replay_of: Any) -> Resume:
+        def plan(replay_of: ReplayOf | None) -> Resume:
             resume = source.plan(replay_of)
             self.send(Resumed(traj_id, resume.point))
             return resume
