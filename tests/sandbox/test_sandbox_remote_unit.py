@@ -150,3 +150,20 @@ def test_remote_without_its_extra_is_unavailable(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr("treadle.sandbox.registry.importlib.import_module", no_extra)
     with pytest.raises(SandboxUnavailable, match=r"treadle\[server\]"):
         get_backend("remote", servers=["http://a:1"], token="t")
+
+
+def test_a_copy_of_a_backend_follows_the_servers_its_original_accepts() -> None:
+    fleet = RemoteBackend(["http://a:1", "http://b:1"], "token")
+    copy = RemoteBackend(["http://a:1"], "token")
+    copy._servers[0].outstanding = 1  # (a sandbox of the copy's open on a)
+    fleet.add_server("http://c:1")
+    fleet.retire_server("http://a:1")
+    copy.follow(fleet.accepting())
+    assert fleet.accepting() == copy.accepting() == ("http://b:1", "http://c:1")
+    assert copy.outstanding() == {"http://a:1": 1, "http://b:1": 0, "http://c:1": 0}
+    copy._servers[0].outstanding = 0  # a's last sandbox closed: a is forgotten
+    copy.follow(fleet.accepting())
+    assert list(copy.outstanding()) == ["http://b:1", "http://c:1"]
+    copy.retire_server("http://c:1")  # retired here; the fleet takes it again
+    copy.follow(fleet.accepting())
+    assert copy.accepting() == ("http://b:1", "http://c:1")

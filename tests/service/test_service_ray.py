@@ -211,12 +211,17 @@ def test_sandbox_servers_follow_demand_on_the_nodes_that_lend_room_for_them(
     async def scenario() -> None:
         clock = FakeClock()
         waiting = 0
+        told: list[tuple[str, ...]] = []
+
+        async def demand() -> int:
+            return waiting
+
         backend = RemoteBackend([], token)
         fleet = RaySandboxFleet(
             backend, token, SandboxServers(backend="local", max_live=2, num_cpus=0,
                                            resources=(("treadle_sandbox", 1.0),)),
-            Scaling(min_servers=1, max_servers=2, idle_s=30), demand=lambda: waiting,
-            clock=clock)
+            Scaling(min_servers=1, max_servers=2, idle_s=30), demand=demand,
+            servers_changed=told.append, clock=clock)
         try:
             assert (await fleet.rebalance()).start == 1  # the minimum, at once
             first = fleet.servers()
@@ -231,21 +236,35 @@ def test_sandbox_servers_follow_demand_on_the_nodes_that_lend_room_for_them(
             assert (await fleet.rebalance()).start == 1
             assert len(fleet.servers()) == 2 and len(backend.outstanding()) == 2
             assert {s.node_id for s in fleet.servers()} == {nodes["two"]}
+            assert told == [(first[0].url,), backend.accepting()]  # each change, once
+            [second] = [s.url for s in fleet.servers() if s.url != first[0].url]
             assert await fleet.rebalance() == ScaleDecision()  # at the cap
+            # Another client of the same servers (as a runner actor's copy of the
+            # backend is) opens a sandbox on the second server; the fleet's own
+            # backend has nothing open there, and the second server is idle the
+            # longest by its count.
+            other = RemoteBackend([second], token)
+            theirs = await other.start(Limits(memory_mb=256))
             waiting = 0
+            clock.advance(5)
             await sandbox.close()
             assert await fleet.rebalance() == ScaleDecision()  # idle, not for long yet
             clock.advance(31)
             decision = await fleet.rebalance()
-            assert len(decision.retire) == 1  # one at a time, down to the minimum
-            assert len(fleet.servers()) == 1 and len(backend.outstanding()) == 1
+            # One at a time, down to the minimum: the one with nothing live on it.
+            assert decision.retire == (first[0].url,), decision
+            assert [s.url for s in fleet.servers()] == [second] == list(backend.outstanding())
+            assert told[-1] == (second,)
+            result = await theirs.exec(["python3", "-c", "print(6 * 7)"], timeout_s=60)
+            assert result.stdout.strip() == "42"  # its server still runs it
+            await theirs.close()
             clock.advance(31)
             assert await fleet.rebalance() == ScaleDecision()  # the minimum stays
             again = await backend.start(Limits(memory_mb=256))  # on the one left
             await again.close()
         finally:
             await fleet.close()
-        assert fleet.servers() == [] and backend.outstanding() == {}
+        assert fleet.servers() == [] and backend.outstanding() == {} and told[-1] == ()
 
     asyncio.run(scenario())
 
@@ -264,7 +283,7 @@ def test_sandbox_servers_on_the_cluster_run_the_images_under_their_root(
             backend, token, SandboxServers(backend="bwrap", max_live=2, num_cpus=0,
                                            resources=(("treadle_sandbox", 1.0),),
                                            images=str(rootfs.parent)),
-            Scaling(min_servers=1, max_servers=1), demand=lambda: 0, clock=FakeClock())
+            Scaling(min_servers=1, max_servers=1), clock=FakeClock())
         try:
             assert (await fleet.rebalance()).start == 1
             async with await backend.with_image(str(rootfs)).start(Limits()) as sb:

@@ -4,7 +4,8 @@ Ray cluster of this module's own, beside a scripted engine given by URL (its rep
 in the test tokenizer's vocabulary) and a local sandbox backend; the scheduler and
 the journal stay in the service. An actor killed mid-task has its trajectory run
 again as a new attempt that resumes from its journaled turns, planned in the new
-actor: no journaled turn is sampled again."""
+actor: no journaled turn is sampled again. With sandbox servers on the cluster (a
+fleet), the actors' sandboxes are the fleet's."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ from agent.agent_helpers import build_tokenizer
 from engines.engines_fakes import FakeVLLMServer
 from treadle.runtime.ray_launcher import RayCluster
 from treadle.runtime.ray_runners import RunnerActors
+from treadle.runtime.ray_sandboxes import SandboxServers
+from treadle.sandbox.autoscale import Scaling
 from treadle.sandbox.local import LocalBackend
 from treadle.service.schemas import EngineRequest
 from treadle.service.state import Service, ServiceConfig
@@ -35,6 +38,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TOKEN = "tasks-token"
 CALL = '<tool_call>\n{"name": "python", "arguments": {"code": "print(1 + 2)"}}\n</tool_call>'
 LIMITS = {"max_turns": 2}  # each trajectory: a call, its result, a call, its result
+RUNNERS = RunnerActors(2, num_cpus=0, resources=(("treadle_runner", 1.0),))
 
 
 class _Engine:
@@ -63,7 +67,7 @@ class _Engine:
         self._held.add(self._seen + n)
 
 
-Served = tuple[str, Service, _Engine, Path]
+Served = tuple[str, Service, _Engine, Path, str]  # ..., the engine's URL
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +76,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     tasks run in them."""
     work = tmp_path_factory.mktemp("tasks")
     engine = _Engine(work / "tok")
-    ray.init(address="local", num_cpus=2, resources={"treadle_runner": 2},
+    ray.init(address="local", num_cpus=2, resources={"treadle_runner": 4, "treadle_sandbox": 1},
              include_dashboard=False, log_to_driver=False)
     try:
         with engine.fake.serve() as url:
@@ -80,10 +84,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
                 db=str(work / "s.db"), token=TOKEN, policy="verl",
                 engines=[EngineRequest(url=url, model="m")], tokenizer=str(work / "tok"),
                 sandbox=LocalBackend(), ray=RayCluster(None),
-                runners=RunnerActors(2, num_cpus=0, resources=(("treadle_runner", 1.0),)))
+                runners=RUNNERS)
             try:
                 with running(config, startup_timeout_s=240) as (base, service):
-                    yield base, service, engine, work / "s.db"
+                    yield base, service, engine, work / "s.db", url
             finally:
                 engine.free.set()
     finally:
@@ -102,7 +106,7 @@ def _client(url: str) -> httpx.Client:
 
 
 def test_suite_tasks_run_their_tools_in_runner_actors(served: Served) -> None:
-    url, service, engine, _ = served
+    url, service, engine, _, _ = served
     runners = service.runners
     assert runners is not None and runners.runs_tasks
     asked = len(engine.fake.requests)
@@ -139,7 +143,7 @@ def test_suite_tasks_run_their_tools_in_runner_actors(served: Served) -> None:
 
 def test_a_runner_killed_mid_task_resumes_its_trajectory_from_the_journal(
         served: Served) -> None:
-    url, service, engine, db = served
+    url, service, engine, db, _ = served
     runners = service.runners
     assert runners is not None
     engine.hold(2)  # the trajectory's second reply: asked once its first turn is kept
@@ -166,6 +170,38 @@ def test_a_runner_killed_mid_task_resumes_its_trajectory_from_the_journal(
     assert reply is not None
     assert sent[1][:len(sent[0]) + len(reply)] == [*sent[0], *reply]
     assert record["segments"][0]["prompt_ids"] == sent[0]
+
+
+def test_suite_tasks_in_runner_actors_run_their_tools_on_the_sandbox_fleet(
+        served: Served, tmp_path: Path) -> None:
+    _, _, _, _, engine_url = served
+    config = ServiceConfig(
+        db=str(tmp_path / "f.db"), token=TOKEN, policy="verl",
+        engines=[EngineRequest(url=engine_url, model="m")], tokenizer=str(tmp_path / "tok"),
+        sandbox_servers=SandboxServers(backend="local", max_live=8, num_cpus=0,
+                                       resources=(("treadle_sandbox", 1.0),)),
+        sandbox_scaling=Scaling(min_servers=1, max_servers=1), ray=RayCluster(None),
+        runners=RUNNERS)
+    build_tokenizer(tmp_path / "tok")  # the same tokenizer (trained the same way)
+    with running(config, startup_timeout_s=240) as (url, service), _client(url) as client:
+        runners, fleet = service.runners, service.fleet
+        assert runners is not None and runners.runs_tasks and fleet is not None
+        [server] = fleet.servers()
+        r = client.post("/v1/jobs", json={"tasks": {"suite": "math", "count": 2, "seed": 5},
+                                          "samples_per_task": 2, "limits": LIMITS,
+                                          "job_id": "f"})
+        assert r.status_code == 201, r.text
+        records = _records(client, "f")
+        ran = runners.ran()
+        assert [s.url for s in fleet.servers()] == [server.url]
+    # Every task ran in an actor, whose only sandboxes are its copy of the fleet's
+    # backend: its tools ran on the fleet's server.
+    assert len(records) == 4 and sum(ran.values()) == 4
+    for t in records:
+        assert t["failure_stage"] is None, t["reason"]
+        calls = [turn["tool_call"] for turn in t["turns"]]
+        assert len(calls) == 2 and all(c["error"] is None for c in calls), calls
+        assert calls[0]["output_tokens"] > 0  # its result, shown to the model
 
 
 def _journaled(db: Path) -> int:

@@ -35,8 +35,10 @@ makes its own client of each from its address; others are logged and not mirrore
 Suite tasks need the service's tokenizer and sandbox backend (`RunnerKit`), copied
 into each actor when it is made; each actor keeps its own sandbox pools over that
 backend (a local backend's sandboxes run on the actor's node; a remote backend's
-servers are the ones it had then). Gateway sessions run in the service. Ray is the
-`ray` extra, imported inside the functions that use it.
+copy follows the servers a sandbox fleet accepts, `sandbox_servers`), and
+`sandbox_waiting` sums the starts waiting in them (the fleet's demand). Gateway
+sessions run in the service. Ray is the `ray` extra, imported inside the functions
+that use it.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ from treadle.runtime.runner_wire import (
     EngineAddress,
     Engines,
     KeepSuite,
+    SandboxFleet,
     StartReplay,
     StartTask,
     ToRunner,
@@ -143,6 +146,7 @@ class RayRunners:
         self.lost_runners: list[str] = []  # names of the actors lost, oldest first
         self._made = 0
         self._made_suites = 0
+        self._sandbox_servers: tuple[str, ...] | None = None  # a fleet's, followed
         self._holds = 0
         self._engines: dict[str, EngineAddress] = {}  # mirrored now
         self._engines_dirty = False
@@ -251,6 +255,20 @@ class RayRunners:
                     runner.send(DropSuite(old))
         return key
 
+    def sandbox_servers(self, accepting: tuple[str, ...]) -> None:
+        """The sandbox servers a fleet accepts sandboxes on now: the actors' copies of
+        its backend follow them (`RaySandboxFleet`'s `servers_changed`)."""
+        self._sandbox_servers = accepting
+        for runner in self.channels:
+            runner.send(SandboxFleet(accepting))
+
+    async def sandbox_waiting(self) -> int:
+        """Starts waiting for a sandbox in the ready actors' pools now (an actor that
+        does not answer counts none): with the service's own, a fleet's demand."""
+        counts = await asyncio.gather(*(r.actor.sandbox_waiting.remote() for r in self.runners),
+                                      return_exceptions=True)
+        return sum(c for c in counts if isinstance(c, int))
+
     def where(self) -> dict[str, tuple[int, str]]:
         """Each live runner's (process id, Ray node id), by name."""
         return {r.name: (r.pid, r.node_id) for r in self.runners}
@@ -350,6 +368,8 @@ class RayRunners:
                                batch_window_s=self.actors.batch_window_s, lost=self.lost)
         runner.send(Engines(tuple(self._engines.values())))  # later changes follow it
         runner.send(self._weights())
+        if self._sandbox_servers is not None:  # as they are now, not when the kit was made
+            runner.send(SandboxFleet(self._sandbox_servers))
         self.channels.append(runner)
         try:
             await asyncio.wait_for(runner.open(), self.actors.ready_timeout_s)

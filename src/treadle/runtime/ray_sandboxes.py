@@ -2,8 +2,10 @@
 
     connect_ray("ray://head:10001")
     backend = RemoteBackend([], token)                  # the service's sandbox backend
+    # waiting: an async function, the starts waiting for a sandbox now
     fleet = RaySandboxFleet(backend, token, SandboxServers(resources=(("sandbox", 1),)),
-                            Scaling(min_servers=1, max_servers=16), demand=waiting)
+                            Scaling(min_servers=1, max_servers=16), demand=waiting,
+                            servers_changed=runners.sandbox_servers)
     await fleet.rebalance()                             # the first servers
     task = asyncio.create_task(fleet.run(interval_s=5))  # then follow demand
     ...
@@ -17,11 +19,15 @@ the node's address with a port free there, the token in its environment, not its
 command line. Once it answers `/healthz` it joins the backend's placement
 (`RemoteBackend.add_server`).
 
-Demand follows `sandbox.autoscale.decide`: the sandboxes open on the fleet's
-servers plus `demand()` (starts waiting for a sandbox: the service passes its
-pools' waiting callers). A server to retire takes no new sandbox at once
-(`retire_server`) and is stopped when its last sandbox closes, never before: a
-sandbox stays on its server.
+Demand follows `sandbox.autoscale.decide`: the sandboxes live on the fleet's
+servers plus `await demand()` (starts waiting for a sandbox: the service passes its
+pools' waiting callers, its runner actors' included). What is live on a server is
+what its `/healthz` says (every client's sandboxes: the service's backend and the
+copies of it in runner actors), or what this backend has open there when it does
+not answer. A server to retire takes no new sandbox at once (`retire_server`) and is
+stopped when nothing is live there, never before: a sandbox stays on its server.
+Each time the servers new sandboxes may go to change, `servers_changed` is told them
+(copies of the backend elsewhere `follow` them).
 
 Contracts: `rebalance` acts on one decision and returns it; a server that does not
 come up within `ready_timeout_s` (no node with the resources, or its process exits)
@@ -40,20 +46,26 @@ import asyncio
 import contextlib
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from secrets import token_hex
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
 from treadle.clock import MONOTONIC, Clock
 from treadle.runtime.ray_launcher import host_actor, require_ray
 from treadle.sandbox.autoscale import ScaleDecision, Scaling, ServerLoad, decide
 from treadle.sandbox.remote import RemoteBackend
+from treadle.sandbox.wire import Health
 
 log = logging.getLogger(__name__)
 TOKEN_ENV = "TREADLE_SANDBOX_TOKEN"  # what `treadle sandbox-server` reads its token from
+
+
+async def _no_demand() -> int:
+    return 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +102,8 @@ class RaySandboxFleet:
     with `backend`; see the module docstring."""
 
     def __init__(self, backend: RemoteBackend, token: str, spec: SandboxServers,
-                 scaling: Scaling, *, demand: Callable[[], int] = lambda: 0,
+                 scaling: Scaling, *, demand: Callable[[], Awaitable[int]] = _no_demand,
+                 servers_changed: Callable[[tuple[str, ...]], None] = lambda _: None,
                  clock: Clock = MONOTONIC, ready_timeout_s: float = 60.0,
                  stop_timeout_s: float = 10.0) -> None:
         require_ray()
@@ -99,6 +112,8 @@ class RaySandboxFleet:
         self.spec = spec
         self.scaling = scaling
         self._demand = demand
+        self._servers_changed = servers_changed
+        self._told: tuple[str, ...] | None = None  # what servers_changed was told last
         self._clock = clock
         self.ready_timeout_s = ready_timeout_s
         self.stop_timeout_s = stop_timeout_s
@@ -120,7 +135,7 @@ class RaySandboxFleet:
         async with self._lock:
             await self._drop_lost()
             now = self._clock.now()
-            open_ = self._backend.outstanding()
+            open_ = await self._live()
             loads = []
             for server in self._servers.values():
                 n = open_.get(server.url, 0)
@@ -130,8 +145,8 @@ class RaySandboxFleet:
                     server.idle_since = now
                 loads.append(ServerLoad(server.url, n, self.spec.max_live, server.idle_since,
                                         server.retiring))
-            decision = decide(loads, waiting=self._demand(), scaling=self.scaling, now=now,
-                              server_max_live=self.spec.max_live)
+            decision = decide(loads, waiting=await self._demand(), scaling=self.scaling,
+                              now=now, server_max_live=self.spec.max_live)
             for url in decision.retire:
                 self._servers[url].retiring = True
                 self._backend.retire_server(url)
@@ -141,6 +156,7 @@ class RaySandboxFleet:
                 if isinstance(result, BaseException):
                     log.warning("a sandbox server did not start on Ray: %s", result)
             await self._stop_empty_retired()
+            self._tell()
             return decision
 
     async def run(self, interval_s: float = 5.0) -> None:
@@ -158,6 +174,27 @@ class RaySandboxFleet:
         async with self._lock:
             for server in list(self._servers.values()):
                 await self._stop(server)
+            self._tell()
+
+    def _tell(self) -> None:
+        accepting = self._backend.accepting()
+        if accepting != self._told:
+            self._told = accepting
+            self._servers_changed(accepting)
+
+    async def _live(self) -> dict[str, int]:
+        """Sandboxes live on each server: its `/healthz` count (every client's), or,
+        where it does not answer, what this backend has open there."""
+        open_ = self._backend.outstanding()
+        async with httpx.AsyncClient(trust_env=False, timeout=5.0) as client:
+            answers = await asyncio.gather(*(client.get(f"{url}/healthz") for url in open_),
+                                           return_exceptions=True)
+        for url, answer in zip(list(open_), answers, strict=True):
+            if isinstance(answer, httpx.Response) and answer.status_code == 200:
+                with contextlib.suppress(ValidationError):  # not a sandbox server's
+                    open_[url] = max(open_[url],
+                                     Health.model_validate_json(answer.content).live)
+        return open_
 
     async def _start(self) -> FleetServer:
         name = f"treadle-sandbox-server-{token_hex(4)}"  # as `ray list actors` shows it
@@ -220,7 +257,7 @@ class RaySandboxFleet:
                 self._backend.retire_server(server.url)
 
     async def _stop_empty_retired(self) -> None:
-        open_ = self._backend.outstanding()
+        open_ = await self._live()
         for server in list(self._servers.values()):
             if server.retiring and not open_.get(server.url, 0):
                 await self._stop(server)

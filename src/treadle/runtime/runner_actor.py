@@ -74,6 +74,7 @@ from treadle.runtime.runner_wire import (
     PreemptTurn,
     Resumed,
     Sampled,
+    SandboxFleet,
     StartReplay,
     StartTask,
     Told,
@@ -88,6 +89,7 @@ from treadle.runtime.suite_pools import SuitePools
 from treadle.runtime.turns import ScheduledTurns
 from treadle.sandbox.base import SandboxBackend
 from treadle.sandbox.pool import PoolSettings
+from treadle.sandbox.remote import RemoteBackend
 from treadle.types import GroupKey, KVAcrossUpdates, Trajectory
 
 log = logging.getLogger(__name__)
@@ -158,6 +160,8 @@ class MirrorHost:
                 self.suites[m.key] = m.suite
             elif isinstance(m, DropSuite):
                 self.suites.pop(m.key, None)
+            elif isinstance(m, SandboxFleet):
+                self._follow(m.accepting)
             elif isinstance(m, StartReplay | StartTask):
                 self.attempts[m.traj_id] = m.attempt
                 # A task's suite is looked up now: a DropSuite later in this batch
@@ -192,6 +196,15 @@ class MirrorHost:
             task_id=m.task_id, attempt=m.attempt, kv=m.kv, journal=journal,
             resume=None if kept is None else (lambda _replay_of: kept),
             max_staleness=m.max_staleness)
+
+    def _follow(self, accepting: tuple[str, ...]) -> None:
+        """The fleet's servers, followed by this actor's copy of its backend."""
+        backend = self.sandboxes.backend
+        if isinstance(backend, RemoteBackend):
+            backend.follow(accepting)
+        else:  # the service sends none for another backend: a bug, but not this task's
+            log.error("sandbox servers sent to a runner whose backend is %s",
+                      type(backend).__name__)
 
     async def _task(self, m: StartTask, suite: Suite | None) -> Trajectory:
         """A suite task (module docstring); a suite not sent, or no tokenizer, raises
@@ -372,6 +385,10 @@ class RunnerWorker:
         import ray
 
         return os.getpid(), ray.get_runtime_context().get_node_id()
+
+    def sandbox_waiting(self) -> int:
+        """Starts waiting for a sandbox in its pools now (a sandbox fleet's demand)."""
+        return self.host.sandboxes.waiting()
 
     async def push(self, batch: list[Packed]) -> None:
         """Apply a batch of messages (`runner_wire.pack`ed)."""

@@ -4,7 +4,8 @@ Two streams per runner actor, each a list of these messages per Ray call, in ord
 
 - *to the runner* (`ToRunner`): the engines it may call (`Engines`), the weights
   served and whether calls may go (`Weights`), a hold to acknowledge (`Hold`), the
-  suites its tasks name (`KeepSuite`, `DropSuite`), the trajectories to run
+  suites its tasks name (`KeepSuite`, `DropSuite`), the sandbox servers its sandboxes
+  may start on (`SandboxFleet`), the trajectories to run
   (`StartReplay`, `StartTask`, `Cancel`), and the scheduler's decisions about them
   (`AdmitTurn`, `PreemptTurn`, `EngineLost`, `AbortForPause`, `FailTurn`), with the
   answers to its questions (`Answer`);
@@ -159,6 +160,14 @@ class DropSuite:
 
 
 @dataclass(frozen=True, slots=True)
+class SandboxFleet:
+    """The sandbox servers new sandboxes may start on now (a fleet's: the runner's
+    remote backend follows them, `RemoteBackend.follow`)."""
+
+    accepting: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class StartTask:
     """Run a suite task (`runtime.rollout.run_task`) in the runner's own sandbox pools,
     with its tokenizer."""
@@ -222,9 +231,9 @@ class Answer:
     verdict: Literal["failed", "retry"]
 
 
-ToRunner = (Engines | Weights | Hold | KeepSuite | DropSuite | StartReplay | StartTask
-            | Cancel | AdmitTurn | PreemptTurn | EngineLost | AbortForPause | FailTurn
-            | Answer)
+ToRunner = (Engines | Weights | Hold | KeepSuite | DropSuite | SandboxFleet | StartReplay
+            | StartTask | Cancel | AdmitTurn | PreemptTurn | EngineLost | AbortForPause
+            | FailTurn | Answer)
 
 
 # -- to the service ---------------------------------------------------------------------
@@ -316,7 +325,8 @@ ToService = (Told | CallStarted | CallEnded | CallFailed | Sampled | Journaled |
 
 
 _MESSAGES: tuple[type[Any], ...] = (
-    Engines, Weights, Hold, KeepSuite, DropSuite, StartReplay, StartTask, Cancel, AdmitTurn,
+    Engines, Weights, Hold, KeepSuite, DropSuite, SandboxFleet, StartReplay, StartTask,
+    Cancel, AdmitTurn,
     PreemptTurn, EngineLost, AbortForPause, FailTurn, Answer, Told, CallStarted, CallEnded,
     CallFailed, Sampled, Journaled, Resumed, Captured, Done, Finished, Held)
 _EVENTS: tuple[type[Any], ...] = (

@@ -16,7 +16,8 @@ skipped for that start only. A sandbox stays on its server.
 The servers can change while sandboxes run (a fleet that follows demand,
 `runtime.ray_sandboxes`): `add_server` takes a new one into placement at once;
 `retire_server` takes one out of it (its open sandboxes stay until they close) and
-`remove_server` forgets a retired one once nothing is open there.
+`remove_server` forgets a retired one once nothing is open there. A copy of the
+backend in another process follows the same servers with `follow(accepting())`.
 
 The wire format (JSON over HTTP, bearer token on all but `/healthz`; endpoints in
 docs/sandbox.md) is `treadle.sandbox.wire`'s models. An `ErrorReply` is raised as the exception it
@@ -201,6 +202,27 @@ class RemoteBackend(SandboxBackend):
             raise ValueError(f"sandbox server {url}: retire it and let its "
                              f"{server.outstanding} sandbox(es) close before removing it")
         self._servers.remove(server)
+
+    def accepting(self) -> tuple[str, ...]:
+        """The servers new sandboxes may start on (not retiring), in order."""
+        return tuple(s.url for s in self._servers if not s.retiring)
+
+    def follow(self, accepting: Sequence[str]) -> None:
+        """Make `accepting` the servers new sandboxes start on, as another backend's
+        `accepting()` (a fleet's, followed by a copy of this backend elsewhere): add
+        the new ones, retire the others, forget the retired ones with nothing open."""
+        urls = [_url(u) for u in accepting]
+        known = {s.url: s for s in self._servers}
+        for url in urls:
+            if url in known:
+                known[url].retiring = False  # (a URL a new server took again)
+            else:
+                self.add_server(url)
+        for server in list(self._servers):
+            if server.url not in urls:
+                server.retiring = True
+                if not server.outstanding:
+                    self._servers.remove(server)
 
     def _server(self, url: str) -> _Server:
         url = url.rstrip("/")

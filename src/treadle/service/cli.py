@@ -11,7 +11,7 @@ for experiments without GPUs), or later `POST /v1/engines`. `--ray [ADDRESS]` st
 the engines of `--emulate` or `--vllm` on a Ray cluster (`--ray-resource NAME=AMOUNT`:
 what each engine GPU asks of a node besides the GPU), or runs beside `--engine`s;
 with `--runners N`, workload replays and suite tasks run in N runner actors there
-(`runtime.ray_runners`; suite tasks stay here with `--sandbox-servers`). Frozen sub-agents'
+(`runtime.ray_runners`). Frozen sub-agents'
 sessions go to `--frozen-engine URL` (repeatable: engines at a pinned version that
 weight updates never reach, `--frozen-served-model`, `--frozen-policy-version`) when
 given. Suite tasks need
@@ -126,8 +126,7 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--runners", type=int, default=None, metavar="N",
                    help="with --ray: run workload replays and suite tasks (their agent "
                         "loops, engine calls, sandboxes, tools and rewards) in N runner "
-                        "actors on the cluster, the scheduler staying here (suite tasks "
-                        "stay here with --sandbox-servers)")
+                        "actors on the cluster, the scheduler staying here")
     p.add_argument("--runner-cpus", type=float, default=1.0,
                    help="Ray CPUs each runner actor holds")
     p.add_argument("--runner-resource", action="append", default=[], metavar="NAME=AMOUNT",

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -135,7 +135,7 @@ class ServiceConfig:
     sandbox_scaling: Scaling = field(default_factory=Scaling)
     # With `ray`: run workload replays and suite tasks in these runner actors on the
     # cluster (runtime.ray_runners), the scheduler staying here; None: in this
-    # process. Suite tasks stay here with `sandbox_servers` (see build_service).
+    # process.
     runners: RunnerActors | None = None
     # Directories a job's suite options may name files under (e.g. nemo_gym's
     # rows_path); a path outside them, or any path when there are none, is refused.
@@ -312,8 +312,16 @@ def build_service(config: ServiceConfig) -> Service:
     tokenizer = HFTokenizer(config.tokenizer) if config.tokenizer else None
     metrics = Metrics()
     outbox = Outbox(store, metrics)
-    # The fleet's demand is the pools' waiting starts (the pools use its servers).
-    fleet = _sandbox_fleet(config, demand=lambda: sandboxes.waiting())
+    # The fleet's demand is the pools' waiting starts (the pools use its servers), the
+    # runner actors' pools included; the actors' copies of its backend follow it.
+    async def demand() -> int:
+        return sandboxes.waiting() + (0 if runners is None else await runners.sandbox_waiting())
+
+    def servers_changed(accepting: tuple[str, ...]) -> None:
+        if runners is not None:
+            runners.sandbox_servers(accepting)
+
+    fleet = _sandbox_fleet(config, demand, servers_changed)
     sandbox = fleet.backend if fleet is not None else config.sandbox
     sandboxes = SuitePools(sandbox, config.sandbox_pool)
     planner = Planner(tokenizer=tokenizer, sandbox_backend=sandbox,
@@ -339,11 +347,8 @@ def build_service(config: ServiceConfig) -> Service:
                       url=config.public_url, keys=session_keys, frozen=frozen,
                       journal=SessionJournal(journal, store), judging=judging)
     # Suite tasks run in the runner actors too, with copies of the tokenizer and the
-    # sandbox backend; not with a sandbox fleet, whose servers are counted and
-    # retired by the sandboxes this process opens (the actors' would go unseen).
-    kit = RunnerKit(tokenizer, config.sandbox, config.sandbox_pool) if fleet is None \
-        else RunnerKit()
-    runners = _runners(config, runtime, kit)
+    # sandbox backend.
+    runners = _runners(config, runtime, RunnerKit(tokenizer, sandbox, config.sandbox_pool))
     attempts = Attempts(runtime, sandboxes, judging, journal,
                         tokenizer=tokenizer, harnesses=gateway, runners=runners)
     rollouts = Rollouts(runtime, store, planner, outbox, attempts, harnesses=gateway,
@@ -383,8 +388,9 @@ def _launcher(config: ServiceConfig) -> tuple[EngineLauncher | None, int]:
     return RayLauncher(spec, resources=dict(config.ray.resources)), gpus
 
 
-def _sandbox_fleet(config: ServiceConfig,
-                   demand: Callable[[], int]) -> RaySandboxFleet | None:
+def _sandbox_fleet(config: ServiceConfig, demand: Callable[[], Awaitable[int]],
+                   servers_changed: Callable[[tuple[str, ...]], None]
+                   ) -> RaySandboxFleet | None:
     """Sandbox servers on the Ray cluster (`sandbox_servers`), with a token of their own."""
     if config.sandbox_servers is None:
         return None
@@ -393,7 +399,8 @@ def _sandbox_fleet(config: ServiceConfig,
     config.ray.connect(num_gpus=config.emulate or None)
     token = secrets.token_urlsafe(32)
     return RaySandboxFleet(RemoteBackend([], token), token, config.sandbox_servers,
-                           config.sandbox_scaling, demand=demand)
+                           config.sandbox_scaling, demand=demand,
+                           servers_changed=servers_changed)
 
 
 def _runners(config: ServiceConfig, runtime: Runtime, kit: RunnerKit) -> RayRunners | None:
