@@ -1,18 +1,34 @@
 """A trajectory running in a runner actor, as the service sees it (`RemoteTrajectory`),
 without Ray: what its actor says of a suite task's resume and work tree reaches the
 attempt's journal and the capture its rubric's judges read, and its record its
-`result`."""
+`result`; a driven trajectory's turns (`RemoteTurns`, a gateway session's) go to its
+actor in order, their replies come back, and its actor lost fails them."""
 
 from __future__ import annotations
 
 import asyncio
 
-from runtime_helpers import FakeManualScheduler
+from runtime_helpers import FakeManualScheduler, until
 
+from treadle.agent.runner import Sampling, TurnOutput
+from treadle.engines.errors import EngineUnavailable
 from treadle.envs.worktree import WorkTree, WorkTreeCapture
 from treadle.runtime.driver import Runtime
-from treadle.runtime.remote_trajectory import RemoteTrajectory
-from treadle.runtime.runner_wire import Captured, Finished, Journaled, Resumed, ToRunner
+from treadle.runtime.remote_trajectory import RemoteTrajectory, RemoteTurns
+from treadle.runtime.runner_wire import (
+    CancelCall,
+    Captured,
+    Finished,
+    Generate,
+    Generated,
+    Journaled,
+    Resumed,
+    ToolBegan,
+    ToolDone,
+    ToRunner,
+    TurnDone,
+    TurnsEnded,
+)
 from treadle.types import (
     GroupKey,
     KVAcrossUpdates,
@@ -70,3 +86,45 @@ def test_a_work_tree_that_could_not_be_read_says_why_to_the_judges() -> None:
     capture = asyncio.run(go())
     assert capture.tree is None
     assert "SandboxError: gone" in capture.diff(10_000)
+
+
+def test_a_driven_trajectorys_turns_go_to_its_actor_and_their_replies_come_back() -> None:
+    out = TurnOutput([7, 8], [-0.1, -0.2], [3, 3], "stop", "e1", 0.1, 0.2)
+
+    async def go() -> tuple[list[ToRunner], TurnOutput, list[str]]:
+        sent: list[ToRunner] = []
+        rt = Runtime(FakeManualScheduler())
+        traj = RemoteTrajectory(sent.append, rt, "t", KVAcrossUpdates.RECOMPUTE, None)
+        turns = RemoteTurns(traj, sent.append, rt)
+        first = asyncio.ensure_future(turns.generate([1, 2], 16, Sampling(), [9]))
+        await until(lambda: bool(traj.calls))
+        traj.hear(Generated("t", 1, out))
+        got = await first
+        turns.turn_finished(2, 4, False)
+        turns.tool_started()
+        turns.tool_finished(0.5, 3, False)
+        gave_up = asyncio.ensure_future(turns.generate([1, 2, 7, 8], 16, Sampling(), [9]))
+        await until(lambda: bool(traj.calls))
+        gave_up.cancel()  # its caller went away: the actor is told
+        await asyncio.gather(gave_up, return_exceptions=True)
+        lost = asyncio.ensure_future(turns.generate([1], 16, Sampling(), [9]))
+        await until(lambda: bool(traj.calls))
+        traj.lost("its node is gone")
+        errors = []
+        for call in (lost, turns.generate([1], 16, Sampling(), [9])):
+            try:
+                await call
+            except EngineUnavailable as e:
+                errors.append(str(e))
+        turns.ended("the session ended")
+        return sent, got, errors
+
+    sent, got, errors = asyncio.run(go())
+    assert got == out
+    assert sent == [
+        Generate("t", 1, [1, 2], 16, Sampling(), [9]), TurnDone("t", 2, 4, False),
+        ToolBegan("t"), ToolDone("t", 0.5, 3, False),
+        Generate("t", 2, [1, 2, 7, 8], 16, Sampling(), [9]), CancelCall("t", 2),
+        Generate("t", 3, [1], 16, Sampling(), [9]), TurnsEnded("t", "the session ended")]
+    # The turn in flight and the one after both fail as the engines' would.
+    assert len(errors) == 2 and all("its node is gone" in e for e in errors), errors

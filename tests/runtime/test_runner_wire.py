@@ -11,7 +11,7 @@ import pytest
 
 from treadle.agent.journal import Resume, ResumeFrom
 from treadle.agent.loop import AgentLimits
-from treadle.agent.runner import Sampling
+from treadle.agent.runner import Sampling, TurnOutput
 from treadle.core.events import (
     ToolCallFinished,
     ToolCallStarted,
@@ -34,6 +34,7 @@ from treadle.runtime.runner_wire import (
     CallFailed,
     CallStarted,
     Cancel,
+    CancelCall,
     Captured,
     Done,
     DropSuite,
@@ -42,16 +43,23 @@ from treadle.runtime.runner_wire import (
     Engines,
     FailTurn,
     Finished,
+    Generate,
+    Generated,
     Held,
     Hold,
     Journaled,
     KeepSuite,
+    OpenTurns,
     PreemptTurn,
     Resumed,
     Sampled,
     StartReplay,
     StartTask,
     Told,
+    ToolBegan,
+    ToolDone,
+    TurnDone,
+    TurnsEnded,
     Weights,
     engine_address,
     engine_client,
@@ -81,6 +89,12 @@ def _messages() -> list[object]:
                   ResumeFrom(1, (b"\x81\xa1a\x01",), (), from_prompt=True), 2,
                   journaled=True),
         DropSuite("math#3"),
+        OpenTurns("t", "g", KVAcrossUpdates.KEEP, 2),
+        Generate("t", 3, [1, 2, 3], 64, Sampling(0.5, 1.0, 7), [9]), CancelCall("t", 3),
+        TurnDone("t", 5, 40, False), ToolBegan("t"), ToolDone("t", 0.5, 7, True),
+        TurnsEnded("t", "deadline"),
+        Generated("t", 3, TurnOutput([4, 5], [-0.1, -0.2], [1, 1], "stop", "e1", 0.5, 1.5)),
+        Generated("t", 5, None, failure="RuntimeError: trajectory t has ended"),
         Cancel("t"), AdmitTurn("t", "e1", -2.5), PreemptTurn("t", "e1"), EngineLost("t", "e1"),
         AbortForPause("t"), Answer(9, "retry"),
         Told("t", TrajectoryArrived("t", "g", 12, judge=True, max_staleness=2)),
@@ -119,12 +133,15 @@ def test_a_suite_and_a_capture_travel_with_what_they_hold() -> None:
     assert (start.capture.max_files, start.capture.max_file_bytes) == (7, 99)
 
 
-def test_a_failed_turn_and_a_failed_call_carry_their_engine_error() -> None:
+def test_a_failed_turn_call_and_driven_turn_carry_their_engine_error() -> None:
     error = NoEngineAvailable("no engine is live")
-    fail, failed = unpack(pickle.loads(pickle.dumps(pack(
-        [FailTurn("t", error), CallFailed(1, "t", "e1", error)]))))
+    fail, failed, generated = unpack(pickle.loads(pickle.dumps(pack(
+        [FailTurn("t", error), CallFailed(1, "t", "e1", error),
+         Generated("t", 4, None, error)]))))
     assert isinstance(fail, FailTurn) and isinstance(fail.error, NoEngineAvailable)
     assert isinstance(failed, CallFailed) and str(failed.error) == "no engine is live"
+    assert isinstance(generated, Generated) and isinstance(generated.error, NoEngineAvailable)
+    assert str(generated.error) == "no engine is live"
 
 
 @pytest.mark.parametrize(("engine", "kind"), [

@@ -5,7 +5,8 @@ in the test tokenizer's vocabulary) and a local sandbox backend; the scheduler a
 the journal stay in the service. An actor killed mid-task has its trajectory run
 again as a new attempt that resumes from its journaled turns, planned in the new
 actor: no journaled turn is sampled again. With sandbox servers on the cluster (a
-fleet), the actors' sandboxes are the fleet's."""
+fleet), the actors' sandboxes are the fleet's. A gateway session's turns run in an
+actor too, its conversation in the service."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from fastapi import Response
 from service_helpers import running, until
@@ -49,6 +51,7 @@ class _Engine:
         tok = build_tokenizer(tok_dir)
         self.fake = FakeVLLMServer(reply_ids=[*tok.encode(CALL), tok.token_id("<|im_end|>")])
         self.free = threading.Event()
+        self.holding = threading.Event()  # a completion is held now
         self._seen = 0
         self._held: set[int] = set()
 
@@ -56,6 +59,7 @@ class _Engine:
             if request.url.path == "/v1/completions":
                 self._seen += 1
                 if self._seen in self._held:
+                    self.holding.set()
                     await asyncio.to_thread(self.free.wait)
                     if await request.is_disconnected():
                         return Response(status_code=499)
@@ -202,6 +206,64 @@ def test_suite_tasks_in_runner_actors_run_their_tools_on_the_sandbox_fleet(
         calls = [turn["tool_call"] for turn in t["turns"]]
         assert len(calls) == 2 and all(c["error"] is None for c in calls), calls
         assert calls[0]["output_tokens"] > 0  # its result, shown to the model
+
+
+def test_a_gateway_sessions_turns_run_in_a_runner_actor(served: Served) -> None:
+    url, service, engine, _, _ = served
+    runners = service.runners
+    assert runners is not None
+    asked = len(engine.fake.requests)
+    with _client(url) as http:
+        created = http.post("/v1/sessions", json={})
+        assert created.status_code == 201, created.text
+        info = created.json()
+        model = openai.OpenAI(base_url=info["base_url"], api_key=TOKEN, max_retries=0)
+        reply = model.chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": "what is 1 + 2?"}])
+        # Its runner is an actor's while it is open: the turn ran there.
+        holders = [x.name for x in runners.runners if info["trajectory_id"] in x.trajectories]
+        view = http.get(f"/v1/sessions/{info['session_id']}").json()
+        ended = http.post(f"/v1/sessions/{info['session_id']}/end", json={"reward": 1.0})
+    assert len(holders) == 1, holders
+    assert view["turns"] == 1 and ended.status_code == 200, ended.text
+    [call] = reply.choices[0].message.tool_calls or []
+    assert call.function.name == "python"  # the engine's scripted reply, parsed here
+    assert len(engine.fake.requests) == asked + 1
+
+
+def test_a_session_whose_runner_actor_is_lost_fails_its_call_and_ends_as_infrastructure(
+        served: Served) -> None:
+    url, service, engine, _, _ = served
+    runners = service.runners
+    assert runners is not None
+    engine.holding.clear()
+    engine.hold(1)
+    with _client(url) as http:
+        info = http.post("/v1/sessions", json={}).json()
+        model = openai.OpenAI(base_url=info["base_url"], api_key=TOKEN, max_retries=0)
+        failed: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                model.chat.completions.create(
+                    model="policy", messages=[{"role": "user", "content": "what is 1 + 2?"}])
+            except Exception as e:
+                failed.append(e)
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        engine.holding.wait()  # its turn is on the engine, called from the actor
+        [victim] = [x for x in runners.runners if info["trajectory_id"] in x.trajectories]
+        ray.kill(victim.actor)
+        caller.join()
+        view = http.get(f"/v1/sessions/{info['session_id']}")
+    # The call fails as one the engines failed (503, retryable elsewhere), saying why,
+    # and the session's trajectory ends as an error of the infrastructure.
+    [error] = failed
+    assert isinstance(error, openai.APIStatusError) and error.status_code == 503, error
+    assert "its runner actor was lost" in str(error)
+    assert view.status_code == 200 and view.json()["status"] == "error", view.text
+    assert runners.lost_runners[-1] == victim.name
 
 
 def _journaled(db: Path) -> int:

@@ -74,6 +74,7 @@ from treadle.gateway.errors import (
     SessionEnded,
     SessionLimit,
 )
+from treadle.runtime.contract import TrajectoryHost
 from treadle.runtime.driver import Runtime
 from treadle.types import (
     FailureStage,
@@ -158,7 +159,8 @@ class Session:
     the running call gets its answer), the limits, forced prefixes, stop strings."""
 
     def __init__(self, spec: SessionSpec, runtime: Runtime, tokenizer: Tokenizer,
-                 clock: Clock, *, replay: Sequence[TurnOutput] = ()) -> None:
+                 clock: Clock, *, replay: Sequence[TurnOutput] = (),
+                 turns: TrajectoryHost | None = None) -> None:
         self.spec = spec
         self.fmt = chat_format(spec.chat_format)
         self.tokenizer = tokenizer
@@ -172,9 +174,11 @@ class Session:
         # engines), as treadle's own trajectories have them; idleness on `clock`.
         # A session opened again after a restart answers its first calls (the journal's,
         # replayed by its owner) with their recorded replies (`agent.journal`).
-        runner: TurnRunner = runtime.turns(spec.trajectory_id, spec.key.group_id,
-                                           spec.kv_across_updates,
-                                           max_staleness=spec.max_staleness)
+        # Its runner: the runtime's, or one in a runner actor (`turns`: the service's
+        # runner actors, whose turns the runtime schedules all the same).
+        runner: TurnRunner = (turns or runtime).turns(spec.trajectory_id, spec.key.group_id,
+                                                      spec.kv_across_updates,
+                                                      max_staleness=spec.max_staleness)
         if replay:
             runner = ReplayingRunner(runner, replay)
         self.conversation = Conversation(self.trajectory, tokenizer, self.fmt, runner,

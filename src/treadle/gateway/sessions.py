@@ -33,6 +33,7 @@ from treadle.clock import MONOTONIC, Clock
 from treadle.errors import ServiceBusy
 from treadle.gateway.errors import SessionBusy, SessionEnded, UnknownSession
 from treadle.gateway.session import CallRequest, CallResult, Session, SessionSpec
+from treadle.runtime.contract import TrajectoryHost
 from treadle.runtime.driver import Runtime
 from treadle.types import FailureStage, RewardSource, Trajectory, TrajectoryStatus
 
@@ -47,8 +48,11 @@ class Sessions:
     def __init__(self, runtime: Runtime, tokenizer: Tokenizer, *,
                  on_end: Callable[[Trajectory], Awaitable[None]], clock: Clock = MONOTONIC,
                  max_sessions: int = 4096, sweep_s: float = 1.0,
-                 grace_s: float = 0.0) -> None:
+                 grace_s: float = 0.0, turns: TrajectoryHost | None = None) -> None:
         self.runtime = runtime
+        # Where sessions of `runtime` run their turns (None: the runtime; the service's
+        # runner actors); a session of another runtime (the frozen pool) runs on it.
+        self.turns = turns
         self.tokenizer = tokenizer
         self.max_sessions = max_sessions  # open sessions at once
         self._on_end = on_end
@@ -72,7 +76,8 @@ class Sessions:
         self.check_room()
         parent = None if spec.parent_id is None else self.open_parent(spec.parent_id)
         session = Session(spec, runtime or self.runtime, self.tokenizer, self._clock,
-                          replay=replay)
+                          replay=replay,
+                          turns=self.turns if runtime in (None, self.runtime) else None)
         self._open[spec.session_id] = session
         if parent is not None:
             parent.children.append(session)

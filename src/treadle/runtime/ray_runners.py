@@ -36,9 +36,9 @@ Suite tasks need the service's tokenizer and sandbox backend (`RunnerKit`), copi
 into each actor when it is made; each actor keeps its own sandbox pools over that
 backend (a local backend's sandboxes run on the actor's node; a remote backend's
 copy follows the servers a sandbox fleet accepts, `sandbox_servers`), and
-`sandbox_waiting` sums the starts waiting in them (the fleet's demand). Gateway
-sessions run in the service. Ray is the `ray` extra, imported inside the functions
-that use it.
+`sandbox_waiting` sums the starts waiting in them (the fleet's demand). A gateway
+session's conversation stays in the service and its turns run in an actor (`turns`,
+a `RemoteTurns`). Ray is the `ray` extra, imported inside the functions that use it.
 """
 
 from __future__ import annotations
@@ -54,14 +54,19 @@ from typing import Any
 
 from treadle.agent.journal import Resume, ResumeFrom
 from treadle.agent.loop import AgentLimits
-from treadle.agent.runner import Sampling
+from treadle.agent.runner import Sampling, TurnRunner
 from treadle.agent.tokenizer import Tokenizer
-from treadle.clock import ScaledClock
+from treadle.clock import Clock, ScaledClock
 from treadle.envs.base import Suite
 from treadle.envs.worktree import WorkTreeCapture
 from treadle.runtime.driver import Runtime
 from treadle.runtime.ray_launcher import require_ray
-from treadle.runtime.remote_trajectory import BodyJournal, RemoteTrajectory, RunnerLost
+from treadle.runtime.remote_trajectory import (
+    BodyJournal,
+    RemoteTrajectory,
+    RemoteTurns,
+    RunnerLost,
+)
 from treadle.runtime.runner_channel import RunnerChannel
 from treadle.runtime.runner_wire import (
     Cancel,
@@ -69,6 +74,7 @@ from treadle.runtime.runner_wire import (
     EngineAddress,
     Engines,
     KeepSuite,
+    OpenTurns,
     SandboxFleet,
     StartReplay,
     StartTask,
@@ -236,6 +242,29 @@ class RayRunners:
         if isinstance(result, str):  # cancelled there, not from here (a raise: RunnerFailure)
             raise RunnerLost(f"trajectory {traj_id}: {result}")
         return result
+
+    def turns(self, traj_id: str, group_id: str,
+              kv: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE, *, judge: bool = False,
+              max_staleness: int | None = None) -> TurnRunner:
+        """The runner of a trajectory whose conversation stays here (a gateway
+        session's: `contract.TrajectoryHost.turns`), its turns run in the actor with
+        the fewest running (`RemoteTurns`); with no actor ready, the runtime's own
+        (the session runs as before, not waiting for one)."""
+        if not self.runners:
+            return self.runtime.turns(traj_id, group_id, kv, judge=judge,
+                                      max_staleness=max_staleness)
+        runner = min(self.runners, key=lambda r: len(r.trajectories))
+        traj = RemoteTrajectory(runner.send, self.runtime, traj_id, kv, None)
+        traj.driven = True
+        self.runtime.adopt(traj)
+        runner.trajectories[traj_id] = traj
+        runner.send(OpenTurns(traj_id, group_id, kv, max_staleness))
+        return RemoteTurns(traj, runner.send, self.runtime)
+
+    @property
+    def clock(self) -> Clock:
+        """The runtime's (`contract.TrajectoryHost`)."""
+        return self.runtime.clock
 
     def _suite_key(self, suite: Suite) -> str:
         """The key the actors know `suite` by (sent with the first task of it each

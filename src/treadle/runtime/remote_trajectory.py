@@ -9,6 +9,13 @@ calls started and ended). It ends for the scheduler when its runner says so
 (`Done`), when its record comes back (`Finished`), or when its actor is lost
 (`lost`: its call released from the pool, `TrajectoryEnded` if the scheduler knew of
 it, and its `result` the `RunnerLost` error).
+
+`RemoteTurns` is the `TurnRunner` of a trajectory whose conversation stays in the
+service (a gateway session's) while its runner is an actor's: each turn is a
+`Generate` answered by a `Generated`, each of the conversation's events a message
+to the runner, in order. Its actor lost, the turn in flight and every later one
+raise `EngineUnavailable`: the session ends its trajectory as an infrastructure
+failure, as it would on an engine lost for good.
 """
 
 from __future__ import annotations
@@ -17,13 +24,14 @@ import asyncio
 from collections.abc import Callable
 from typing import Protocol
 
+from treadle.agent.runner import Sampling, TurnOutput
 from treadle.core.events import (
     ToolCallFinished,
     TrajectoryArrived,
     TrajectoryEnded,
     TurnPreempted,
 )
-from treadle.engines.errors import EngineError
+from treadle.engines.errors import EngineError, EngineUnavailable
 from treadle.envs.worktree import WorkTreeCapture
 from treadle.errors import TreadleError
 from treadle.runtime.driver import Runtime
@@ -33,18 +41,25 @@ from treadle.runtime.runner_wire import (
     AdmitTurn,
     CallEnded,
     CallStarted,
+    CancelCall,
     Captured,
     Done,
     EngineLost,
     FailTurn,
     Finished,
+    Generate,
+    Generated,
     Journaled,
     PreemptTurn,
     Resumed,
     Sampled,
     Told,
+    ToolBegan,
+    ToolDone,
     ToRunner,
     ToService,
+    TurnDone,
+    TurnsEnded,
 )
 from treadle.types import KVAcrossUpdates, ResumePoint, Trajectory
 
@@ -86,12 +101,18 @@ class RemoteTrajectory:
         self.capture = capture  # given the work tree its runner read (`Captured`)
         self.result: asyncio.Future[Trajectory | str] = (
             asyncio.get_running_loop().create_future())
+        # Read by whoever waits for it; nobody does for a driven trajectory, nor once
+        # its waiter was cancelled: its error is not one to log as unretrieved.
+        self.result.add_done_callback(_retrieved)
         self._rt = runtime
         self._since: float | None = None  # when its turn began waiting for an admission
         self._admitted: str | None = None
         self._calling: EngineSlot | None = None
         self._arrived = False
         self.done = False
+        self.driven = False  # its conversation is the service's (RemoteTurns): no record
+        self.calls: dict[int, asyncio.Future[TurnOutput]] = {}  # driven turns, in flight
+        self.lost_why: str | None = None  # its actor was lost (why)
 
     # -- contract.Runner -----------------------------------------------------------------
 
@@ -160,6 +181,14 @@ class RemoteTrajectory:
         elif isinstance(m, Captured):
             if self.capture is not None:
                 self.capture.tree, self.capture.error = m.tree, m.error
+        elif isinstance(m, Generated):
+            call = self.calls.pop(m.call, None)
+            if call is not None and not call.done():
+                if m.output is not None:
+                    call.set_result(m.output)
+                else:
+                    call.set_exception(m.error if m.error is not None
+                                       else RunnerFailure(m.failure))
         elif isinstance(m, Done):
             self._end(None)
         elif isinstance(m, Finished):
@@ -172,10 +201,16 @@ class RemoteTrajectory:
                 self.result.set_result(m.error if m.trajectory is None else m.trajectory)
 
     def lost(self, why: str) -> None:
-        """Its actor is gone: the runtime forgets it, its `replay` raises RunnerLost."""
+        """Its actor is gone: the runtime forgets it, its `replay` raises RunnerLost,
+        its driven turns EngineUnavailable."""
+        self.lost_why = why
         self._end("runner lost")
         if not self.result.done():
             self.result.set_exception(RunnerLost(why))
+        for call in self.calls.values():
+            if not call.done():
+                call.set_exception(EngineUnavailable(f"its runner actor was lost: {why}"))
+        self.calls.clear()
 
     def _waiting(self) -> None:
         self._admitted = None
@@ -197,6 +232,56 @@ class RemoteTrajectory:
         self._rt.trajectory_done(self)
 
 
+class RemoteTurns:
+    """The `TurnRunner` of a trajectory driven from the service whose runner is an
+    actor's (module docstring); `traj` is its proxy, adopted by the runtime."""
+
+    def __init__(self, traj: RemoteTrajectory, send: Callable[[ToRunner], None],
+                 runtime: Runtime) -> None:
+        self._traj = traj
+        self._send = send
+        self._rt = runtime
+        self._calls = 0
+
+    @property
+    def policy_version(self) -> int:
+        return self._rt.policy_version
+
+    async def generate(self, prompt_ids: list[int], max_tokens: int, sampling: Sampling,
+                       stop_ids: list[int]) -> TurnOutput:
+        traj = self._traj
+        if traj.lost_why is not None:
+            raise EngineUnavailable(f"its runner actor was lost: {traj.lost_why}")
+        self._calls += 1
+        call = self._calls
+        answer: asyncio.Future[TurnOutput] = asyncio.get_running_loop().create_future()
+        traj.calls[call] = answer
+        self._send(Generate(traj.traj_id, call, prompt_ids, max_tokens, sampling, stop_ids))
+        try:
+            return await answer
+        except asyncio.CancelledError:
+            traj.calls.pop(call, None)
+            self._send(CancelCall(traj.traj_id, call))
+            raise
+
+    def turn_finished(self, output_tokens: int, context_tokens: int, final: bool) -> None:
+        self._send(TurnDone(self._traj.traj_id, output_tokens, context_tokens, final))
+
+    def tool_started(self) -> None:
+        self._send(ToolBegan(self._traj.traj_id))
+
+    def tool_finished(self, latency_s: float, output_tokens: int, final: bool) -> None:
+        self._send(ToolDone(self._traj.traj_id, latency_s, output_tokens, final))
+
+    def ended(self, reason: str) -> None:
+        self._send(TurnsEnded(self._traj.traj_id, reason))
+
+
+def _retrieved(future: asyncio.Future[Trajectory | str]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 def _readies(event: object) -> bool:
     """Whether `event` makes the trajectory's next turn wait for an admission."""
     return isinstance(event, TrajectoryArrived | TurnPreempted) or (
@@ -204,4 +289,4 @@ def _readies(event: object) -> bool:
 
 
 
-__all__ = ["BodyJournal", "RemoteTrajectory", "RunnerFailure", "RunnerLost"]
+__all__ = ["BodyJournal", "RemoteTrajectory", "RemoteTurns", "RunnerFailure", "RunnerLost"]

@@ -24,6 +24,12 @@ resume's point goes back (`Resumed`), as does the work tree its judges read
 (`Captured`). Rewards run here (some run tests in the sandbox); the rubric's judges
 run in the service.
 
+A trajectory whose conversation is the service's (a gateway session: the harness
+talks to the service) has only its runner here (`OpenTurns`): each turn is asked
+for (`Generate`) and answered (`Generated`), and the conversation's events
+(`TurnDone`, `ToolBegan`, `ToolDone`, `TurnsEnded`) reach the runner in order, so the
+scheduler hears them as from a runner of its own; its engine calls are this actor's.
+
 Its clock is the service's (the same scale, counted from the same instant), so the
 scheduler sees tool latencies and a record's times as if the trajectory ran there.
 The actor keeps no state the service needs: lost, its trajectories are run again
@@ -59,6 +65,7 @@ from treadle.runtime.runner_wire import (
     CallFailed,
     CallStarted,
     Cancel,
+    CancelCall,
     Captured,
     Done,
     DropSuite,
@@ -66,10 +73,13 @@ from treadle.runtime.runner_wire import (
     Engines,
     FailTurn,
     Finished,
+    Generate,
+    Generated,
     Held,
     Hold,
     Journaled,
     KeepSuite,
+    OpenTurns,
     Packed,
     PreemptTurn,
     Resumed,
@@ -78,8 +88,12 @@ from treadle.runtime.runner_wire import (
     StartReplay,
     StartTask,
     Told,
+    ToolBegan,
+    ToolDone,
     ToRunner,
     ToService,
+    TurnDone,
+    TurnsEnded,
     Weights,
     engine_client,
     pack,
@@ -117,6 +131,7 @@ class MirrorHost:
         self.queries: dict[int, asyncio.Future[Literal["failed", "retry"]]] = {}
         self._query_ids = 0
         self.tasks: dict[str, asyncio.Task[Trajectory]] = {}
+        self.calls: dict[tuple[str, int], asyncio.Task[None]] = {}  # driven turns running
         self.attempts: dict[str, int] = {}  # of the trajectories it runs
         self._background: set[asyncio.Task[Any]] = set()
 
@@ -171,6 +186,20 @@ class MirrorHost:
                     else self._task(m, self.suites.get(m.suite)))
                 task.add_done_callback(functools.partial(self._settled, m.traj_id))
                 self.tasks[m.traj_id] = task
+            elif isinstance(m, OpenTurns):
+                self.turns(m.traj_id, m.group_id, m.kv, max_staleness=m.max_staleness)
+            elif isinstance(m, Generate):
+                key = (m.traj_id, m.call)
+                call = asyncio.get_running_loop().create_task(self._generate(m))
+                call.add_done_callback(functools.partial(self._call_over, key))
+                self.calls[key] = call
+            elif isinstance(m, CancelCall):
+                if (running_call := self.calls.get((m.traj_id, m.call))) is not None:
+                    running_call.cancel()
+            elif isinstance(m, TurnDone | ToolBegan | ToolDone | TurnsEnded):
+                runner = self.runners.get(m.traj_id)
+                if runner is not None:
+                    _drive(runner, m)
             elif isinstance(m, Cancel):
                 running = self.tasks.get(m.traj_id)
                 if running is not None:
@@ -187,6 +216,24 @@ class MirrorHost:
             slot = self.engines.pop(engine_id, None)
             if slot is not None:
                 self.spawn(slot.engine.aclose())
+
+    def _call_over(self, key: tuple[str, int], _task: asyncio.Task[None]) -> None:
+        self.calls.pop(key, None)
+
+    async def _generate(self, m: Generate) -> None:
+        """A driven turn (module docstring); its answer always goes back, but for a
+        cancel (the service gave it up)."""
+        runner = self.runners.get(m.traj_id)
+        try:
+            if runner is None:
+                raise RuntimeError(f"trajectory {m.traj_id} has no runner here")
+            out = await runner.generate(m.prompt_ids, m.max_tokens, m.sampling, m.stop_ids)
+        except EngineError as e:
+            self.send(Generated(m.traj_id, m.call, None, e))
+        except Exception as e:
+            self.send(Generated(m.traj_id, m.call, None, failure=f"{type(e).__name__}: {e}"))
+        else:
+            self.send(Generated(m.traj_id, m.call, out))
 
     async def _replay(self, m: StartReplay) -> Trajectory:
         journal = _Journal(self, m.traj_id) if m.journaled else None
@@ -267,13 +314,26 @@ class MirrorHost:
         task.add_done_callback(self._background.discard)
 
     async def close(self) -> None:
-        for task in [*self.tasks.values(), *self._background]:
+        running = [*self.tasks.values(), *self.calls.values(), *self._background]
+        for task in running:
             task.cancel()
-        await asyncio.gather(*self.tasks.values(), *self._background, return_exceptions=True)
+        await asyncio.gather(*running, return_exceptions=True)
         await self.sandboxes.close()
         for slot in self.engines.values():
             with contextlib.suppress(Exception):
                 await slot.engine.aclose()
+
+
+def _drive(runner: ScheduledTurns, m: TurnDone | ToolBegan | ToolDone | TurnsEnded) -> None:
+    """Hand the conversation's event `m` to the driven runner it is about."""
+    if isinstance(m, TurnDone):
+        runner.turn_finished(m.output_tokens, m.context_tokens, m.final)
+    elif isinstance(m, ToolBegan):
+        runner.tool_started()
+    elif isinstance(m, ToolDone):
+        runner.tool_finished(m.latency_s, m.output_tokens, m.final)
+    else:
+        runner.ended(m.reason)
 
 
 def _decide(runner: ScheduledTurns, m: ToRunner) -> None:
@@ -347,6 +407,9 @@ class _Link:
 
     def trajectory_done(self, runner: Runner) -> None:
         self._host.send(Done(self._traj_id))
+        if self._traj_id not in self._host.tasks:  # driven from the service: over here
+            self._host.runners.pop(self._traj_id, None)
+            self._host.attempts.pop(self._traj_id, None)
 
 
 class _Journal:

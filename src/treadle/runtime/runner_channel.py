@@ -21,6 +21,7 @@ from treadle.runtime.remote_trajectory import RemoteTrajectory
 from treadle.runtime.runner_wire import (
     Answer,
     CallFailed,
+    Done,
     Finished,
     Held,
     Hold,
@@ -114,7 +115,8 @@ class RunnerChannel:
             traj = self.trajectories.get(m.traj_id)
             if traj is not None:
                 traj.hear(m)
-                if isinstance(m, Finished):
+                # Its end here: its record, or, driven from the service, its last event.
+                if isinstance(m, Finished) or (isinstance(m, Done) and traj.driven):
                     del self.trajectories[m.traj_id]
                     self.ran += 1
 

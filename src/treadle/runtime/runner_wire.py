@@ -6,12 +6,15 @@ Two streams per runner actor, each a list of these messages per Ray call, in ord
   served and whether calls may go (`Weights`), a hold to acknowledge (`Hold`), the
   suites its tasks name (`KeepSuite`, `DropSuite`), the sandbox servers its sandboxes
   may start on (`SandboxFleet`), the trajectories to run
-  (`StartReplay`, `StartTask`, `Cancel`), and the scheduler's decisions about them
+  (`StartReplay`, `StartTask`, `Cancel`), the turns of trajectories driven from the
+  service (a gateway session's: `OpenTurns`, `Generate`, `CancelCall`, `TurnDone`,
+  `ToolBegan`, `ToolDone`, `TurnsEnded`), and the scheduler's decisions about them
   (`AdmitTurn`, `PreemptTurn`, `EngineLost`, `AbortForPause`, `FailTurn`), with the
   answers to its questions (`Answer`);
 - *to the service* (`ToService`): each trajectory's scheduler events (`Told`), its
   calls (`CallStarted`, `CallEnded`, `CallFailed`: a question), its journal
-  (`Sampled`, `Journaled`, `Resumed`), its work tree for the judges (`Captured`),
+  (`Sampled`, `Journaled`, `Resumed`), its work tree for the judges (`Captured`), a
+  driven turn's reply (`Generated`),
   its end (`Done`: no more events; `Finished`: the record), and holds acknowledged
   (`Held`).
 
@@ -31,7 +34,7 @@ from typing import Any, Literal
 
 from treadle.agent.journal import Resume, ResumeFrom
 from treadle.agent.loop import AgentLimits
-from treadle.agent.runner import Sampling
+from treadle.agent.runner import Sampling, TurnOutput
 from treadle.core import events
 from treadle.core.events import Event
 from treadle.engines.base import Engine
@@ -194,6 +197,73 @@ class Cancel:
 
 
 @dataclass(frozen=True, slots=True)
+class OpenTurns:
+    """Make the runner of a trajectory whose conversation is the service's (a gateway
+    session): its turns run here, each asked for by a `Generate`."""
+
+    traj_id: str
+    group_id: str
+    kv: KVAcrossUpdates = KVAcrossUpdates.RECOMPUTE
+    max_staleness: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Generate:
+    """Run one turn of an opened trajectory (`TurnRunner.generate`); `call` numbers
+    it for its answer (`Generated`)."""
+
+    traj_id: str
+    call: int
+    prompt_ids: list[int]
+    max_tokens: int
+    sampling: Sampling
+    stop_ids: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class CancelCall:
+    """The service gave up a `Generate` (its caller went away)."""
+
+    traj_id: str
+    call: int
+
+
+@dataclass(frozen=True, slots=True)
+class TurnDone:
+    """`TurnRunner.turn_finished` of an opened trajectory."""
+
+    traj_id: str
+    output_tokens: int
+    context_tokens: int
+    final: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ToolBegan:
+    """`TurnRunner.tool_started` of an opened trajectory."""
+
+    traj_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolDone:
+    """`TurnRunner.tool_finished` of an opened trajectory."""
+
+    traj_id: str
+    latency_s: float
+    output_tokens: int
+    final: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TurnsEnded:
+    """`TurnRunner.ended` of an opened trajectory."""
+
+    traj_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class AdmitTurn:
     traj_id: str
     engine_id: str
@@ -232,7 +302,8 @@ class Answer:
 
 
 ToRunner = (Engines | Weights | Hold | KeepSuite | DropSuite | SandboxFleet | StartReplay
-            | StartTask | Cancel | AdmitTurn | PreemptTurn | EngineLost | AbortForPause
+            | StartTask | Cancel | OpenTurns | Generate | CancelCall | TurnDone | ToolBegan
+            | ToolDone | TurnsEnded | AdmitTurn | PreemptTurn | EngineLost | AbortForPause
             | FailTurn | Answer)
 
 
@@ -300,6 +371,18 @@ class Captured:
 
 
 @dataclass(frozen=True, slots=True)
+class Generated:
+    """A `Generate`'s answer: the reply, or the engine error it raised, or (`failure`)
+    what else it raised, as text."""
+
+    traj_id: str
+    call: int
+    output: TurnOutput | None
+    error: EngineError | None = None
+    failure: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Done:
     traj_id: str
 
@@ -321,14 +404,15 @@ class Held:
 
 
 ToService = (Told | CallStarted | CallEnded | CallFailed | Sampled | Journaled | Resumed
-             | Captured | Done | Finished | Held)
+             | Captured | Generated | Done | Finished | Held)
 
 
 _MESSAGES: tuple[type[Any], ...] = (
     Engines, Weights, Hold, KeepSuite, DropSuite, SandboxFleet, StartReplay, StartTask,
-    Cancel, AdmitTurn,
-    PreemptTurn, EngineLost, AbortForPause, FailTurn, Answer, Told, CallStarted, CallEnded,
-    CallFailed, Sampled, Journaled, Resumed, Captured, Done, Finished, Held)
+    Cancel, OpenTurns, Generate, CancelCall, TurnDone, ToolBegan, ToolDone, TurnsEnded,
+    AdmitTurn, PreemptTurn, EngineLost, AbortForPause, FailTurn, Answer, Told, CallStarted,
+    CallEnded, CallFailed, Sampled, Journaled, Resumed, Captured, Generated, Done, Finished,
+    Held)
 _EVENTS: tuple[type[Any], ...] = (
     events.TrajectoryArrived, events.TurnFinished, events.ToolCallStarted,
     events.ToolCallFinished, events.TurnPreempted, events.TrajectoryEnded)

@@ -15,7 +15,8 @@ too where the actors were given the tokenizer and sandboxes (`RayRunners.runs_ta
 a suite task's rubric is judged here, with the work tree its actor read). One whose
 actor is lost runs again as a new attempt (counted in the store, resumed from its
 journaled turns), on another actor, at most `runner_retries` times; after that its
-record is an error, stage runtime, that says so. Harness runs stay in the service.
+record is an error, stage runtime, that says so. A harness run's sessions stay in
+the service (the gateway's), their turns in the actors (`RayRunners.turns`).
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ all), `--vllm MODEL_DIR` (vLLM engines started here, RL endpoints on), `--emulat
 for experiments without GPUs), or later `POST /v1/engines`. `--ray [ADDRESS]` starts
 the engines of `--emulate` or `--vllm` on a Ray cluster (`--ray-resource NAME=AMOUNT`:
 what each engine GPU asks of a node besides the GPU), or runs beside `--engine`s;
-with `--runners N`, workload replays and suite tasks run in N runner actors there
-(`runtime.ray_runners`). Frozen sub-agents'
+with `--runners N`, workload replays, suite tasks and gateway sessions' turns run in
+N runner actors there (`runtime.ray_runners`). Frozen sub-agents'
 sessions go to `--frozen-engine URL` (repeatable: engines at a pinned version that
 weight updates never reach, `--frozen-served-model`, `--frozen-policy-version`) when
 given. Suite tasks need
@@ -125,8 +125,9 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
                         "every sandbox node), so suites of image tasks run on the cluster")
     p.add_argument("--runners", type=int, default=None, metavar="N",
                    help="with --ray: run workload replays and suite tasks (their agent "
-                        "loops, engine calls, sandboxes, tools and rewards) in N runner "
-                        "actors on the cluster, the scheduler staying here")
+                        "loops, engine calls, sandboxes, tools and rewards), and gateway "
+                        "sessions' turns, in N runner actors on the cluster, the scheduler "
+                        "staying here")
     p.add_argument("--runner-cpus", type=float, default=1.0,
                    help="Ray CPUs each runner actor holds")
     p.add_argument("--runner-resource", action="append", default=[], metavar="NAME=AMOUNT",

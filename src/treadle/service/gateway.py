@@ -57,6 +57,7 @@ from treadle.gateway.session import (
 )
 from treadle.gateway.sessions import Sessions
 from treadle.gateway.tools import SessionTools
+from treadle.runtime.contract import TrajectoryHost
 from treadle.runtime.driver import Runtime
 from treadle.runtime.suite_pools import SuitePools
 from treadle.service.errors import RequestRefused
@@ -102,7 +103,8 @@ class Gateway:
                  harnesses: Mapping[str, Harness] | None = None,
                  url: str | None = None, keys: SessionKeys,
                  frozen: Runtime | None = None, journal: SessionJournal | None = None,
-                 judging: Judging | None = None) -> None:
+                 judging: Judging | None = None, turns: TrajectoryHost | None = None
+                 ) -> None:
         self.store = store
         self.outbox = outbox  # where ended sessions' trajectories go
         self.sandboxes = sandboxes  # the suites' pools (a harness run's verifier)
@@ -119,7 +121,7 @@ class Gateway:
         self.harnessed: set[str] = set()  # trajectories a harness run returns itself
         self.sessions = None if tokenizer is None else Sessions(
             runtime, tokenizer, on_end=self._ended, clock=clock, max_sessions=max_sessions,
-            grace_s=grace_s)
+            grace_s=grace_s, turns=turns)
         self._runtime = runtime
         self._windows: dict[str, int | None] = {}  # engine id -> its context window
         self._jobs: dict[str, str] = {}  # trajectory id -> its job, for open sessions

@@ -341,14 +341,14 @@ def build_service(config: ServiceConfig) -> Service:
     session_keys = SessionKeys()
     journal = JournalWriter(store, metrics, from_prompt=config.resume_from == "prompt")
     judging = Judging(runtime, frozen, tokenizer, sandboxes)
+    # Workload replays, suite tasks and gateway sessions' turns run in the runner
+    # actors (with copies of the tokenizer and the sandbox backend, for suite tasks).
+    runners = _runners(config, runtime, RunnerKit(tokenizer, sandbox, config.sandbox_pool))
     gateway = Gateway(runtime, store, outbox, sandboxes, tokenizer,
                       default_format=config.chat_format, max_sessions=config.max_sessions,
                       grace_s=config.session_grace_s, harnesses=config.harnesses,
                       url=config.public_url, keys=session_keys, frozen=frozen,
-                      journal=SessionJournal(journal, store), judging=judging)
-    # Suite tasks run in the runner actors too, with copies of the tokenizer and the
-    # sandbox backend.
-    runners = _runners(config, runtime, RunnerKit(tokenizer, sandbox, config.sandbox_pool))
+                      journal=SessionJournal(journal, store), judging=judging, turns=runners)
     attempts = Attempts(runtime, sandboxes, judging, journal,
                         tokenizer=tokenizer, harnesses=gateway, runners=runners)
     rollouts = Rollouts(runtime, store, planner, outbox, attempts, harnesses=gateway,
