@@ -15,9 +15,11 @@ from treadle.engines.errors import EngineUnavailable
 from treadle.envs.worktree import WorkTree, WorkTreeCapture
 from treadle.runtime.driver import Runtime
 from treadle.runtime.remote_trajectory import RemoteTrajectory, RemoteTurns
+from treadle.runtime.runner_channel import RunnerChannel
 from treadle.runtime.runner_wire import (
     CancelCall,
     Captured,
+    Done,
     Finished,
     Generate,
     Generated,
@@ -128,3 +130,20 @@ def test_a_driven_trajectorys_turns_go_to_its_actor_and_their_replies_come_back(
         Generate("t", 3, [1], 16, Sampling(), [9]), TurnsEnded("t", "the session ended")]
     # The turn in flight and the one after both fail as the engines' would.
     assert len(errors) == 2 and all("its node is gone" in e for e in errors), errors
+
+
+def test_a_driven_trajectory_leaves_its_actors_count_at_its_last_event() -> None:
+    # A replay or task leaves with its record (Finished); a driven one has none.
+    async def go() -> list[tuple[list[str], int]]:
+        rt = Runtime(FakeManualScheduler())
+        channel = RunnerChannel("r", None, rt, batch_window_s=0.0, lost=lambda *_: None)
+        for tid, driven in (("task", False), ("session", True)):
+            channel.trajectories[tid] = RemoteTrajectory(
+                channel.send, rt, tid, KVAcrossUpdates.RECOMPUTE, None, driven=driven)
+        seen = []
+        for m in (Done("task"), Done("session"), Finished("task", None, "cancelled")):
+            channel._hear(m)
+            seen.append((sorted(channel.trajectories), channel.ran))
+        return seen
+
+    assert asyncio.run(go()) == [(["session", "task"], 0), (["task"], 1), ([], 2)]

@@ -254,8 +254,7 @@ class RayRunners:
             return self.runtime.turns(traj_id, group_id, kv, judge=judge,
                                       max_staleness=max_staleness)
         runner = min(self.runners, key=lambda r: len(r.trajectories))
-        traj = RemoteTrajectory(runner.send, self.runtime, traj_id, kv, None)
-        traj.driven = True
+        traj = RemoteTrajectory(runner.send, self.runtime, traj_id, kv, None, driven=True)
         self.runtime.adopt(traj)
         runner.trajectories[traj_id] = traj
         runner.send(OpenTurns(traj_id, group_id, kv, max_staleness))

@@ -92,7 +92,7 @@ class RemoteTrajectory:
 
     def __init__(self, send: Callable[[ToRunner], None], runtime: Runtime, traj_id: str,
                  kv: KVAcrossUpdates, journal: BodyJournal | None,
-                 capture: WorkTreeCapture | None = None) -> None:
+                 capture: WorkTreeCapture | None = None, *, driven: bool = False) -> None:
         self.traj_id = traj_id
         self.kv = kv
         self.sampled = 0
@@ -110,7 +110,7 @@ class RemoteTrajectory:
         self._calling: EngineSlot | None = None
         self._arrived = False
         self.done = False
-        self.driven = False  # its conversation is the service's (RemoteTurns): no record
+        self.driven = driven  # its conversation is the service's (RemoteTurns): no record
         self.calls: dict[int, asyncio.Future[TurnOutput]] = {}  # driven turns, in flight
         self.lost_why: str | None = None  # its actor was lost (why)
 
