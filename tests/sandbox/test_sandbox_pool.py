@@ -251,3 +251,14 @@ def test_failed_creations_free_their_slot() -> None:
             assert pool.stats().live == 0 and backend.attempts == 3
 
     run(body())
+
+
+def test_pools_sharing_settings_keep_to_them_together() -> None:
+    settings = PoolSettings(warm=5, max_live=16, create_rate_per_s=8.0, create_burst=4)
+    share = settings.shared(3)
+    assert (share.warm, share.max_live, share.create_burst) == (2, 6, 2)
+    assert share.create_rate_per_s * 3 == pytest.approx(8.0)
+    assert settings.shared(1) == settings
+    assert PoolSettings(max_live=1).shared(4).max_live == 1  # never below one
+    with pytest.raises(ValueError):
+        settings.shared(0)

@@ -31,7 +31,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import logging
+import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from types import TracebackType
@@ -100,6 +102,17 @@ class PoolSettings:
             raise ValueError("max_live must be >= 1 and warm >= 0")
         if self.create_rate_per_s <= 0 or self.create_burst < 1:
             raise ValueError("create_rate_per_s must be > 0 and create_burst >= 1")
+
+    def shared(self, n: int) -> PoolSettings:
+        """The settings of one of `n` pools that together keep to these (the copies of
+        a service's pools in its `n` runner actors): each count and the rate a 1/n
+        share, counts rounded up, so the whole may exceed a count by at most n - 1."""
+        if n < 1:
+            raise ValueError("n must be >= 1")
+        return dataclasses.replace(
+            self, warm=math.ceil(self.warm / n), max_live=math.ceil(self.max_live / n),
+            create_rate_per_s=self.create_rate_per_s / n,
+            create_burst=math.ceil(self.create_burst / n))
 
 
 class SandboxPool:

@@ -343,7 +343,11 @@ def build_service(config: ServiceConfig) -> Service:
     judging = Judging(runtime, frozen, tokenizer, sandboxes)
     # Workload replays, suite tasks and gateway sessions' turns run in the runner
     # actors (with copies of the tokenizer and the sandbox backend, for suite tasks).
-    runners = _runners(config, runtime, RunnerKit(tokenizer, sandbox, config.sandbox_pool))
+    # Each actor keeps its share of the sandbox pools' settings, so that together they
+    # keep to the service's (`PoolSettings.shared`).
+    pools = config.sandbox_pool.shared(config.runners.count) if config.runners \
+        else config.sandbox_pool
+    runners = _runners(config, runtime, RunnerKit(tokenizer, sandbox, pools))
     gateway = Gateway(runtime, store, outbox, sandboxes, tokenizer,
                       default_format=config.chat_format, max_sessions=config.max_sessions,
                       grace_s=config.session_grace_s, harnesses=config.harnesses,
