@@ -14,6 +14,14 @@ every call runs on a single dedicated thread: calls run one at a time, in the or
 they were made, and never on the loop. One thread (not a pool) keeps the order
 equal to the call order, which is what gives results their completion order.
 
+The calls made while the worker is busy run, when it is free, as one `Store.batch`:
+each is still atomic (one failing fails alone), and they commit together, once
+(group commit: a busy service's many small calls, a trajectory's start and finish,
+the journal's batches, share their commits). A call is answered only after its
+batch has committed; the commit failing fails every call of the batch. With
+`group_commit=False` each call commits on its own (`benchmarks/store_group_bench.py`
+measures both).
+
 Cancelling an awaiting task does not undo a call the worker has begun: it runs to
 its end and commits (a `finish` whose await was cancelled mid-way is stored, and a
 repeat is reported as a duplicate). A call still queued behind others when its await
@@ -24,9 +32,13 @@ An `AsyncStore` may be used from several event loops in turn, not after `aclose`
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import functools
+import threading
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
 from treadle.store.db import Store
@@ -47,17 +59,70 @@ _P = ParamSpec("_P")
 _T = TypeVar("_T")
 
 
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """A call queued for the worker, and where its outcome goes."""
+
+    fn: Callable[[], Any]
+    future: asyncio.Future[Any]
+    loop: asyncio.AbstractEventLoop
+
+
 class AsyncStore:
     """Runs a `Store`'s calls on one worker thread. See the module docstring."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, group_commit: bool = True) -> None:
         self.store = store
+        self.group_commit = group_commit  # False: each call commits on its own
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="treadle-store")
+        self._queued: collections.deque[_Call] = collections.deque()
+        self._draining = False  # a drain is submitted to the worker (under _mutex)
+        self._mutex = threading.Lock()
 
     async def call(self, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
-        """Run `fn(*args, **kwargs)` (usually a method of `self.store`) on the worker."""
+        """Run `fn(*args, **kwargs)` (usually a method of `self.store`) on the worker,
+        in the batch of the calls made while the one before ran (module docstring)."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._worker, functools.partial(fn, *args, **kwargs))
+        future: asyncio.Future[_T] = loop.create_future()
+        with self._mutex:
+            self._queued.append(_Call(functools.partial(fn, *args, **kwargs), future, loop))
+            if not self._draining:
+                self._draining = True
+                self._worker.submit(self._drain)
+        return await future
+
+    def _drain(self) -> None:
+        """On the worker: run what is queued, a batch at a time, until nothing is."""
+        while True:
+            with self._mutex:
+                calls = list(self._queued)
+                self._queued.clear()
+                if not calls:
+                    self._draining = False
+                    return
+            outcomes: list[tuple[bool, Any]] = []
+            try:
+                # One call alone is its own transaction, as it would be without a batch.
+                grouped = self.group_commit and len(calls) > 1
+                with self.store.batch() if grouped else contextlib.nullcontext():
+                    for call in calls:
+                        # Dropped if its await was cancelled before it began (read
+                        # across threads: at worst it runs, as a begun call does).
+                        if call.future.cancelled():
+                            outcomes.append((True, None))
+                            continue
+                        try:
+                            outcomes.append((True, call.fn()))
+                        except BaseException as e:  # the caller's to handle
+                            outcomes.append((False, e))
+            except BaseException as e:  # the commit failed: none of the batch stands
+                outcomes = [(False, e)] * len(calls)
+            settled: dict[asyncio.AbstractEventLoop, list[tuple[_Call, bool, Any]]] = {}
+            for call, (ok, value) in zip(calls, outcomes, strict=True):
+                settled.setdefault(call.loop, []).append((call, ok, value))
+            for loop, answers in settled.items():  # one wake-up a loop, not one a call
+                with contextlib.suppress(RuntimeError):  # its loop closed: no one waits
+                    loop.call_soon_threadsafe(_settle, answers)
 
     # -- Store's calls, each on the worker; see Store for what they do ------------------
 
@@ -190,5 +255,17 @@ class AsyncStore:
 
     async def aclose(self) -> None:
         """Wait for calls in progress, then close the store."""
-        await self.call(self.store.close)
+        # Not a queued call: closing the connection inside a batch would fail its commit.
+        await asyncio.get_running_loop().run_in_executor(self._worker, self.store.close)
         self._worker.shutdown(wait=True)
+
+
+def _settle(answers: list[tuple[_Call, bool, Any]]) -> None:
+    """On a caller's loop: each call's outcome to its future (unless cancelled)."""
+    for call, ok, value in answers:
+        if call.future.done():
+            continue
+        if ok:
+            call.future.set_result(value)
+        else:
+            call.future.set_exception(value)

@@ -16,8 +16,10 @@ Contracts:
 - Exactly once. `finish` is idempotent by (job id, trajectory id): a second result
   for a finished trajectory (a re-run after a crash, a late result after a cancel)
   keeps the first record and its seq and returns ``Finish(seq, duplicate=True)``.
-- Atomicity. Every call is one transaction (``BEGIN IMMEDIATE``); a process killed
-  at any instant leaves the file as of the last committed call. In WAL mode with
+- Atomicity. Every call is one transaction (``BEGIN IMMEDIATE``), or, made inside a
+  `batch`, one savepoint of the batch's transaction (a call that raises undoes its
+  own writes only; the batch's calls commit together: `treadle.store.transactions`);
+  a process killed at any instant leaves the file as of the last commit. In WAL mode with
   ``synchronous=NORMAL`` (the default) a committed call survives the process being
   killed; ``synchronous="FULL"`` makes it survive a power cut too, at an fsync per
   call.
@@ -50,8 +52,8 @@ Contracts:
 - Memory: the store keeps nothing per job in Python; results and events are read in
   pages (`iter_results` fetches one page per query). SQLite's page cache is its
   default (about 2 MB).
-- Threads. One connection, serialised by a lock: any thread may call, one call runs
-  at a time. The calls block on disk, so asyncio code must not call them on the event
+- Threads. One connection, serialised by a lock: any thread may call, one call (or
+  batch) runs at a time. The calls block on disk, so asyncio code must not call them on the event
   loop: use `treadle.store.aio.AsyncStore`, which runs every call on one worker
   thread.
 """
@@ -62,7 +64,6 @@ import contextlib
 import json
 import os
 import sqlite3
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
@@ -84,6 +85,7 @@ from treadle.store.journal import Journaled, JournalRow
 from treadle.store.record import dumps_record, trajectory_to_record
 from treadle.store.rows import STATE_COLUMNS
 from treadle.store.schema import migrate
+from treadle.store.transactions import Transactions
 from treadle.types import FailureStage, StaleChoice, Trajectory, TrajectoryStatus
 
 
@@ -96,9 +98,9 @@ class Store:
             raise ValueError(f"synchronous must be NORMAL or FULL, got {synchronous!r}")
         self.path = str(path)
         self._clock = clock
-        self._lock = threading.Lock()
         # isolation_level=None: no implicit transactions; every write says BEGIN itself.
         self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._tx = Transactions(self._conn)
         try:
             self._conn.execute("PRAGMA busy_timeout = 10000")
             # "wal" for a file; SQLite keeps "memory" for ":memory:".
@@ -111,7 +113,7 @@ class Store:
             raise
 
     def close(self) -> None:
-        with self._lock:
+        with self._tx.lock:
             self._conn.close()
 
     def __enter__(self) -> Store:
@@ -136,7 +138,7 @@ class Store:
             raise StoreConflict(f"job {job_id!r}: planned trajectory ids are not unique")
         now = self._clock()
         status = JobStatus.QUEUED if planned or continuous else JobStatus.COMPLETED
-        with self._write():
+        with self._tx.write():
             if self._conn.execute("SELECT 1 FROM jobs WHERE job_id = ?", (job_id,)).fetchone():
                 raise StoreConflict(f"job {job_id!r} already exists")
             self._conn.execute(
@@ -159,7 +161,7 @@ class Store:
         joins its parent's job); NotFound for no such job, StoreConflict if the job has
         ended or an id is taken. Its stream then ends after the new ones too."""
         now = self._clock()
-        with self._write():
+        with self._tx.write():
             info = rows.job_info(self._conn, job_id)
             if info.status.terminal:
                 raise StoreConflict(f"job {job_id!r} is {info.status.value}: nothing can join it")
@@ -169,12 +171,12 @@ class Store:
 
     def job(self, job_id: str) -> JobInfo:
         """The job's state; NotFound if there is none."""
-        with self._read():
+        with self._tx.read():
             return rows.job_info(self._conn, job_id)
 
     def job_spec(self, job_id: str) -> dict[str, Any]:
         """The spec given to create_job, decoded."""
-        with self._lock:
+        with self._tx.lock:
             row = self._conn.execute("SELECT spec FROM job_specs WHERE job_id = ?",
                                      (job_id,)).fetchone()
         if row is None:
@@ -184,7 +186,7 @@ class Store:
 
     def job_ids(self) -> list[str]:
         """Every job's id, oldest first."""
-        with self._read():
+        with self._tx.read():
             return [r[0] for r in self._conn.execute(
                 "SELECT job_id FROM jobs ORDER BY created_at, job_id")]
 
@@ -194,7 +196,7 @@ class Store:
         if limit < 1:
             raise ValueError("limit must be >= 1")
         where, args = ("WHERE owner = ? ", (owner,)) if owner is not None else ("", ())
-        with self._read():
+        with self._tx.read():
             ids = [r[0] for r in self._conn.execute(
                 f"SELECT job_id FROM jobs {where}ORDER BY created_at DESC, job_id LIMIT ?",
                 (*args, limit))]
@@ -202,7 +204,7 @@ class Store:
 
     def unfinished_jobs(self) -> list[JobInfo]:
         """Jobs queued or running, oldest first."""
-        with self._read():
+        with self._tx.read():
             ids = [r[0] for r in self._conn.execute(
                 "SELECT job_id FROM jobs WHERE status IN (?, ?) ORDER BY created_at, job_id",
                 (JobStatus.QUEUED.value, JobStatus.RUNNING.value))]
@@ -212,7 +214,7 @@ class Store:
         """At startup: put in-flight trajectories of unfinished jobs back to pending
         (an event "recovered" per job says how many) and return the unfinished jobs."""
         now = self._clock()
-        with self._write():
+        with self._tx.write():
             ids = [r[0] for r in self._conn.execute(
                 "SELECT job_id FROM jobs WHERE status IN (?, ?)",
                 (JobStatus.QUEUED.value, JobStatus.RUNNING.value))]
@@ -233,7 +235,7 @@ class Store:
         """Cancel a job: every unfinished trajectory is finished as ABORTED with `reason`.
         A job already completed, cancelled or failed is left as it is."""
         now = self._clock()
-        with self._write():
+        with self._tx.write():
             journal.forget(self._conn, job_id)
             return rows.end_job(self._conn, job_id, JobStatus.CANCELLED, reason, None, now)
 
@@ -241,13 +243,13 @@ class Store:
              stage: FailureStage = FailureStage.RUNTIME) -> JobInfo:
         """Give a job up: every unfinished trajectory is finished as ERROR at `stage`."""
         now = self._clock()
-        with self._write():
+        with self._tx.write():
             journal.forget(self._conn, job_id)
             return rows.end_job(self._conn, job_id, JobStatus.FAILED, reason, stage, now)
 
     def delete_job(self, job_id: str) -> None:
         """Remove a job with its trajectories and events (disk retention)."""
-        with self._write():
+        with self._tx.write():
             if self._conn.execute("DELETE FROM jobs WHERE job_id = ?", (job_id,)).rowcount == 0:
                 raise NotFound(f"no job {job_id!r}")
 
@@ -258,7 +260,7 @@ class Store:
         (0 the first time, for `Trajectory.attempt`), or None if it is already finished
         (cancelled meanwhile, or finished before a crash): do not run it."""
         now = self._clock()
-        with self._write():
+        with self._tx.write():
             row = self._conn.execute(
                 "SELECT seq, attempts, status FROM trajectories "
                 "WHERE job_id = ? AND trajectory_id = ?", (job_id, trajectory_id)).fetchone()
@@ -286,7 +288,7 @@ class Store:
                                 f"is not terminal")
         record_json = dumps_record(trajectory_to_record(t))
         now = self._clock()
-        with self._write():
+        with self._tx.write():
             row = self._conn.execute(
                 "SELECT seq, group_id, repetition, task_id, status FROM trajectories "
                 "WHERE job_id = ? AND trajectory_id = ?", (job_id, t.trajectory_id)).fetchone()
@@ -313,7 +315,7 @@ class Store:
         first). An empty page at the end of a finished job means the stream is over."""
         if limit < 1:
             raise ValueError("limit must be >= 1")
-        with self._read():
+        with self._tx.read():
             rows.require_job(self._conn, job_id)
             page = self._conn.execute(
                 "SELECT seq, trajectory_id, record FROM trajectories "
@@ -333,7 +335,7 @@ class Store:
 
     def unfinished(self, job_id: str) -> list[TrajectoryState]:
         """The job's trajectories without a result, in plan order: what to run again."""
-        with self._read():
+        with self._tx.read():
             rows.require_job(self._conn, job_id)
             found = self._conn.execute(
                 f"SELECT {STATE_COLUMNS} FROM trajectories WHERE job_id = ? AND seq IS NULL "
@@ -342,7 +344,7 @@ class Store:
 
     def states(self, job_id: str) -> list[TrajectoryState]:
         """Every trajectory of the job, finished or not, in plan order."""
-        with self._read():
+        with self._tx.read():
             rows.require_job(self._conn, job_id)
             found = self._conn.execute(
                 f"SELECT {STATE_COLUMNS} FROM trajectories WHERE job_id = ? ORDER BY pos",
@@ -352,7 +354,7 @@ class Store:
     def result(self, job_id: str, trajectory_id: str) -> Delivery | None:
         """One trajectory's result; None while it is unfinished, NotFound if the job
         has no such trajectory."""
-        with self._read():
+        with self._tx.read():
             row = self._conn.execute(
                 "SELECT seq, record FROM trajectories WHERE job_id = ? AND trajectory_id = ?",
                 (job_id, trajectory_id)).fetchone()
@@ -362,7 +364,7 @@ class Store:
 
     def trajectory_state(self, job_id: str, trajectory_id: str) -> TrajectoryState:
         """One trajectory's bookkeeping; NotFound if the job has no such trajectory."""
-        with self._lock:
+        with self._tx.lock:
             row = self._conn.execute(
                 f"SELECT {STATE_COLUMNS} FROM trajectories "
                 "WHERE job_id = ? AND trajectory_id = ?", (job_id, trajectory_id)).fetchone()
@@ -374,35 +376,35 @@ class Store:
 
     def launch_group(self, job_id: str, group_id: str, planned: Sequence[PlannedTrajectory],
                      *, close: bool = False) -> None:
-        with self._write():
+        with self._tx.write():
             continuous.launch(self._conn, job_id, group_id, planned, close, self._clock())
 
     def close_plan(self, job_id: str) -> None:
-        with self._write():
+        with self._tx.write():
             continuous.close(self._conn, job_id, self._clock())
 
     def groups_launched(self, job_id: str) -> tuple[int, int, int]:
-        with self._read():
+        with self._tx.read():
             return continuous.launched(self._conn, job_id)
 
     def take(self, job_id: str, take_id: str, n: int, min_fresh: int | None = None,
              choice: StaleChoice = StaleChoice.FLAG) -> list[TakenGroup]:
-        with self._write():
+        with self._tx.write():
             rows.require_job(self._conn, job_id)
             return continuous.take(self._conn, job_id, take_id, n, min_fresh, choice)
 
     def taken_groups(self, job_id: str, after: int = 0, limit: int = 100) -> list[TakenGroup]:
-        with self._read():
+        with self._tx.read():
             return continuous.taken_groups(self._conn, job_id, after, limit)
 
     def stale_members(self, job_id: str, min_fresh: int) -> list[tuple[Delivery, int]]:
-        with self._read():
+        with self._tx.read():
             return continuous.stale_members(self._conn, job_id, min_fresh)
 
     def restart(self, job_id: str, trajectory_id: str, new: PlannedTrajectory,
                 version: int, *, sampled: int = 0, reason: str = "stale: restarted"
                 ) -> int | None:
-        with self._write():
+        with self._tx.write():
             return continuous.restart(self._conn, job_id, trajectory_id, new, version,
                                       sampled, reason, self._clock())
 
@@ -412,19 +414,19 @@ class Store:
                   trajectory_id: str | None = None) -> int:
         """Append a diagnostic event; returns its id."""
         now = self._clock()
-        with self._write():
+        with self._tx.write():
             rows.require_job(self._conn, job_id)
             return rows.event(self._conn, job_id, trajectory_id, kind, payload or {}, now)
 
     def events(self, job_id: str, after: int = 0, limit: int = 100) -> list[Event]:
         """Up to `limit` of the job's events with id > `after`, oldest first."""
-        with self._read():
+        with self._tx.read():
             return rows.events(self._conn, job_id, after, limit)
 
     def merged_events(self, job_id: str, kinds: Sequence[str]) -> dict[str, dict[str, Any]]:
         """For each of `kinds`, the payloads of the job's events of that kind merged,
         later keys winning (kinds of few events a job: a trainer's metric reports)."""
-        with self._read():
+        with self._tx.read():
             return rows.merged_events(self._conn, job_id, kinds)
 
     # -- the turn journal (treadle.store.journal) ---------------------------------------
@@ -432,16 +434,16 @@ class Store:
     def journal_turns(self, turns: Sequence[JournalRow]) -> int:
         """Keep completed turns of live attempts in one transaction; returns how many
         were written (those of finished trajectories or replaced attempts are not)."""
-        with self._write():
+        with self._tx.write():
             return journal.append(self._conn, turns)
 
     def journaled(self, job_id: str, trajectory_id: str) -> Journaled:
-        with self._read():
+        with self._tx.read():
             return journal.read(self._conn, job_id, trajectory_id)
 
     def resume_journal(self, job_id: str, trajectory_id: str, attempt: int, kept: int,
                        body: bytes) -> None:
-        with self._write():
+        with self._tx.write():
             journal.resume(self._conn, job_id, trajectory_id, attempt, kept, body)
 
     # -- trainer keys -------------------------------------------------------------------
@@ -449,7 +451,7 @@ class Store:
     def add_trainer_key(self, key_id: str, digest: str, trainer_run: str) -> TrainerKey:
         """Keep a trainer key's digest; StoreConflict if the id or the digest is taken."""
         now = self._clock()
-        with self._write():
+        with self._tx.write():
             try:
                 self._conn.execute("INSERT INTO trainer_keys (key_id, digest, trainer_run, "
                                    "created_at) VALUES (?, ?, ?, ?)",
@@ -461,37 +463,19 @@ class Store:
 
     def trainer_keys(self) -> list[TrainerKey]:
         """Every trainer key kept, oldest first."""
-        with self._read():
+        with self._tx.read():
             found = self._conn.execute("SELECT key_id, digest, trainer_run, created_at FROM "
                                        "trainer_keys ORDER BY created_at, key_id").fetchall()
         return [TrainerKey(r[0], r[1], r[2], float(r[3])) for r in found]
 
     def delete_trainer_key(self, key_id: str) -> None:
         """Revoke a trainer key; NotFound if there is none by that id."""
-        with self._write():
+        with self._tx.write():
             if self._conn.execute("DELETE FROM trainer_keys WHERE key_id = ?",
                                   (key_id,)).rowcount == 0:
                 raise NotFound(f"no trainer key {key_id!r}")
 
-    # -- internals ----------------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def _write(self) -> Iterator[None]:
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            self._conn.execute("COMMIT")
-
-    @contextlib.contextmanager
-    def _read(self) -> Iterator[None]:
-        # One snapshot for several statements, even while another process writes.
-        with self._lock:
-            self._conn.execute("BEGIN")
-            try:
-                yield
-            finally:
-                self._conn.execute("COMMIT")
+    def batch(self) -> contextlib.AbstractContextManager[None]:
+        """The calls made inside commit together, once, at its end; each stays atomic
+        (`treadle.store.transactions`: one fails alone; the commit failing fails all)."""
+        return self._tx.batch()

@@ -1,0 +1,103 @@
+"""Batches: calls that commit together, each still atomic (`treadle.store.transactions`),
+and the async store's group commit of the calls made while its worker was busy."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from store_helpers import plan, random_trajectory
+
+from treadle.store import AsyncStore, NotFound, Store
+from treadle.store.errors import StoreError
+from treadle.store.transactions import Transactions
+from treadle.types import TrajectoryStatus
+
+
+@pytest.fixture
+def tx(tmp_path: Path) -> Iterator[Transactions]:
+    conn = sqlite3.connect(tmp_path / "t.db", isolation_level=None,
+                           check_same_thread=False)
+    conn.execute("CREATE TABLE t (k TEXT PRIMARY KEY)")
+    yield Transactions(conn)
+    conn.close()
+
+
+def _keys(tx: Transactions) -> list[str]:
+    return [k for (k,) in tx.conn.execute("SELECT k FROM t ORDER BY k")]
+
+
+def test_a_call_that_raises_in_a_batch_undoes_its_own_writes_only(tx: Transactions) -> None:
+    with tx.batch():
+        with tx.write():
+            tx.conn.execute("INSERT INTO t VALUES ('a')")
+        with pytest.raises(ZeroDivisionError), tx.write():
+            tx.conn.execute("INSERT INTO t VALUES ('b')")
+            raise ZeroDivisionError
+        with tx.read():  # a later call sees the earlier ones' writes
+            assert _keys(tx) == ["a"]
+        with tx.write():
+            tx.conn.execute("INSERT INTO t VALUES ('c')")
+    assert _keys(tx) == ["a", "c"] and not tx.conn.in_transaction
+
+
+def test_a_batch_whose_transaction_was_lost_commits_nothing(tx: Transactions) -> None:
+    with pytest.raises(StoreError), tx.batch():
+        with tx.write():
+            tx.conn.execute("INSERT INTO t VALUES ('a')")
+        tx.conn.execute("ROLLBACK")  # as SQLite does itself on some errors
+        with tx.write():  # not a transaction of its own, apart from the batch's
+            tx.conn.execute("INSERT INTO t VALUES ('b')")
+    assert _keys(tx) == [] and not tx.conn.in_transaction
+
+
+def test_a_batch_that_raises_commits_none_of_its_calls(tx: Transactions) -> None:
+    with pytest.raises(KeyError), tx.batch():
+        with tx.write():
+            tx.conn.execute("INSERT INTO t VALUES ('a')")
+        raise KeyError("the batch's own failure")
+    with tx.write():  # and the connection is usable after
+        tx.conn.execute("INSERT INTO t VALUES ('z')")
+    assert _keys(tx) == ["z"]
+
+
+def test_calls_made_while_the_worker_is_busy_commit_together(tmp_path: Path) -> None:
+    p = plan(1, 8)
+    rng = random.Random(3)
+    done = [random_trajectory(rng, q, TrajectoryStatus.COMPLETED) for q in p]
+    wrong = random_trajectory(rng, plan(1, 1, job="other")[0], TrajectoryStatus.COMPLETED)
+
+    async def main() -> None:
+        store = Store(tmp_path / "s.db")
+        commits: list[str] = []
+        store._conn.set_trace_callback(
+            lambda sql: commits.append(sql) if sql == "COMMIT" else None)
+        astore = AsyncStore(store)
+        await astore.create_job("j", {}, p)
+        gate = threading.Event()
+        blocker = asyncio.ensure_future(astore.call(gate.wait, 30))
+        await asyncio.sleep(0)  # the worker is held while the finishes queue
+        finishes = [asyncio.ensure_future(astore.finish("j", t)) for t in done[:4]]
+        refused = asyncio.ensure_future(astore.finish("j", wrong))  # fails alone
+        finishes += [asyncio.ensure_future(astore.finish("j", t)) for t in done[4:]]
+        await asyncio.sleep(0)
+        before = len(commits)
+        gate.set()
+        await blocker
+        seqs = [(await f).seq for f in finishes]
+        with pytest.raises(NotFound):  # a trajectory job j does not have
+            await refused
+        assert seqs == list(range(1, 9))  # in call order, each delivered once
+        assert len(commits) - before == 1  # eight finishes, one commit
+        info = await astore.job("j")
+        assert info.delivered == 8
+        await astore.aclose()
+        with Store(tmp_path / "s.db") as again:  # durable
+            assert again.job("j").delivered == 8
+
+    asyncio.run(asyncio.wait_for(main(), timeout=60))
