@@ -136,7 +136,7 @@ def test_a_driven_trajectory_leaves_its_actors_count_at_its_last_event() -> None
     # A replay or task leaves with its record (Finished); a driven one has none.
     async def go() -> list[tuple[list[str], int]]:
         rt = Runtime(FakeManualScheduler())
-        channel = RunnerChannel("r", None, rt, batch_window_s=0.0, lost=lambda *_: None)
+        channel = RunnerChannel("r", None, rt, call_gap_s=0.0, lost=lambda *_: None)
         for tid, driven in (("task", False), ("session", True)):
             channel.trajectories[tid] = RemoteTrajectory(
                 channel.send, rt, tid, KVAcrossUpdates.RECOMPUTE, None, driven=driven)

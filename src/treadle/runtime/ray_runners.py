@@ -101,9 +101,10 @@ class RunnerActors:
     resources: tuple[tuple[str, float], ...] = ()
     replace: bool = True  # start a new actor for each one lost
     ready_timeout_s: float = 120.0  # real seconds an actor may take to be placed and answer
-    # Real seconds a message waits for others to share its Ray call, each way: a Ray
-    # call costs the service far more CPU than a message (`bench service --runners`).
-    batch_window_s: float = 0.01
+    # Real seconds between the starts of a runner's Ray calls while messages keep
+    # coming, each way (none after a quiet spell): a Ray call costs the service far
+    # more CPU than a message (`runtime.call_pacer`, `bench service --runners`).
+    call_gap_s: float = 0.03
 
     def __post_init__(self) -> None:
         if self.count < 1 or self.num_cpus < 0:
@@ -390,10 +391,10 @@ class RayRunners:
             resources=dict(self.actors.resources), scheduling_strategy="SPREAD",
         ).remote(clock.scale, clock.now(), request_timeout_s=self.runtime.request_timeout_s,
                  turn_retries=self.runtime.turn_retries,
-                 batch_window_s=self.actors.batch_window_s, tokenizer=self.kit.tokenizer,
+                 call_gap_s=self.actors.call_gap_s, tokenizer=self.kit.tokenizer,
                  sandbox=self.kit.sandbox, pools=self.kit.pools)
         runner = RunnerChannel(name, actor, self.runtime,
-                               batch_window_s=self.actors.batch_window_s, lost=self.lost)
+                               call_gap_s=self.actors.call_gap_s, lost=self.lost)
         runner.send(Engines(tuple(self._engines.values())))  # later changes follow it
         runner.send(self._weights())
         if self._sandbox_servers is not None:  # as they are now, not when the kit was made

@@ -54,6 +54,7 @@ from treadle.clock import Clock, ScaledClock
 from treadle.core.events import Event
 from treadle.engines.errors import EngineError
 from treadle.envs.base import Suite
+from treadle.runtime.call_pacer import CallPacer
 from treadle.runtime.contract import Runner
 from treadle.runtime.pool import EngineSlot
 from treadle.runtime.rollout import replay_task, run_task
@@ -429,15 +430,15 @@ class _Journal:
 class RunnerWorker:
     """The runner actor (module docstring). `now`: the service's clock time when it
     made the actor, on a clock of `scale` (modelled seconds a real second);
-    `batch_window_s`: how long what a pull returns may gather once there is some;
+    `call_gap_s`: how far apart its pulls' answers start (`runtime.call_pacer`);
     `tokenizer`, `sandbox` and `pools`: the service's tokenizer, sandbox backend and
     pool settings, for suite tasks."""
 
     def __init__(self, scale: float, now: float, *, request_timeout_s: float | None,
-                 turn_retries: int, batch_window_s: float = 0.0,
+                 turn_retries: int, call_gap_s: float = 0.0,
                  tokenizer: Tokenizer | None = None, sandbox: SandboxBackend | None = None,
                  pools: PoolSettings | None = None) -> None:
-        self.batch_window_s = batch_window_s  # real seconds a pull waits for more to send
+        self._pacer = CallPacer(call_gap_s)  # the pulls' answers
         clock = ScaledClock(scale, origin=time.monotonic() - now * scale)
         self.host = MirrorHost(clock, request_timeout_s=request_timeout_s,
                                turn_retries=turn_retries, tokenizer=tokenizer,
@@ -460,7 +461,7 @@ class RunnerWorker:
     async def pull(self) -> list[Packed]:
         """What its trajectories did since the last pull (`pack`ed), once there is some."""
         await self.host.gathered.wait()
-        await asyncio.sleep(self.batch_window_s)
+        await self._pacer.wait()
         out, self.host.outbox = self.host.outbox, []
         self.host.gathered.clear()
         return pack(out)

@@ -1,8 +1,9 @@
 """One runner actor as the service sees it: `RunnerChannel`, its two streams.
 
 Per actor (`runtime.ray_runners`), one `push` in flight at a time carries every
-message sent to it meanwhile (each batch gathers for `batch_window_s` first), and one
-long `pull` brings back everything its trajectories did since the last: each
+message sent to it meanwhile (the pushes paced `call_gap_s` apart under load:
+`runtime.call_pacer`), and one long `pull` brings back everything its trajectories
+did since the last: each
 message is handed to its trajectory's proxy (`RemoteTrajectory`), a hold's
 acknowledgement to the hold, a failed call's question to the runtime (whose verdict
 goes back as an `Answer`). Either stream failing (its actor gone) reports the loss
@@ -16,6 +17,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Literal
 
+from treadle.runtime.call_pacer import CallPacer
 from treadle.runtime.driver import Runtime
 from treadle.runtime.remote_trajectory import RemoteTrajectory
 from treadle.runtime.runner_wire import (
@@ -38,7 +40,7 @@ class RunnerChannel:
     """One runner actor and its two streams (module docstring); `lost` is called,
     once, when either stream fails."""
 
-    def __init__(self, name: str, actor: Any, runtime: Runtime, *, batch_window_s: float,
+    def __init__(self, name: str, actor: Any, runtime: Runtime, *, call_gap_s: float,
                  lost: Callable[[RunnerChannel, str], None]) -> None:
         self.name = name
         self.actor = actor
@@ -50,7 +52,7 @@ class RunnerChannel:
         self.alive = True
         self.ready = False  # it answered: trajectories may go to it
         self._runtime = runtime
-        self._batch_window_s = batch_window_s  # real seconds a batch gathers
+        self._pacer = CallPacer(call_gap_s)  # the pushes' starts
         self._lost = lost
         self._outbox: list[ToRunner] = []
         self._pending = asyncio.Event()
@@ -84,7 +86,7 @@ class RunnerChannel:
         try:
             while True:
                 await self._pending.wait()
-                await asyncio.sleep(self._batch_window_s)
+                await self._pacer.wait()
                 batch, self._outbox = self._outbox, []
                 self._pending.clear()
                 await self.actor.push.remote(pack(batch))
