@@ -28,6 +28,25 @@ def tx(tmp_path: Path) -> Iterator[Transactions]:
     conn.close()
 
 
+class _Hold:
+    """A store call that holds the worker until released, so that the calls made
+    meanwhile queue behind it (and run as one batch after it)."""
+
+    def __init__(self) -> None:
+        self._entered = threading.Event()
+        self._gate = threading.Event()
+
+    def __call__(self) -> None:
+        self._entered.set()
+        self._gate.wait(60)
+
+    async def entered(self) -> None:
+        await asyncio.to_thread(self._entered.wait, 60)
+
+    def release(self) -> None:
+        self._gate.set()
+
+
 def _keys(tx: Transactions) -> list[str]:
     return [k for (k,) in tx.conn.execute("SELECT k FROM t ORDER BY k")]
 
@@ -79,15 +98,15 @@ def test_calls_made_while_the_worker_is_busy_commit_together(tmp_path: Path) -> 
             lambda sql: commits.append(sql) if sql == "COMMIT" else None)
         astore = AsyncStore(store)
         await astore.create_job("j", {}, p)
-        gate = threading.Event()
-        blocker = asyncio.ensure_future(astore.call(gate.wait, 30))
-        await asyncio.sleep(0)  # the worker is held while the finishes queue
+        hold = _Hold()
+        blocker = asyncio.ensure_future(astore.call(hold))
+        await hold.entered()  # the worker is held while the finishes queue
         finishes = [asyncio.ensure_future(astore.finish("j", t)) for t in done[:4]]
         refused = asyncio.ensure_future(astore.finish("j", wrong))  # fails alone
         finishes += [asyncio.ensure_future(astore.finish("j", t)) for t in done[4:]]
         await asyncio.sleep(0)
         before = len(commits)
-        gate.set()
+        hold.release()
         await blocker
         seqs = [(await f).seq for f in finishes]
         with pytest.raises(NotFound):  # a trajectory job j does not have
@@ -99,5 +118,38 @@ def test_calls_made_while_the_worker_is_busy_commit_together(tmp_path: Path) -> 
         await astore.aclose()
         with Store(tmp_path / "s.db") as again:  # durable
             assert again.job("j").delivered == 8
+
+    asyncio.run(asyncio.wait_for(main(), timeout=60))
+
+
+def test_a_batch_lost_fails_every_call_of_it_and_stores_none(tmp_path: Path) -> None:
+    """SQLite rolling the batch's transaction back (as on a full disk; here a call does
+    it) fails every call of the batch, those that had succeeded included; a call that
+    failed on its own keeps its own error."""
+    p = plan(1, 2)
+    rng = random.Random(5)
+    done = [random_trajectory(rng, q, TrajectoryStatus.COMPLETED) for q in p]
+
+    def refuse() -> None:
+        raise ValueError("its own")
+
+    async def main() -> None:
+        store = Store(tmp_path / "s.db")
+        astore = AsyncStore(store)
+        await astore.create_job("j", {}, p)
+        hold = _Hold()
+        blocker = asyncio.ensure_future(astore.call(hold))
+        await hold.entered()
+        calls = [asyncio.ensure_future(c) for c in (
+            astore.finish("j", done[0]), astore.call(refuse),
+            astore.call(store._conn.execute, "ROLLBACK"), astore.finish("j", done[1]))]
+        await asyncio.sleep(0)
+        hold.release()
+        await blocker
+        got = await asyncio.gather(*calls, return_exceptions=True)
+        assert [type(g) for g in got] == [StoreError, ValueError, StoreError, StoreError]
+        assert (await astore.job("j")).delivered == 0
+        assert not (await astore.finish("j", done[0])).duplicate  # a retry delivers it
+        await astore.aclose()
 
     asyncio.run(asyncio.wait_for(main(), timeout=60))

@@ -116,7 +116,9 @@ class AsyncStore:
                         except BaseException as e:  # the caller's to handle
                             outcomes.append((False, e))
             except BaseException as e:  # the commit failed: none of the batch stands
-                outcomes = [(False, e)] * len(calls)
+                # (a call that failed on its own keeps its own error)
+                done = outcomes + [(True, None)] * (len(calls) - len(outcomes))
+                outcomes = [(False, e if ok else value) for ok, value in done]
             settled: dict[asyncio.AbstractEventLoop, list[tuple[_Call, bool, Any]]] = {}
             for call, (ok, value) in zip(calls, outcomes, strict=True):
                 settled.setdefault(call.loop, []).append((call, ok, value))

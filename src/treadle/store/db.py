@@ -19,10 +19,10 @@ Contracts:
 - Atomicity. Every call is one transaction (``BEGIN IMMEDIATE``), or, made inside a
   `batch`, one savepoint of the batch's transaction (a call that raises undoes its
   own writes only; the batch's calls commit together: `treadle.store.transactions`);
-  a process killed at any instant leaves the file as of the last commit. In WAL mode with
-  ``synchronous=NORMAL`` (the default) a committed call survives the process being
-  killed; ``synchronous="FULL"`` makes it survive a power cut too, at an fsync per
-  call.
+  a process killed at any instant leaves the file as of the last commit. In WAL
+  mode with ``synchronous=NORMAL`` (the default) a committed call survives the
+  process being killed; ``synchronous="FULL"`` makes it survive a power cut too, at
+  an fsync per commit.
 - Recovery. After a restart, `recover()` returns the unfinished jobs and puts their
   in-flight trajectories back to pending; `unfinished(job)` lists what to run again.
   Starting one again counts another attempt.
@@ -53,9 +53,9 @@ Contracts:
   pages (`iter_results` fetches one page per query). SQLite's page cache is its
   default (about 2 MB).
 - Threads. One connection, serialised by a lock: any thread may call, one call (or
-  batch) runs at a time. The calls block on disk, so asyncio code must not call them on the event
-  loop: use `treadle.store.aio.AsyncStore`, which runs every call on one worker
-  thread.
+  batch) runs at a time. The calls block on disk, so asyncio code must not call
+  them on the event loop: use `treadle.store.aio.AsyncStore`, which runs every call
+  on one worker thread.
 """
 
 from __future__ import annotations
