@@ -17,16 +17,18 @@ def test_calls_go_at_once_when_quiet_and_a_gap_apart_when_busy() -> None:
         pacer = CallPacer(0.03, clock)
         await asyncio.wait_for(pacer.wait(), timeout=60)  # the first: no wait (a loop turn)
         assert clock.now() == 100.0
-        second = asyncio.ensure_future(pacer.wait())  # at once after: the gap's rest
-        for _ in range(3):
-            await asyncio.sleep(0)
-        assert not second.done()
+        asked = asyncio.Event()
+
+        async def second() -> None:  # at once after the first: the gap's rest
+            asked.set()
+            await pacer.wait()  # runs in this step up to its sleep: its timer is set
+        task = asyncio.ensure_future(second())
+        await asked.wait()
+        assert clock.next_deadline() == pytest.approx(100.03) and not task.done()
         clock.advance(0.02)
-        for _ in range(3):
-            await asyncio.sleep(0)
-        assert not second.done()
+        assert clock.next_deadline() == pytest.approx(100.03)  # not yet due
         clock.advance(0.01)
-        await second  # 30 ms after the first
+        await task  # 30 ms after the first
         clock.advance(5.0)  # a quiet spell: the next goes at once again
         await asyncio.wait_for(pacer.wait(), timeout=60)
         assert clock.now() == pytest.approx(105.03)

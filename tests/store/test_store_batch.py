@@ -7,8 +7,9 @@ import asyncio
 import random
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 from store_helpers import plan, random_trajectory
@@ -17,6 +18,8 @@ from treadle.store import AsyncStore, NotFound, Store
 from treadle.store.errors import StoreError
 from treadle.store.transactions import Transactions
 from treadle.types import TrajectoryStatus
+
+_T = TypeVar("_T")
 
 
 @pytest.fixture
@@ -45,6 +48,23 @@ class _Hold:
 
     def release(self) -> None:
         self._gate.set()
+
+
+async def _queued(calls: list[Coroutine[Any, Any, _T]]) -> list[asyncio.Task[_T]]:
+    """The store calls started as tasks, in order, once each has queued its call (a
+    call queues in its task's first step, before it first waits)."""
+    left = len(calls)
+    started = asyncio.Event()
+
+    async def start(call: Coroutine[Any, Any, _T]) -> _T:
+        nonlocal left
+        left -= 1
+        if not left:
+            started.set()
+        return await call  # queues in this step; the waiter wakes after it
+    tasks = [asyncio.ensure_future(start(c)) for c in calls]
+    await started.wait()
+    return tasks
 
 
 def _keys(tx: Transactions) -> list[str]:
@@ -101,10 +121,10 @@ def test_calls_made_while_the_worker_is_busy_commit_together(tmp_path: Path) -> 
         hold = _Hold()
         blocker = asyncio.ensure_future(astore.call(hold))
         await hold.entered()  # the worker is held while the finishes queue
-        finishes = [asyncio.ensure_future(astore.finish("j", t)) for t in done[:4]]
-        refused = asyncio.ensure_future(astore.finish("j", wrong))  # fails alone
-        finishes += [asyncio.ensure_future(astore.finish("j", t)) for t in done[4:]]
-        await asyncio.sleep(0)
+        finishes = await _queued([*(astore.finish("j", t) for t in done[:4]),
+                                  astore.finish("j", wrong),  # fails alone
+                                  *(astore.finish("j", t) for t in done[4:])])
+        refused = finishes.pop(4)
         before = len(commits)
         hold.release()
         await blocker
@@ -140,10 +160,9 @@ def test_a_batch_lost_fails_every_call_of_it_and_stores_none(tmp_path: Path) -> 
         hold = _Hold()
         blocker = asyncio.ensure_future(astore.call(hold))
         await hold.entered()
-        calls = [asyncio.ensure_future(c) for c in (
+        calls = await _queued([
             astore.finish("j", done[0]), astore.call(refuse),
-            astore.call(store._conn.execute, "ROLLBACK"), astore.finish("j", done[1]))]
-        await asyncio.sleep(0)
+            astore.call(store._conn.execute, "ROLLBACK"), astore.finish("j", done[1])])
         hold.release()
         await blocker
         got = await asyncio.gather(*calls, return_exceptions=True)
