@@ -199,6 +199,15 @@ class ResumeFrom:
         return plan_resume(self.turns, self.resumes, attempt=self.attempt,
                            replay_of=replay_of, from_prompt=self.from_prompt)
 
+    def planner(self, recorded: Callable[[ResumePoint], None]) -> ResumePlan:
+        """`plan` as the attempt's runner calls it, each resume planned handed to
+        `recorded` (for the journal) before it is returned."""
+        def planned(replay_of: ReplayOf | None) -> Resume:
+            resume = self.plan(replay_of)
+            recorded(resume.point)
+            return resume
+        return planned
+
 
 def resume_body(point: ResumePoint) -> bytes:
     """A resume as the journal keeps it (read back by `plan_resume`)."""

@@ -221,8 +221,8 @@ class RayRunners:
     async def _run(self, traj_id: str, kv: KVAcrossUpdates, journal: BodyJournal | None,
                    capture: WorkTreeCapture | None,
                    start: Callable[[RunnerChannel], ToRunner]) -> Trajectory:
-        """A trajectory in the actor with the fewest running (ties: the first), started
-        by `start`'s message."""
+        """A trajectory in the actor with the fewest running (`_place`), started by
+        `start`'s message."""
         while not self.runners:
             if self._closed:
                 raise RunnerLost("the runner actors are closed")
@@ -230,10 +230,7 @@ class RayRunners:
                 raise RunnerLost("no runner actor is left, and none is starting")
             self._ready.clear()  # (no runner is ready: set again by one, or by a loss)
             await self._ready.wait()
-        runner = min(self.runners, key=lambda r: len(r.trajectories))
-        traj = RemoteTrajectory(runner.send, self.runtime, traj_id, kv, journal, capture)
-        self.runtime.adopt(traj)
-        runner.trajectories[traj_id] = traj
+        runner, traj = self._place(traj_id, kv, journal, capture)
         runner.send(start(runner))
         try:
             result = await asyncio.shield(traj.result)
@@ -254,12 +251,21 @@ class RayRunners:
         if not self.runners:
             return self.runtime.turns(traj_id, group_id, kv, judge=judge,
                                       max_staleness=max_staleness)
-        runner = min(self.runners, key=lambda r: len(r.trajectories))
-        traj = RemoteTrajectory(runner.send, self.runtime, traj_id, kv, None, driven=True)
-        self.runtime.adopt(traj)
-        runner.trajectories[traj_id] = traj
+        runner, traj = self._place(traj_id, kv, None, None, driven=True)
         runner.send(OpenTurns(traj_id, group_id, kv, max_staleness))
         return RemoteTurns(traj, runner.send, self.runtime)
+
+    def _place(self, traj_id: str, kv: KVAcrossUpdates, journal: BodyJournal | None,
+               capture: WorkTreeCapture | None, *, driven: bool = False
+               ) -> tuple[RunnerChannel, RemoteTrajectory]:
+        """A trajectory's proxy, adopted by the runtime, on the ready actor with the
+        fewest running (ties: the first); there must be one."""
+        runner = min(self.runners, key=lambda r: len(r.trajectories))
+        traj = RemoteTrajectory(runner.send, self.runtime, traj_id, kv, journal, capture,
+                                driven=driven)
+        self.runtime.adopt(traj)
+        runner.trajectories[traj_id] = traj
+        return runner, traj
 
     @property
     def clock(self) -> Clock:

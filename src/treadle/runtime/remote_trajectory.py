@@ -209,8 +209,12 @@ class RemoteTrajectory:
             self.result.set_exception(RunnerLost(why))
         for call in self.calls.values():
             if not call.done():
-                call.set_exception(EngineUnavailable(f"its runner actor was lost: {why}"))
+                call.set_exception(self.unavailable())
         self.calls.clear()
+
+    def unavailable(self) -> EngineUnavailable:
+        """What its driven turns raise once its actor is lost."""
+        return EngineUnavailable(f"its runner actor was lost: {self.lost_why}")
 
     def _waiting(self) -> None:
         self._admitted = None
@@ -251,7 +255,7 @@ class RemoteTurns:
                        stop_ids: list[int]) -> TurnOutput:
         traj = self._traj
         if traj.lost_why is not None:
-            raise EngineUnavailable(f"its runner actor was lost: {traj.lost_why}")
+            raise traj.unavailable()
         self._calls += 1
         call = self._calls
         answer: asyncio.Future[TurnOutput] = asyncio.get_running_loop().create_future()

@@ -47,7 +47,7 @@ import time
 from collections.abc import Coroutine
 from typing import Any, Literal
 
-from treadle.agent.journal import JournaledTurn, ReplayOf, Resume, ResumeFrom, ResumePlan
+from treadle.agent.journal import JournaledTurn
 from treadle.agent.runner import TurnRunner
 from treadle.agent.tokenizer import Tokenizer
 from treadle.clock import Clock, ScaledClock
@@ -105,7 +105,7 @@ from treadle.runtime.turns import ScheduledTurns
 from treadle.sandbox.base import SandboxBackend
 from treadle.sandbox.pool import PoolSettings
 from treadle.sandbox.remote import RemoteBackend
-from treadle.types import GroupKey, KVAcrossUpdates, Trajectory
+from treadle.types import GroupKey, KVAcrossUpdates, ResumePoint, Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -269,19 +269,16 @@ class MirrorHost:
                 limits=m.limits, sampling=m.sampling, chat_format=m.chat_format,
                 attempt=m.attempt, kv=m.kv,
                 journal=_Journal(self, m.traj_id) if m.journaled else None,
-                resume=None if m.resume is None else self._resume(m.traj_id, m.resume),
+                resume=None if m.resume is None else m.resume.planner(
+                    functools.partial(self._resumed, m.traj_id)),
                 capture=capture, max_staleness=m.max_staleness)
         finally:
             if capture is not None:  # before its Finished: the service judges with it
                 self.send(Captured(m.traj_id, capture.tree, capture.error))
 
-    def _resume(self, traj_id: str, source: ResumeFrom) -> ResumePlan:
-        """The resume of a restarted attempt, planned here; its point goes back."""
-        def plan(replay_of: ReplayOf | None) -> Resume:
-            resume = source.plan(replay_of)
-            self.send(Resumed(traj_id, resume.point))
-            return resume
-        return plan
+    def _resumed(self, traj_id: str, point: ResumePoint) -> None:
+        """A restarted attempt's resume, planned here: its point goes back."""
+        self.send(Resumed(traj_id, point))
 
     def _settled(self, traj_id: str, task: asyncio.Task[Trajectory]) -> None:
         """A trajectory's task is over, however (a callback: a task cancelled before

@@ -22,8 +22,9 @@ the service (the gateway's), their turns in the actors (`RayRunners.turns`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 from treadle.agent.tokenizer import Tokenizer
@@ -94,9 +95,13 @@ class Attempts:
         try:
             match work:
                 case ReplayWork() if self.runners is not None:
-                    return await self._remote(work, attempt, journals, self.runners)
+                    return await self._remote(
+                        work, attempt, journals,
+                        functools.partial(self._replay_in, self.runners, work))
                 case SuiteWork() if self.runners is not None and self.runners.runs_tasks:
-                    return await self._remote(work, attempt, journals, self.runners)
+                    return await self._remote(
+                        work, attempt, journals,
+                        functools.partial(self._task_in, self.runners, work))
                 case ReplayWork():
                     return await replay_task(
                         self.runtime, work.spec, traj_id=tid, key=key, task_id=p.task_id,
@@ -133,28 +138,18 @@ class Attempts:
                 each.ended()
 
     async def _remote(self, work: ReplayWork | SuiteWork, attempt: int,
-                      journals: list[AttemptJournal], runners: RayRunners) -> Trajectory:
-        """A replay or suite task in a runner actor, run again while its actor is lost
-        (module docstring); `journals` gets each attempt's journal."""
+                      journals: list[AttemptJournal],
+                      run: Callable[[int, AttemptJournal], Awaitable[Trajectory]]
+                      ) -> Trajectory:
+        """`run(attempt, its journal)` (a replay or suite task in a runner actor), run
+        again while its actor is lost (module docstring); `journals` gets each
+        attempt's journal."""
         p = work.planned
         tid = p.trajectory_id
         key = GroupKey(p.group_id, p.repetition)
         for retry in range(self.runner_retries + 1):
             try:
-                if isinstance(work, ReplayWork):
-                    plan = await self.journal.resume(work.job_id, tid, attempt)
-                    return await runners.replay(
-                        work.spec, traj_id=tid, key=key, task_id=p.task_id, attempt=attempt,
-                        kv=work.kv, journal=journals[-1],
-                        resume=None if plan is None else plan(None),
-                        max_staleness=work.max_staleness)
-                capture = self.judging.capture(work)
-                return await self.judging.judged(work, await runners.task(
-                    work.suite, work.task, traj_id=tid, key=key, sampling=work.sampling,
-                    limits=work.limits, chat_format=work.chat_format, attempt=attempt,
-                    kv=work.kv, journal=journals[-1],
-                    resume=await self.journal.resume_from(work.job_id, tid, attempt),
-                    capture=capture, max_staleness=work.max_staleness), capture)
+                return await run(attempt, journals[-1])
             except RunnerLost as e:
                 lost = e
             if retry == self.runner_retries:
@@ -169,6 +164,30 @@ class Attempts:
                           status=TrajectoryStatus.ERROR, failure_stage=FailureStage.RUNTIME,
                           reason=f"runtime: {lost} (its runner actor was lost "
                                  f"{retry + 1} time(s))")
+
+    async def _replay_in(self, runners: RayRunners, work: ReplayWork, attempt: int,
+                         journal: AttemptJournal) -> Trajectory:
+        """A replay's attempt in a runner actor (its resume planned here: no tools)."""
+        p = work.planned
+        plan = await self.journal.resume(work.job_id, p.trajectory_id, attempt)
+        return await runners.replay(
+            work.spec, traj_id=p.trajectory_id, key=GroupKey(p.group_id, p.repetition),
+            task_id=p.task_id, attempt=attempt, kv=work.kv, journal=journal,
+            resume=None if plan is None else plan(None), max_staleness=work.max_staleness)
+
+    async def _task_in(self, runners: RayRunners, work: SuiteWork, attempt: int,
+                       journal: AttemptJournal) -> Trajectory:
+        """A suite task's attempt in a runner actor (its resume planned there), judged
+        here with the work tree it read."""
+        p = work.planned
+        capture = self.judging.capture(work)
+        return await self.judging.judged(work, await runners.task(
+            work.suite, work.task, traj_id=p.trajectory_id,
+            key=GroupKey(p.group_id, p.repetition), sampling=work.sampling,
+            limits=work.limits, chat_format=work.chat_format, attempt=attempt, kv=work.kv,
+            journal=journal,
+            resume=await self.journal.resume_from(work.job_id, p.trajectory_id, attempt),
+            capture=capture, max_staleness=work.max_staleness), capture)
 
 
 __all__ = ["Attempts", "HarnessRunner"]

@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from treadle.agent.journal import JournaledTurn, Resume, ResumeFrom, ResumePlan, resume_body
-from treadle.envs.tools.base import ToolReplay
+from treadle.agent.journal import JournaledTurn, ResumeFrom, ResumePlan, resume_body
 from treadle.service.metrics import Metrics
 from treadle.store.aio import AsyncStore
 from treadle.store.journal import TURN, JournalRow
@@ -124,12 +124,7 @@ class JournalWriter:
         source = await self.resume_from(job_id, trajectory_id, attempt)
         if source is None:
             return None
-
-        def plan(replay_of: Callable[[str], ToolReplay] | None) -> Resume:
-            resume = source.plan(replay_of)
-            self.resumed(job_id, trajectory_id, resume.point)
-            return resume
-        return plan
+        return source.planner(functools.partial(self.resumed, job_id, trajectory_id))
 
     async def resume_from(self, job_id: str, trajectory_id: str,
                           attempt: int) -> ResumeFrom | None:
