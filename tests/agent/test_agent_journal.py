@@ -18,6 +18,7 @@ from treadle.agent.journal import (
     FROM_PROMPT,
     JournaledTurn,
     ReplayingRunner,
+    ResumeFrom,
     plan_resume,
     resume_body,
 )
@@ -242,6 +243,16 @@ def test_earlier_resumes_are_kept_and_a_bad_entry_ends_the_prefix() -> None:
     assert resume.point.turn == 1 and resume.point.discarded_turns == 2
     assert resume.point.reason.startswith("turn 1: its journal entry does not read")
     assert resume.point.discarded_tokens == 3  # (the unreadable entry's are unknown)
+
+
+def test_a_planner_records_the_resume_it_plans_before_returning_it() -> None:
+    earlier = ResumePoint(1, 3, 1, 0, 0, "")
+    source = ResumeFrom(2, (JournaledTurn(0, FakeOutput.make(3)).encode(),),
+                        (resume_body(earlier),))
+    recorded: list[ResumePoint] = []
+    resume = source.planner(recorded.append)(None)
+    assert recorded == [resume.point] and resume.point.attempt == 2
+    assert resume == source.plan(None)
 
 
 class FakeOutput:

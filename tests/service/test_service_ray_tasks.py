@@ -164,6 +164,7 @@ def test_a_runner_killed_mid_task_resumes_its_trajectory_from_the_journal(
     assert record["attempt"] == 1 and record["failure_stage"] is None, record["reason"]
     # The new attempt resumed after the journaled turn, planned in the new actor ...
     assert [(p["attempt"], p["turn"]) for p in record["resumed"]] == [(1, 1)]
+    assert service.rollouts.metrics.resumes == {"turn": 1}  # and in the service's journal
     assert len(record["turns"]) == 2
     # ... so the engine answered twice: turn 0, and turn 1 of the new attempt (the
     # lost attempt's turn 1 is held); the journaled turn was not sampled again, and
