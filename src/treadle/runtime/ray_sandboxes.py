@@ -25,7 +25,8 @@ pools' waiting callers, its runner actors' included). What is live on a server i
 what its `/healthz` says (every client's sandboxes: the service's backend and the
 copies of it in runner actors), or what this backend has open there when it does
 not answer. A server to retire takes no new sandbox at once (`retire_server`) and is
-stopped when nothing is live there, never before: a sandbox stays on its server.
+stopped at a later round, when nothing is live there, never before: a sandbox stays
+on its server.
 Each time the servers new sandboxes may go to change, `servers_changed` is told them
 (copies of the backend elsewhere `follow` them).
 
@@ -94,7 +95,11 @@ class FleetServer:
     node_ip: str
     actor: Any = field(repr=False)
     idle_since: float | None = None  # when it last had nothing open
-    retiring: bool = False
+    retired_in: int | None = None  # the fleet's round that retired it; None: it takes sandboxes
+
+    @property
+    def retiring(self) -> bool:
+        return self.retired_in is not None
 
 
 class RaySandboxFleet:
@@ -119,6 +124,7 @@ class RaySandboxFleet:
         self.stop_timeout_s = stop_timeout_s
         self._servers: dict[str, FleetServer] = {}
         self._lock = asyncio.Lock()  # one decision acted on at a time
+        self._round = 0  # rebalances begun
 
     @property
     def backend(self) -> RemoteBackend:
@@ -130,12 +136,24 @@ class RaySandboxFleet:
         return list(self._servers.values())
 
     async def rebalance(self) -> ScaleDecision:
-        """Read the load, decide (`autoscale.decide`), act: start servers, retire one,
-        stop the retired ones that are empty. Returns the decision."""
+        """Read the load (one `/healthz` a server), stop the servers retired in an
+        earlier round that are empty, decide (`autoscale.decide`), act: start servers,
+        retire one. Returns the decision.
+
+        A server is never stopped in the round that retires it: until `servers_changed`
+        has told them (at the round's end), copies of the backend elsewhere may still
+        start sandboxes there, and one started after this round's read would be killed
+        with the server. By the next round every copy has been told, and a start that
+        was under way then counts in the server's `/healthz` (creating sandboxes count)."""
         async with self._lock:
+            self._round += 1
             await self._drop_lost()
             now = self._clock.now()
             open_ = await self._live()
+            for server in list(self._servers.values()):
+                if server.retiring and server.retired_in != self._round \
+                        and not open_.get(server.url, 0):
+                    await self._stop(server)
             loads = []
             for server in self._servers.values():
                 n = open_.get(server.url, 0)
@@ -148,14 +166,13 @@ class RaySandboxFleet:
             decision = decide(loads, waiting=await self._demand(), scaling=self.scaling,
                               now=now, server_max_live=self.spec.max_live)
             for url in decision.retire:
-                self._servers[url].retiring = True
+                self._servers[url].retired_in = self._round
                 self._backend.retire_server(url)
             started = await asyncio.gather(*(self._start() for _ in range(decision.start)),
                                            return_exceptions=True)
             for result in started:
                 if isinstance(result, BaseException):
                     log.warning("a sandbox server did not start on Ray: %s", result)
-            await self._stop_empty_retired()
             self._tell()
             return decision
 
@@ -253,14 +270,8 @@ class RaySandboxFleet:
                 code = "its actor is gone"
             if code is not None:
                 log.warning("sandbox server %s lost (%s)", server.url, code)
-                server.retiring = True
+                server.retired_in = self._round
                 self._backend.retire_server(server.url)
-
-    async def _stop_empty_retired(self) -> None:
-        open_ = await self._live()
-        for server in list(self._servers.values()):
-            if server.retiring and not open_.get(server.url, 0):
-                await self._stop(server)
 
     async def _stop(self, server: FleetServer) -> None:
         self._servers.pop(server.url, None)
