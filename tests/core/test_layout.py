@@ -18,6 +18,7 @@ from treadle.core.policies.layout import (
     reduce_lengths,
 )
 from treadle.core.policies.list_placement import (
+    Batch,
     candidate_layouts,
     lpt_layout,
     lpt_makespan,
@@ -92,10 +93,8 @@ def test_lpt_layout_returns_a_candidate() -> None:
 
 
 def _pool_scores(lengths: list[float], context: float) -> dict[int, float]:
-    reduced, weight = reduce_lengths(lengths)
-    items = [(f"q{i:04d}-{k}", x, context) for i, x in enumerate(reduced)
-             for k in range(weight)]
-    return {tp: lpt_makespan(items, _engines((tp,) * (64 // tp)), COST) for tp in (1, 2, 4, 8)}
+    batch = Batch.expected(lengths, context)
+    return {tp: lpt_makespan(batch, _engines((tp,) * (64 // tp)), COST) for tp in (1, 2, 4, 8)}
 
 
 def test_lpt_layout_never_picks_a_pool_the_model_scores_below_another_pool() -> None:
@@ -113,22 +112,28 @@ def test_lpt_layout_never_picks_a_pool_the_model_scores_below_another_pool() -> 
     assert lpt_layout(64, few, COST, 10_000.0, 1024) == (8,) * 8
 
 
+def _plan(items: list[tuple[str, float, float]], engines: list[EngineState]) -> dict[str, str]:
+    """`lpt_placement` of (id, remaining, context) rows, as id -> engine id."""
+    picks = lpt_placement(Batch.of(items), engines, COST)
+    return {tid: engines[i].engine_id for (tid, _, _), i in zip(items, picks, strict=True)}
+
+
 def test_lpt_placement_spreads_the_longest_one_per_engine() -> None:
     engines = _engines((8,) * 6)
     items = [(f"t{i:03d}", float(10_000 - i), 2000.0) for i in range(60)]
-    plan = lpt_placement(items, engines, COST)
+    plan = _plan(items, engines)
     assert set(plan) == {tid for tid, _, _ in items}
     longest_six = [plan[f"t{i:03d}"] for i in range(6)]
     assert len(set(longest_six)) == 6  # one per engine before any engine gets two
     counts = [list(plan.values()).count(e.engine_id) for e in engines]
     assert max(counts) - min(counts) <= 1  # equal lengths: an even spread
-    assert lpt_placement(items, engines, COST) == plan  # deterministic
+    assert _plan(items, engines) == plan  # deterministic
 
 
 def test_lpt_placement_prefers_fast_engines_for_the_tail() -> None:
     engines = _engines((2, 2, 4, 4, 8, 8))
     items = [(f"t{i:03d}", float(10_000 - i), 2000.0) for i in range(60)]
-    plan = lpt_placement(items, engines, COST)
+    plan = _plan(items, engines)
     # A second long trajectory on a TP-8 engine is still faster than a TP-2 alone.
     assert {plan[f"t{i:03d}"] for i in range(4)} <= {"e004", "e005"}
 
@@ -160,7 +165,7 @@ def test_the_pruned_tail_search_places_as_evaluating_every_engine_would(seed: in
     items = [(f"t{i:03d}", length, float(rng.choice((0, 500, 8000))))
              for i, length in enumerate(lengths)]
     engines = _engines(layout)
-    assert lpt_placement(items, engines, COST) == _every_engine_tail(items, engines)
+    assert _plan(items, engines) == _every_engine_tail(items, engines)
 
 
 def _heap_rest(items: list[tuple[str, float, float]], engines: list[EngineState],
@@ -203,13 +208,30 @@ def test_the_placement_past_the_tail_is_the_plain_heap_placement(seed: int) -> N
     items = [(f"t{i:03d}", length, float(rng.choice((0, 500, 8000))))
              for i, length in enumerate(lengths)]
     engines = _engines(layout)
-    assert lpt_placement(items, engines, COST) == _heap_rest(items, engines)
+    assert _plan(items, engines) == _heap_rest(items, engines)
+    # Ties between equal lengths go by id, whatever the batch's order.
+    rng.shuffle(items)
+    assert _plan(items, engines) == _heap_rest(items, engines)
+
+
+def test_a_batch_refuses_columns_of_different_lengths() -> None:
+    with pytest.raises(ValueError, match="2 ids, 1 remaining, 2 contexts"):
+        Batch(["a", "b"], [1.0], [0.0, 0.0])
+
+
+def test_the_expected_batch_stands_each_representative_for_its_weight() -> None:
+    lengths = _lengths(1000, 2)
+    reduced, weight = reduce_lengths(lengths)
+    batch = Batch.expected(lengths, 3000.0)
+    assert len(batch.ids) == len(reduced) * weight == len(set(batch.ids))
+    assert sorted(set(batch.remaining), reverse=True) == sorted(set(reduced), reverse=True)
+    assert set(batch.context) == {3000.0}
 
 
 def test_lpt_makespan_falls_with_more_engines_but_not_below_the_longest() -> None:
     items = [(f"t{i}", length, 3000.0) for i, length in enumerate(_lengths(200, 5))]
-    one = lpt_makespan(items, _engines((8,)), COST)
-    eight = lpt_makespan(items, _engines((8,) * 8), COST)
+    one = lpt_makespan(Batch.of(items), _engines((8,)), COST)
+    eight = lpt_makespan(Batch.of(items), _engines((8,) * 8), COST)
     longest = max(length for _, length, _ in items)
     assert longest * COST.step_time(8, 1, 3000.0) <= eight < one
 

@@ -9,7 +9,6 @@ import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from operator import itemgetter
 
 from treadle.core.cost_model import TP_DEGREES, CostModel
 from treadle.core.policies.layout import Layout, reduce_lengths
@@ -26,6 +25,39 @@ TAIL_MAX = 1024
 # serves others, and per-engine overheads; in simulation, mixed layouts whose model
 # advantage was below ~12% did not finish sooner than the homogeneous TP-8 pool.
 LAYOUT_TOLERANCE = 0.12
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Trajectories to place, as columns (entry k of each is trajectory k): a re-plan
+    of 100,000 trajectories builds three lists, not 100,000 tuples, which the cyclic
+    collector would otherwise walk, inside the re-plan, until they die with it.
+
+    Contract (ValueError otherwise): the three columns are equally long."""
+
+    ids: Sequence[str]
+    remaining: Sequence[float]  # predicted remaining tokens
+    context: Sequence[float]  # context tokens now
+
+    def __post_init__(self) -> None:
+        if not len(self.ids) == len(self.remaining) == len(self.context):
+            raise ValueError(f"a batch's columns differ in length: {len(self.ids)} ids, "
+                             f"{len(self.remaining)} remaining, {len(self.context)} contexts")
+
+    @classmethod
+    def of(cls, items: Sequence[tuple[str, float, float]]) -> Batch:
+        """From (id, remaining tokens, context tokens) rows."""
+        return cls([i for i, _, _ in items], [r for _, r, _ in items], [c for _, _, c in items])
+
+    @classmethod
+    def expected(cls, lengths: Sequence[float], context: float) -> Batch:
+        """The batch a layout is ranked for: `lengths` reduced to representatives
+        (`layout.reduce_lengths`), each standing for its weight in trajectories, all
+        at one typical `context`."""
+        reduced, weight = reduce_lengths(lengths)
+        remaining = [length for length in reduced for _ in range(weight)]
+        return cls([f"q{k:06d}" for k in range(len(remaining))], remaining,
+                   [context] * len(remaining))
 
 
 @dataclass(slots=True)
@@ -61,14 +93,13 @@ class _Load:
         self.kv_tokens += remaining * (context + remaining / 2.0)
 
 
-def lpt_makespan(items: Sequence[tuple[str, float, float]], engines: Sequence[EngineState],
-                 cost: CostModel) -> float:
-    """The list placement's predicted makespan (decode seconds) for `items`."""
-    plan = lpt_placement(items, engines, cost)
-    loads = {e.engine_id: _Load(e.tp) for e in engines}
-    for tid, rem, ctx in items:
-        loads[plan[tid]].add(rem, ctx)
-    return max((ld.finish(cost) for ld in loads.values()), default=0.0)
+def lpt_makespan(batch: Batch, engines: Sequence[EngineState], cost: CostModel) -> float:
+    """The list placement's predicted makespan (decode seconds) for `batch`."""
+    loads = [_Load(e.tp) for e in engines]
+    for i, rem, ctx in zip(lpt_placement(batch, engines, cost), batch.remaining, batch.context,
+                           strict=True):
+        loads[i].add(rem, ctx)
+    return max((ld.finish(cost) for ld in loads), default=0.0)
 
 
 def candidate_layouts(gpus: int, min_tp: int) -> list[Layout]:
@@ -94,12 +125,10 @@ def lpt_layout(gpus: int, lengths: Sequence[float], cost: CostModel, context: fl
     applied between pools it made TP-8 win over a TP-4 pool the model scored up to
     12% faster, so the search missed the best homogeneous pool (with the calibrated
     cost model, TP-4 at 64 trajectories per engine: flat, coding and math at 4,096)."""
-    reduced, weight = reduce_lengths(lengths)
-    items = [(f"q{i:04d}-{k}", length, context)
-             for i, length in enumerate(reduced) for k in range(weight)]
+    batch = Batch.expected(lengths, context)
     scored: list[tuple[float, Layout]] = []
     for layout in candidate_layouts(gpus, cost.min_tp()):
-        scored.append((lpt_makespan(items, engines_of(layout, cost, max_batch), cost), layout))
+        scored.append((lpt_makespan(batch, engines_of(layout, cost, max_batch), cost), layout))
     best = min(m for m, _ in scored)
     near = [(len(layout), m, layout) for m, layout in scored
             if m <= best * (1.0 + LAYOUT_TOLERANCE)]
@@ -110,50 +139,54 @@ def lpt_layout(gpus: int, lengths: Sequence[float], cost: CostModel, context: fl
     return min((m, len(layout), layout) for m, layout in scored if len(set(layout)) == 1)[2]
 
 
-def lpt_placement(items: Sequence[tuple[str, float, float]], engines: Sequence[EngineState],
-                  cost: CostModel) -> dict[str, str]:
-    """Longest-first list placement of (traj_id, remaining tokens, context) items;
-    returns traj_id -> engine_id. The tail (the `TAIL_PER_ENGINE`·m longest) is
-    placed by exact evaluation of every engine, the rest by a heap keyed on a
-    typical short trajectory. Deterministic (ties by order and engine id)."""
+def lpt_placement(batch: Batch, engines: Sequence[EngineState], cost: CostModel) -> list[int]:
+    """Longest-first list placement of `batch`; returns each item's engine (an index
+    into `engines`, in the batch's order; [] without engines). The tail (the
+    `TAIL_PER_ENGINE`·m longest) is placed by exact evaluation of every engine, the
+    rest by a heap keyed on a typical short trajectory. Deterministic: the order is
+    by remaining tokens descending, ties by id (not by the batch's order), and ties
+    between engines go to the lowest index."""
     if not engines:
-        return {}
-    order = _longest_first(items)
+        return []
+    order = _longest_first(batch)
+    remaining, context = batch.remaining, batch.context
     loads = [_Load(e.tp) for e in engines]
-    out: dict[str, str] = {}
+    engine_of = [0] * len(order)
     n_tail = min(len(order), TAIL_PER_ENGINE * len(engines), max(TAIL_MAX, len(engines)))
     tail = order[:n_tail]
-    for (tid, _, _), i in zip(tail, _place_tail(tail, loads, cost), strict=True):
-        out[tid] = engines[i].engine_id
+    picks = _place_tail([(remaining[j], context[j]) for j in tail], loads, cost)
+    for j, i in zip(tail, picks, strict=True):
+        engine_of[j] = i
     rest = order[n_tail:]
     if rest:
-        typ_rem = rest[len(rest) // 2][1]
-        typ_ctx = sum(it[2] for it in rest) / len(rest)
+        typ_rem = remaining[rest[len(rest) // 2]]
+        typ_ctx = sum(context[j] for j in rest) / len(rest)
         heap = [(ld.finish_with(cost, typ_rem, typ_ctx), i) for i, ld in enumerate(loads)]
         heapq.heapify(heap)
         # One `heapreplace` for a pop and a push (the entries are distinct, so the heap
         # yields them in the same order): this loop is most of a large batch's placement.
-        for tid, rem, ctx in rest:
+        for j in rest:
             i = heap[0][1]
             ld = loads[i]
-            ld.add(rem, ctx)
-            out[tid] = engines[i].engine_id
+            ld.add(remaining[j], context[j])
+            engine_of[j] = i
             heapq.heapreplace(heap, (ld.finish_with(cost, typ_rem, typ_ctx), i))
-    return out
+    return engine_of
 
 
-def _longest_first(items: Sequence[tuple[str, float, float]]) -> list[tuple[str, float, float]]:
-    """`items` by remaining tokens descending, ties by id: sorted on the length alone
-    (a C key), then each run of equal lengths (siblings share a fresh estimate) by
-    id, instead of building a key tuple an item."""
-    order = sorted(items, key=itemgetter(1), reverse=True)
+def _longest_first(batch: Batch) -> list[int]:
+    """The batch's indices by remaining tokens descending, ties by id: sorted on the
+    length alone (a C key), then each run of equal lengths (siblings share a fresh
+    estimate) by id, instead of building a key tuple an item."""
+    remaining, ids = batch.remaining, batch.ids
+    order = sorted(range(len(remaining)), key=remaining.__getitem__, reverse=True)
     i, n = 0, len(order)
     while i < n:
-        j, length = i + 1, order[i][1]
-        while j < n and order[j][1] == length:
+        j, length = i + 1, remaining[order[i]]
+        while j < n and remaining[order[j]] == length:
             j += 1
         if j - i > 1:
-            order[i:j] = sorted(order[i:j], key=itemgetter(0))
+            order[i:j] = sorted(order[i:j], key=ids.__getitem__)
         i = j
     return order
 
@@ -161,11 +194,11 @@ def _longest_first(items: Sequence[tuple[str, float, float]]) -> list[tuple[str,
 _LoadKey = tuple[int, float, float, float]  # a `_Load`'s whole state
 
 
-def _place_tail(tail: Sequence[tuple[str, float, float]], loads: list[_Load],
+def _place_tail(tail: Sequence[tuple[float, float]], loads: list[_Load],
                 cost: CostModel) -> list[int]:
-    """The engine index of each of `tail` (longest first), each to the engine whose
-    predicted finish with it is least (ties: the lowest index), as evaluating every
-    engine would choose, without evaluating every engine:
+    """The engine index of each of `tail` ((remaining, context), longest first), each
+    to the engine whose predicted finish with it is least (ties: the lowest index), as
+    evaluating every engine would choose, without evaluating every engine:
 
     - engines in the same state (TP degree and planned load: all the empty ones of a
       degree, say, or those holding equal predictions) are interchangeable: only the
@@ -199,7 +232,7 @@ def _place_tail(tail: Sequence[tuple[str, float, float]], loads: list[_Load],
     kv_s = {tp: cost.step_parts(tp).kv_s for tp in heaps}
     unbounded: set[int] = set()  # holding work whose head is under one token
     chosen: list[int] = []
-    for _, rem, ctx in tail:
+    for rem, ctx in tail:
         best = (math.inf, -1)
         for i in unbounded:
             best = min(best, (loads[i].finish_with(cost, rem, ctx), i))

@@ -68,8 +68,9 @@ from treadle.core.events import (
     TrajectoryEnded,
     TurnFinished,
 )
-from treadle.core.policies.layout import Layout, homogeneous_pool, reduce_lengths
+from treadle.core.policies.layout import Layout, homogeneous_pool
 from treadle.core.policies.list_placement import (
+    Batch,
     candidate_layouts,
     engines_of,
     lpt_layout,
@@ -114,10 +115,8 @@ def scored_candidates(gpus: int, lengths: Sequence[float], cost: CostModel, cont
     degrees = [tp for tp in TP_DEGREES if cost.min_tp() <= tp <= gpus]
     out: list[Layout] = [(tp,) * (gpus // tp) for tp in degrees]
     if lengths:
-        reduced, weight = reduce_lengths(lengths)
-        items = [(f"q{i:04d}-{k}", length, context)
-                 for i, length in enumerate(reduced) for k in range(weight)]
-        mixed = [(lpt_makespan(items, engines_of(layout, cost, max_batch), cost), len(layout),
+        batch = Batch.expected(lengths, context)
+        mixed = [(lpt_makespan(batch, engines_of(layout, cost, max_batch), cost), len(layout),
                   layout) for layout in candidate_layouts(gpus, cost.min_tp())
                  if len(set(layout)) > 1]
         out += [layout for _, _, layout in sorted(mixed)[:SCORED_MIXED]]
@@ -337,9 +336,12 @@ class Treadle(Progressive):
         by_count = fit is not None and fit < MIN_FIT
         if by_count:
             self.count_balanced += 1
-        items = [(t.traj_id, 1.0 if by_count else max(1.0, self.remaining(t)),
-                  float(t.context_tokens)) for t in live]
-        return lpt_placement(items, engines, self.cost)
+        ids = [t.traj_id for t in live]
+        remaining = [1.0] * len(live) if by_count else [max(1.0, self.remaining(t)) for t in live]
+        batch = Batch(ids, remaining, [float(t.context_tokens) for t in live])
+        names = [e.engine_id for e in engines]
+        return {tid: names[i]
+                for tid, i in zip(ids, lpt_placement(batch, engines, self.cost), strict=True)}
 
     def should_migrate(self, t: TrajState, src: str, dst: str, now: float) -> bool:
         """Move only if the predicted remaining tokens times the per-token time the
