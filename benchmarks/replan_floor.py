@@ -1,0 +1,111 @@
+"""What a whole re-plan of N live trajectories costs at least, in pure Python.
+
+    flock /tmp/treadle-bench.lock .venv/bin/python benchmarks/replan_floor.py \
+        --trajectories 100000 --engines 1024
+
+A re-plan that places every live trajectory has to list them, read each one's
+remaining-work estimate, order them by it and write each one's target. This times
+exactly that, with the cheapest placement there is (round-robin over the engines in
+that order): no policy does less and still re-places the whole batch. Beside it, on
+the same trajectories, treadle's list placement (`lpt_placement` over the same
+columns, the policy's own sort and heap). The trajectories are the scheduler's own
+`TrajState`s, each with a fresh memoised `Estimate` (log-normal remaining tokens,
+median ~1,800), as `Progressive.estimate` reads them between turns.
+
+Times are the thread's CPU time, median and min of `--repeats`, with the cyclic
+collector on (it runs where the allocations put it, as in the service). Seeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from treadle.core.cost_model import CostModel
+from treadle.core.policies.list_placement import Batch, lpt_placement
+from treadle.core.predictor import Estimate
+from treadle.core.scheduler import EngineState, Phase, TrajState
+
+
+def _trajectories(n: int, seed: int) -> dict[str, TrajState]:
+    rng = random.Random(seed)
+    out: dict[str, TrajState] = {}
+    for k in range(n):
+        t = TrajState(f"traj-{k:06d}", f"group-{k // 16}", 500, 0.0,
+                      context_tokens=rng.randint(500, 20_000))
+        t.phase = Phase.QUEUED
+        remaining = float(int(rng.lognormvariate(7.5, 1.2)))
+        t.memo, t.memo_turns, t.memo_generation = Estimate(remaining + 100.0, remaining,
+                                                           3.0, 10.0), 0, 0
+        out[t.traj_id] = t
+    return out
+
+
+def _remaining(t: TrajState) -> float:
+    """The memo read `Progressive.estimate` does when the estimate is fresh."""
+    memo = t.memo
+    if memo is not None and t.memo_turns == t.turns_done and t.memo_generation == 0:
+        return max(1.0, memo.remaining_tokens)
+    raise AssertionError("every estimate here is fresh")
+
+
+def floor(trajs: dict[str, TrajState], engines: list[str]) -> dict[str, str]:
+    """List, read every estimate, order, write every target (round-robin)."""
+    live = [t for t in trajs.values() if t.phase is not Phase.DONE]
+    ids = [t.traj_id for t in live]
+    remaining = [_remaining(t) for t in live]
+    order = sorted(range(len(remaining)), key=remaining.__getitem__, reverse=True)
+    picks = [0] * len(order)
+    m = len(engines)
+    for rank, j in enumerate(order):
+        picks[j] = rank % m
+    return {tid: engines[i] for tid, i in zip(ids, picks, strict=True)}
+
+
+def listed(trajs: dict[str, TrajState], engines: list[EngineState],
+           cost: CostModel) -> dict[str, str]:
+    """The same, placed by treadle's list placement (`Treadle.plan`'s work)."""
+    live = [t for t in trajs.values() if t.phase is not Phase.DONE]
+    ids = [t.traj_id for t in live]
+    batch = Batch(ids, [_remaining(t) for t in live], [float(t.context_tokens) for t in live])
+    names = [e.engine_id for e in engines]
+    return {tid: names[i]
+            for tid, i in zip(ids, lpt_placement(batch, engines, cost), strict=True)}
+
+
+def _timed(fn: Callable[[], object], repeats: int) -> dict[str, float]:
+    times = []
+    for _ in range(repeats):
+        start = time.thread_time_ns()
+        fn()
+        times.append((time.thread_time_ns() - start) / 1e6)
+    return {"median_ms": statistics.median(times), "min_ms": min(times)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--trajectories", type=int, default=100_000)
+    p.add_argument("--engines", type=int, default=1024)
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    cost = CostModel.named("qwen3-14b", "h100")
+    trajs = _trajectories(args.trajectories, args.seed)
+    engines = [EngineState(f"e{i:04d}", 1, 256, cost.kv_capacity_tokens(1))
+               for i in range(args.engines)]
+    names = [e.engine_id for e in engines]
+    report: dict[str, Any] = {
+        "trajectories": args.trajectories, "engines": args.engines, "repeats": args.repeats,
+        "floor": _timed(lambda: floor(trajs, names), args.repeats),
+        "list_placement": _timed(lambda: listed(trajs, engines, cost), args.repeats),
+    }
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
