@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 
+import httpx
 import pytest
 from sandbox_helpers import SMALL, run
 
@@ -15,6 +16,7 @@ from treadle.errors import SandboxStartError
 from treadle.sandbox import LocalBackend
 from treadle.sandbox.remote import RemoteBackend, RemoteSandbox
 from treadle.sandbox.server import serve_in_thread
+from treadle.sandbox.wire import Health
 
 pytestmark = pytest.mark.integration
 
@@ -53,6 +55,42 @@ def test_servers_added_and_retired_while_sandboxes_run(work_root: str) -> None:
         backend.retire_server(b)
         with pytest.raises(SandboxStartError, match="all retiring"):
             await backend.start(SMALL)
+
+    root_b = os.path.join(work_root, "b")
+    os.mkdir(root_b)
+    with serve_in_thread(LocalBackend(work_root=work_root), TOKEN) as a, \
+            serve_in_thread(LocalBackend(work_root=root_b), TOKEN) as b:
+        run(body(a.url, b.url))
+
+
+def test_a_drained_server_refuses_new_sandboxes_and_keeps_its_open_ones(work_root: str) -> None:
+    """What a fleet retiring a server relies on (`RaySandboxFleet`): after `POST
+    /v1/drain` the server itself refuses every client's new sandboxes, so its `live`
+    count (the drain's answer, then `/healthz`) only falls; a client that still
+    places there (a copy of the backend not told yet) starts on its other server."""
+    async def body(a: str, b: str) -> None:
+        first = RemoteBackend([a], TOKEN)
+        open_there = await first.start(SMALL)
+        async with httpx.AsyncClient(base_url=a, trust_env=False) as client:
+            assert (await client.post("/v1/drain")).status_code == 401  # the token's
+            auth = {"authorization": f"Bearer {TOKEN}"}
+            drained = Health.model_validate_json(
+                (await client.post("/v1/drain", headers=auth)).content)
+            assert (drained.status, drained.live) == ("draining", 1)
+            with pytest.raises(SandboxStartError, match="draining"):
+                await first.start(SMALL)
+            result = await open_there.exec(["python3", "-c", "print(6 * 7)"], timeout_s=30)
+            assert result.stdout.strip() == "42"  # what was open there carries on
+            both = RemoteBackend([a, b], TOKEN)
+            elsewhere = [await both.start(SMALL) for _ in range(2)]
+            assert _where(elsewhere) == {b}
+            await open_there.close()
+            health = Health.model_validate_json((await client.get("/healthz")).content)
+            assert (health.status, health.live) == ("draining", 0)
+            again = Health.model_validate_json(
+                (await client.post("/v1/drain", headers=auth)).content)
+            assert (again.status, again.live) == ("draining", 0)  # idempotent
+        await asyncio.gather(*(sb.close() for sb in elsewhere))
 
     root_b = os.path.join(work_root, "b")
     os.mkdir(root_b)

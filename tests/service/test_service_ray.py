@@ -16,7 +16,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ from treadle.core.events import EngineAdded, Event
 from treadle.core.policies import build_policy, parse_policy
 from treadle.core.policies.treadle_policy import Treadle
 from treadle.engines.errors import EngineStartError
-from treadle.errors import SandboxImageError
+from treadle.errors import SandboxImageError, SandboxStartError
 from treadle.runtime.driver import Runtime
 from treadle.runtime.launcher import EmulatedProcess
 from treadle.runtime.ray_launcher import RayCluster, RayLauncher
@@ -45,7 +45,7 @@ from treadle.runtime.ray_runners import RunnerActors
 from treadle.runtime.ray_sandboxes import RaySandboxFleet, SandboxServers
 from treadle.runtime.replay import ReplayResult, replay
 from treadle.sandbox.autoscale import ScaleDecision, Scaling
-from treadle.sandbox.base import Limits
+from treadle.sandbox.base import Limits, Sandbox
 from treadle.sandbox.remote import RemoteBackend
 from treadle.service.state import Service, ServiceConfig
 from treadle.sim.runner import outcomes
@@ -212,8 +212,12 @@ def test_sandbox_servers_follow_demand_on_the_nodes_that_lend_room_for_them(
         clock = FakeClock()
         waiting = 0
         told: list[tuple[str, ...]] = []
+        # Run when the fleet asks for demand: after a round has read the servers' load.
+        meanwhile: Callable[[], Awaitable[None]] | None = None
 
         async def demand() -> int:
+            if meanwhile is not None:
+                await meanwhile()
             return waiting
 
         backend = RemoteBackend([], token)
@@ -250,25 +254,34 @@ def test_sandbox_servers_follow_demand_on_the_nodes_that_lend_room_for_them(
             await sandbox.close()
             assert await fleet.rebalance() == ScaleDecision()  # idle, not for long yet
             clock.advance(31)
+            # A copy of the backend not told yet (a runner actor's) starts a sandbox on
+            # the first server after the round has read it empty.
+            late_client = RemoteBackend([first[0].url], token)
+            late: list[Sandbox] = []
+
+            async def start_late() -> None:
+                late.append(await late_client.start(Limits(memory_mb=256)))
+
+            meanwhile = start_late
             decision = await fleet.rebalance()
+            meanwhile = None
             # One at a time, down to the minimum: the one with nothing live on it.
             assert decision.retire == (first[0].url,), decision
             assert told[-1] == (second,) == backend.accepting()
+            # Its drain counts the late sandbox: the server is kept, and runs it.
+            assert {s.url for s in fleet.servers()} == {first[0].url, second}
+            result = await late[0].exec(["python3", "-c", "print(6 * 7)"], timeout_s=60)
+            assert result.stdout.strip() == "42"
+            # Drained, it refuses every other start, whoever asks.
+            with pytest.raises(SandboxStartError, match="draining"):
+                await late_client.start(Limits(memory_mb=256))
             result = await theirs.exec(["python3", "-c", "print(6 * 7)"], timeout_s=60)
             assert result.stdout.strip() == "42"  # its server still runs it
-            # The retired server is not stopped in the round that retired it: a copy
-            # of the backend not told yet (a runner actor's) may start a sandbox there
-            # after the round read its load; the next round finds it live and keeps it.
-            assert {s.url for s in fleet.servers()} == {first[0].url, second}
             await theirs.close()
-            late = await RemoteBackend([first[0].url], token).start(Limits(memory_mb=256))
-            assert await fleet.rebalance() == ScaleDecision()
-            assert {s.url for s in fleet.servers()} == {first[0].url, second}
-            result = await late.exec(["python3", "-c", "print(6 * 7)"], timeout_s=60)
-            assert result.stdout.strip() == "42"
-            await late.close()
-            clock.advance(31)
             assert await fleet.rebalance() == ScaleDecision()  # the minimum stays
+            assert {s.url for s in fleet.servers()} == {first[0].url, second}
+            await late[0].close()
+            assert await fleet.rebalance() == ScaleDecision()
             # and the retired server, empty by then, is stopped.
             assert [s.url for s in fleet.servers()] == [second] == list(backend.outstanding())
             again = await backend.start(Limits(memory_mb=256))  # on the one left

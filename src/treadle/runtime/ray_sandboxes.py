@@ -24,9 +24,10 @@ servers plus `await demand()` (starts waiting for a sandbox: the service passes 
 pools' waiting callers, its runner actors' included). What is live on a server is
 what its `/healthz` says (every client's sandboxes: the service's backend and the
 copies of it in runner actors), or what this backend has open there when it does
-not answer. A server to retire takes no new sandbox at once (`retire_server`) and is
-stopped at a later round, when nothing is live there, never before: a sandbox stays
-on its server.
+not answer. A server to retire takes no new sandbox from this backend at once
+(`retire_server`), is drained (`POST /v1/drain`: the server itself refuses new
+sandboxes, every client's) and is stopped when its drain answers that nothing is
+live there, never before: a sandbox stays on its server.
 Each time the servers new sandboxes may go to change, `servers_changed` is told them
 (copies of the backend elsewhere `follow` them).
 
@@ -95,11 +96,7 @@ class FleetServer:
     node_ip: str
     actor: Any = field(repr=False)
     idle_since: float | None = None  # when it last had nothing open
-    retired_in: int | None = None  # the fleet's round that retired it; None: it takes sandboxes
-
-    @property
-    def retiring(self) -> bool:
-        return self.retired_in is not None
+    retiring: bool = False  # takes no new sandboxes; drained, and stopped once empty
 
 
 class RaySandboxFleet:
@@ -124,7 +121,6 @@ class RaySandboxFleet:
         self.stop_timeout_s = stop_timeout_s
         self._servers: dict[str, FleetServer] = {}
         self._lock = asyncio.Lock()  # one decision acted on at a time
-        self._round = 0  # rebalances begun
 
     @property
     def backend(self) -> RemoteBackend:
@@ -136,24 +132,22 @@ class RaySandboxFleet:
         return list(self._servers.values())
 
     async def rebalance(self) -> ScaleDecision:
-        """Read the load (one `/healthz` a server), stop the servers retired in an
-        earlier round that are empty, decide (`autoscale.decide`), act: start servers,
-        retire one. Returns the decision.
+        """Stop the servers found lost, read the load (one `/healthz` a server), decide
+        (`autoscale.decide`), act: retire one, start servers; then drain every retiring
+        server and stop those the drain finds empty. Returns the decision.
 
-        A server is never stopped in the round that retires it: until `servers_changed`
-        has told them (at the round's end), copies of the backend elsewhere may still
-        start sandboxes there, and one started after this round's read would be killed
-        with the server. By the next round every copy has been told, and a start that
-        was under way then counts in the server's `/healthz` (creating sandboxes count)."""
+        A retired server is stopped only once its drain (`POST /v1/drain`) answers that
+        nothing is live there: from the drain on the server refuses new sandboxes
+        itself, so a start from a copy of the backend not told yet (a runner actor's)
+        is refused there and goes to another server, and one already under way counts
+        as live. A server whose drain does not answer is kept (what runs there is not
+        known) until it answers, or is found lost."""
         async with self._lock:
-            self._round += 1
-            await self._drop_lost()
+            for server in await self._drop_lost():
+                await self._stop(server)
+            self._forget_closed()
             now = self._clock.now()
             open_ = await self._live()
-            for server in list(self._servers.values()):
-                if server.retiring and server.retired_in != self._round \
-                        and not open_.get(server.url, 0):
-                    await self._stop(server)
             loads = []
             for server in self._servers.values():
                 n = open_.get(server.url, 0)
@@ -166,13 +160,18 @@ class RaySandboxFleet:
             decision = decide(loads, waiting=await self._demand(), scaling=self.scaling,
                               now=now, server_max_live=self.spec.max_live)
             for url in decision.retire:
-                self._servers[url].retired_in = self._round
+                self._servers[url].retiring = True
                 self._backend.retire_server(url)
+            if decision.retire:
+                self._tell()  # the runner actors' copies: before the drain refuses them
             started = await asyncio.gather(*(self._start() for _ in range(decision.start)),
                                            return_exceptions=True)
             for result in started:
                 if isinstance(result, BaseException):
                     log.warning("a sandbox server did not start on Ray: %s", result)
+            for server in [s for s in self._servers.values() if s.retiring]:
+                if await self._drain(server) == 0:
+                    await self._stop(server)
             self._tell()
             return decision
 
@@ -257,21 +256,47 @@ class RaySandboxFleet:
                                        f"{self.ready_timeout_s:.0f}s")
                 await asyncio.sleep(0.2)  # polling a server that is starting: no event
 
-    async def _drop_lost(self) -> None:
-        """Retire servers whose process exited or whose actor is gone (their node
-        lost): no new sandbox goes there, and they are stopped (forgotten) once the
-        sandboxes that were there have closed; demand starts others meanwhile."""
+    async def _drop_lost(self) -> list[FleetServer]:
+        """The servers whose process exited or whose actor is gone (their node lost),
+        retired in the backend: nothing runs there any more, so they are stopped at
+        once (their actors' resources freed for the servers demand starts instead);
+        the backend forgets them once their sandboxes have failed and closed
+        (`_forget_closed`)."""
+        lost = []
         for server in self._servers.values():
-            if server.retiring:
-                continue
             try:
                 code = await asyncio.wait_for(server.actor.exit_code.remote(), 10.0)
             except Exception:  # RayActorError, a node gone: the actor cannot answer
                 code = "its actor is gone"
             if code is not None:
                 log.warning("sandbox server %s lost (%s)", server.url, code)
-                server.retired_in = self._round
+                server.retiring = True
                 self._backend.retire_server(server.url)
+                lost.append(server)
+        return lost
+
+    def _forget_closed(self) -> None:
+        """Have the backend forget the servers the fleet stopped that still had this
+        backend's sandboxes open then (a lost server's), once those have closed."""
+        for url, n in self._backend.outstanding().items():
+            if url not in self._servers and not n:
+                with contextlib.suppress(KeyError, ValueError):
+                    self._backend.remove_server(url)
+
+    async def _drain(self, server: FleetServer) -> int | None:
+        """Drain the server (`POST /v1/drain`: it takes no new sandboxes from now on);
+        the sandboxes live there as of the drain, None if it did not answer."""
+        async with httpx.AsyncClient(base_url=server.url, trust_env=False, timeout=5.0,
+                                     headers={"authorization": f"Bearer {self._token}"}
+                                     ) as client:
+            try:
+                answer = await client.post("/v1/drain")
+                if answer.status_code == 200:
+                    return Health.model_validate_json(answer.content).live
+            except (httpx.HTTPError, ValidationError):
+                pass
+        log.warning("sandbox server %s did not answer its drain; kept", server.url)
+        return None
 
     async def _stop(self, server: FleetServer) -> None:
         self._servers.pop(server.url, None)

@@ -3,9 +3,9 @@
     treadle sandbox-server --port 8790 --token "$TOKEN" --backend bwrap --max-live 64
 
 The wire format and the client are in `treadle.sandbox.remote`. Here: `SandboxHost`
-(the sandboxes, the cap, idle reaping, closing them all), `create_app` (the HTTP
-edge: auth, request size limit, validation, errors as `ErrorReply`), and the
-runners `serve` and `serve_in_thread`.
+(the sandboxes, the cap, idle reaping, draining, closing them all), `create_app`
+(the HTTP edge: auth, request size limit, validation, errors as `ErrorReply`), and
+the runners `serve` and `serve_in_thread`.
 
 Trust (docs/sandbox.md, "remote"): a request with the token comes from the trainer;
 it may keep up to `max_live` sandboxes with any `Limits` and run anything in them,
@@ -91,6 +91,8 @@ class SandboxHost:
         self._creating: set[str] = set()
         self._doomed: set[str] = set()  # deleted while being created
         self.closing = False  # set by close(): no new sandboxes
+        # Set by drain(): no new sandboxes, those here carry on (a fleet retiring it).
+        self.draining = False
         self._background: set[asyncio.Task[None]] = set()
 
     @property
@@ -107,6 +109,9 @@ class SandboxHost:
         backend = self.images.backend_for(image)
         if self.closing:
             raise SandboxStartError("the sandbox server is shutting down")
+        if self.draining:
+            raise SandboxStartError("the sandbox server is draining: it takes no new "
+                                    "sandboxes")
         if sandbox_id in self._sandboxes or sandbox_id in self._creating:
             raise ValueError(f"sandbox id {sandbox_id!r} is in use")
         if self.live >= self.max_live:
@@ -205,6 +210,17 @@ class SandboxHost:
                 await self.reap_idle()
             except Exception:  # a failing close must not end the reaping
                 log.exception("reaping idle sandboxes failed")
+
+    def drain(self) -> None:
+        """Refuse new sandboxes from now on; those open or starting carry on. After it,
+        `live` only falls: once it is 0 the server may be stopped without ending a
+        sandbox. Idempotent; there is no undoing it (a fleet starts a new server)."""
+        self.draining = True
+
+    def health(self) -> wire.Health:
+        status = "closing" if self.closing else "draining" if self.draining else "ok"
+        return wire.Health(status=status, backend=self.backend.name, live=self.live,
+                           max_live=self.max_live)
 
     async def close(self) -> None:
         """Close every sandbox, including ones still starting; refuse new ones. Idempotent."""
@@ -316,9 +332,12 @@ def create_app(host: SandboxHost, token: str, *,
 
     @app.get("/healthz")
     async def healthz() -> Response:
-        return _json(wire.Health(status="closing" if host.closing else "ok",
-                                 backend=host.backend.name, live=host.live,
-                                 max_live=host.max_live))
+        return _json(host.health())
+
+    @app.post("/v1/drain")
+    async def drain() -> Response:
+        host.drain()
+        return _json(host.health())  # `live` as of the drain: from here it only falls
 
     @app.get("/v1/sandboxes")
     async def list_sandboxes() -> Response:

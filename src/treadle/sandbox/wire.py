@@ -101,7 +101,7 @@ class ExecReply(_Reply):
 
 
 class Health(_Reply):
-    status: str  # "ok" while the server accepts sandboxes
+    status: str  # "ok" while the server accepts sandboxes; "draining", "closing"
     backend: str
     live: int
     max_live: int
