@@ -3,10 +3,11 @@
     flock /tmp/treadle-bench.lock .venv/bin/python benchmarks/replan_floor.py \
         --trajectories 100000 --engines 1024
 
-A re-plan that places every live trajectory has to list them, read each one's
-remaining-work estimate, order them by it and write each one's target. This times
-exactly that, with the cheapest placement there is (round-robin over the engines in
-that order): no policy does less and still re-places the whole batch. Beside it, on
+A re-plan that places every live trajectory by its predicted length has to list
+them, read each one's remaining-work estimate, order them by it and write each one's
+target. This times exactly that, with the cheapest placement there is (round-robin
+over the engines in that order) and without the tie-break by id a deterministic
+policy adds to the order: a floor for any placement by predicted length. Beside it, on
 the same trajectories, treadle's list placement (`lpt_placement` over the same
 columns, the policy's own sort and heap). The trajectories are the scheduler's own
 `TrajState`s, each with a fresh memoised `Estimate` (log-normal remaining tokens,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import Counter
 
 import pytest
 
@@ -222,10 +223,17 @@ def test_a_batch_refuses_columns_of_different_lengths() -> None:
 def test_the_expected_batch_stands_each_representative_for_its_weight() -> None:
     lengths = _lengths(1000, 2)
     reduced, weight = reduce_lengths(lengths)
+    assert weight > 1
     batch = Batch.expected(lengths, 3000.0)
     assert len(batch.ids) == len(reduced) * weight == len(set(batch.ids))
-    assert sorted(set(batch.remaining), reverse=True) == sorted(set(reduced), reverse=True)
+    assert Counter(batch.remaining) == {r: weight * n for r, n in Counter(reduced).items()}
     assert set(batch.context) == {3000.0}
+
+
+def test_a_placement_without_engines_says_so() -> None:
+    assert lpt_placement(Batch([], [], []), [], COST) == []
+    with pytest.raises(ValueError, match="no engines to place 1 trajectories"):
+        lpt_placement(Batch(["t"], [10.0], [0.0]), [], COST)
 
 
 def test_lpt_makespan_falls_with_more_engines_but_not_below_the_longest() -> None:

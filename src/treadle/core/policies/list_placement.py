@@ -141,12 +141,14 @@ def lpt_layout(gpus: int, lengths: Sequence[float], cost: CostModel, context: fl
 
 def lpt_placement(batch: Batch, engines: Sequence[EngineState], cost: CostModel) -> list[int]:
     """Longest-first list placement of `batch`; returns each item's engine (an index
-    into `engines`, in the batch's order; [] without engines). The tail (the
-    `TAIL_PER_ENGINE`·m longest) is placed by exact evaluation of every engine, the
-    rest by a heap keyed on a typical short trajectory. Deterministic: the order is
-    by remaining tokens descending, ties by id (not by the batch's order), and ties
-    between engines go to the lowest index."""
+    into `engines`, in the batch's order). The tail (the `TAIL_PER_ENGINE`·m longest)
+    is placed by exact evaluation of every engine, the rest by a heap keyed on a
+    typical short trajectory. Deterministic: the order is by remaining tokens
+    descending, ties by id (not by the batch's order), and ties between engines go to
+    the lowest index. ValueError for a non-empty batch and no engines."""
     if not engines:
+        if batch.ids:
+            raise ValueError(f"no engines to place {len(batch.ids)} trajectories on")
         return []
     order = _longest_first(batch)
     remaining, context = batch.remaining, batch.context
