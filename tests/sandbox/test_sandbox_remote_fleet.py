@@ -63,7 +63,8 @@ def test_servers_added_and_retired_while_sandboxes_run(work_root: str) -> None:
         run(body(a.url, b.url))
 
 
-def test_a_drained_server_refuses_new_sandboxes_and_keeps_its_open_ones(work_root: str) -> None:
+def test_a_drained_server_refuses_new_sandboxes_and_keeps_its_open_ones(
+        work_root: str, caplog: pytest.LogCaptureFixture) -> None:
     """What a fleet retiring a server relies on (`RaySandboxFleet`): after `POST
     /v1/drain` the server itself refuses every client's new sandboxes, so its `live`
     count (the drain's answer, then `/healthz`) only falls; a client that still
@@ -84,6 +85,7 @@ def test_a_drained_server_refuses_new_sandboxes_and_keeps_its_open_ones(work_roo
             both = RemoteBackend([a, b], TOKEN)
             elsewhere = [await both.start(SMALL) for _ in range(2)]
             assert _where(elsewhere) == {b}
+            assert "unreachable" not in caplog.text  # a refusal, not a server down
             await open_there.close()
             health = Health.model_validate_json((await client.get("/healthz")).content)
             assert (health.status, health.live) == ("draining", 0)

@@ -63,6 +63,9 @@ from treadle.sandbox.remote import RemoteBackend
 from treadle.sandbox.wire import Health
 
 log = logging.getLogger(__name__)
+# Rounds in a row a retiring server's drain may go unanswered (its process alive, its
+# HTTP not) before it is taken for lost: with rounds 5 s apart, about a minute.
+DRAIN_GIVE_UP = 12
 TOKEN_ENV = "TREADLE_SANDBOX_TOKEN"  # what `treadle sandbox-server` reads its token from
 
 
@@ -97,6 +100,7 @@ class FleetServer:
     actor: Any = field(repr=False)
     idle_since: float | None = None  # when it last had nothing open
     retiring: bool = False  # takes no new sandboxes; drained, and stopped once empty
+    unanswered: int = 0  # drains in a row it did not answer
 
 
 class RaySandboxFleet:
@@ -107,7 +111,7 @@ class RaySandboxFleet:
                  scaling: Scaling, *, demand: Callable[[], Awaitable[int]] = _no_demand,
                  servers_changed: Callable[[tuple[str, ...]], None] = lambda _: None,
                  clock: Clock = MONOTONIC, ready_timeout_s: float = 60.0,
-                 stop_timeout_s: float = 10.0) -> None:
+                 stop_timeout_s: float = 10.0, actor_timeout_s: float = 10.0) -> None:
         require_ray()
         self._backend = backend
         self._token = token
@@ -119,6 +123,7 @@ class RaySandboxFleet:
         self._clock = clock
         self.ready_timeout_s = ready_timeout_s
         self.stop_timeout_s = stop_timeout_s
+        self.actor_timeout_s = actor_timeout_s  # a server's actor asked whether it runs
         self._servers: dict[str, FleetServer] = {}
         self._lock = asyncio.Lock()  # one decision acted on at a time
 
@@ -141,7 +146,8 @@ class RaySandboxFleet:
         itself, so a start from a copy of the backend not told yet (a runner actor's)
         is refused there and goes to another server, and one already under way counts
         as live. A server whose drain does not answer is kept (what runs there is not
-        known) until it answers, or is found lost."""
+        known) until it answers, is found lost, or has left `DRAIN_GIVE_UP` drains in a
+        row unanswered (its sandboxes unreachable too)."""
         async with self._lock:
             for server in await self._drop_lost():
                 await self._stop(server)
@@ -169,8 +175,10 @@ class RaySandboxFleet:
             for result in started:
                 if isinstance(result, BaseException):
                     log.warning("a sandbox server did not start on Ray: %s", result)
-            for server in [s for s in self._servers.values() if s.retiring]:
-                if await self._drain(server) == 0:
+            retiring = [s for s in self._servers.values() if s.retiring]
+            for server, live in zip(retiring, await asyncio.gather(
+                    *(self._drain(s) for s in retiring)), strict=True):
+                if live == 0 or server.unanswered >= DRAIN_GIVE_UP:
                     await self._stop(server)
             self._tell()
             return decision
@@ -265,7 +273,12 @@ class RaySandboxFleet:
         lost = []
         for server in self._servers.values():
             try:
-                code = await asyncio.wait_for(server.actor.exit_code.remote(), 10.0)
+                code = await asyncio.wait_for(server.actor.exit_code.remote(),
+                                              self.actor_timeout_s)
+            except TimeoutError:  # a busy cluster, not a lost node: asked again next round
+                log.warning("sandbox server %s: its actor did not answer in %.0f s",
+                            server.url, self.actor_timeout_s)
+                continue
             except Exception:  # RayActorError, a node gone: the actor cannot answer
                 code = "its actor is gone"
             if code is not None:
@@ -292,10 +305,13 @@ class RaySandboxFleet:
             try:
                 answer = await client.post("/v1/drain")
                 if answer.status_code == 200:
+                    server.unanswered = 0
                     return Health.model_validate_json(answer.content).live
             except (httpx.HTTPError, ValidationError):
                 pass
-        log.warning("sandbox server %s did not answer its drain; kept", server.url)
+        server.unanswered += 1
+        log.warning("sandbox server %s did not answer its drain (%d in a row)", server.url,
+                    server.unanswered)
         return None
 
     async def _stop(self, server: FleetServer) -> None:
@@ -313,5 +329,8 @@ class RaySandboxFleet:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(actor.stop.remote(self.stop_timeout_s),
                                    self.stop_timeout_s + 5.0)
-        with contextlib.suppress(Exception):
-            ray.kill(actor)
+        # Not connected (closing after the cluster went): nothing to kill, and
+        # `ray.kill` would start a local cluster to find that out.
+        if ray.is_initialized():
+            with contextlib.suppress(Exception):
+                ray.kill(actor)
