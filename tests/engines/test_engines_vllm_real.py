@@ -88,21 +88,28 @@ def test_load_parses_real_metrics(vllm_url: str) -> None:
     # Known loads: an idle engine reads nothing running, waiting or held in KV; with
     # 16 long requests in it, its metrics show requests running and KV in use. A
     # paused engine publishes no metrics, so the requests run; the poll is bounded by
-    # their end (16 requests of up to ~1,000 tokens outlast many polls of /metrics).
+    # their end (16 requests of ~1,000 tokens each outlast many polls of /metrics).
+    # They are sent as plain completions ignoring the end-of-sequence token: random
+    # weights sample it now and then, and requests ended early left a loaded machine's
+    # polls nothing to see.
+    long_run = {"model": MODEL, "prompt": PROMPT, "max_tokens": MAX_MODEL_LEN - len(PROMPT),
+                "ignore_eos": True}
+
     async def main() -> None:
         async with VLLMEngine(vllm_url, MODEL) as engine, \
-                httpx.AsyncClient(base_url=vllm_url, timeout=60) as http:
+                httpx.AsyncClient(base_url=vllm_url, timeout=120) as http:
             while (await http.get("/load")).json()["server_load"] != 0:  # others' ended
                 await asyncio.sleep(0.05)
             assert await engine.load() == EngineLoad(0, 0, 0.0)
-            tasks = [asyncio.create_task(engine.generate(
-                req(f"load-{i}", max_tokens=MAX_MODEL_LEN - len(PROMPT), stop_token_ids=[])))
-                for i in range(16)]
+            tasks = [asyncio.create_task(http.post("/v1/completions", json=long_run))
+                     for _ in range(16)]
             seen = None
             while seen is None and not all(task.done() for task in tasks):
                 load = await engine.load()
                 seen = load if load.running else None
-            await asyncio.gather(*tasks)
+            replies = await asyncio.gather(*tasks)
+            assert [r.json()["usage"]["completion_tokens"] for r in replies] == \
+                [MAX_MODEL_LEN - len(PROMPT)] * 16  # each ran to its end
             assert seen is not None, "the metrics never showed the 16 requests in the engine"
             assert 1 <= seen.running <= 16 and seen.running + seen.waiting <= 16, seen
             assert 0.0 < seen.kv_usage <= 1.0, seen
