@@ -192,6 +192,7 @@ class EmulatedEngine:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.steps = 0  # decode steps run so far
+        self.decode_s = 0.0  # modelled seconds of those steps (time_scale applied)
         self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
         self.prefix_hits = 0  # of which found
         self.generated = 0  # tokens sampled by requests that ended (aborted ones included)
@@ -308,7 +309,9 @@ class EmulatedEngine:
             steps = 0
             # Run every step whose boundary has passed (catch-up), at least one.
             while self._running and steps < _MAX_CATCH_UP_STEPS:
-                next_t += self._step_duration()
+                took = self._step_duration()
+                next_t += took
+                self.decode_s += took
                 self._step()
                 steps += 1
                 if next_t > self._clock() or self._waiting_can_join():
