@@ -113,9 +113,14 @@ def test_lpt_layout_never_picks_a_pool_the_model_scores_below_another_pool() -> 
     assert lpt_layout(64, few, COST, 10_000.0, 1024) == (8,) * 8
 
 
+def _batch(items: list[tuple[str, float, float]]) -> Batch:
+    """A batch of (id, remaining tokens, context tokens) rows."""
+    return Batch([i for i, _, _ in items], [r for _, r, _ in items], [c for _, _, c in items])
+
+
 def _plan(items: list[tuple[str, float, float]], engines: list[EngineState]) -> dict[str, str]:
     """`lpt_placement` of (id, remaining, context) rows, as id -> engine id."""
-    picks = lpt_placement(Batch.of(items), engines, COST)
+    picks = lpt_placement(_batch(items), engines, COST)
     return {tid: engines[i].engine_id for (tid, _, _), i in zip(items, picks, strict=True)}
 
 
@@ -238,8 +243,8 @@ def test_a_placement_without_engines_says_so() -> None:
 
 def test_lpt_makespan_falls_with_more_engines_but_not_below_the_longest() -> None:
     items = [(f"t{i}", length, 3000.0) for i, length in enumerate(_lengths(200, 5))]
-    one = lpt_makespan(Batch.of(items), _engines((8,)), COST)
-    eight = lpt_makespan(Batch.of(items), _engines((8,) * 8), COST)
+    one = lpt_makespan(_batch(items), _engines((8,)), COST)
+    eight = lpt_makespan(_batch(items), _engines((8,) * 8), COST)
     longest = max(length for _, length, _ in items)
     assert longest * COST.step_time(8, 1, 3000.0) <= eight < one
 

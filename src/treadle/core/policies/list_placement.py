@@ -45,11 +45,6 @@ class Batch:
                              f"{len(self.remaining)} remaining, {len(self.context)} contexts")
 
     @classmethod
-    def of(cls, items: Sequence[tuple[str, float, float]]) -> Batch:
-        """From (id, remaining tokens, context tokens) rows."""
-        return cls([i for i, _, _ in items], [r for _, r, _ in items], [c for _, _, c in items])
-
-    @classmethod
     def expected(cls, lengths: Sequence[float], context: float) -> Batch:
         """The batch a layout is ranked for: `lengths` reduced to representatives
         (`layout.reduce_lengths`), each standing for its weight in trajectories, all
