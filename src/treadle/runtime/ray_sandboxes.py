@@ -25,7 +25,7 @@ pools' waiting callers, its runner actors' included). What is live on a server i
 what its `/healthz` says (every client's sandboxes: the service's backend and the
 copies of it in runner actors), or what this backend has open there when it does
 not answer. A server to retire takes no new sandbox from this backend at once
-(`retire_server`), is drained (`POST /v1/drain`: the server itself refuses new
+(`retire_server`), is drained (`drain_server`: the server itself refuses new
 sandboxes, every client's) and is stopped when its drain answers that nothing is
 live there, never before: a sandbox stays on its server.
 Each time the servers new sandboxes may go to change, `servers_changed` is told them
@@ -57,6 +57,7 @@ import httpx
 from pydantic import ValidationError
 
 from treadle.clock import MONOTONIC, Clock
+from treadle.errors import SandboxError
 from treadle.runtime.ray_launcher import host_actor, require_ray
 from treadle.sandbox.autoscale import ScaleDecision, Scaling, ServerLoad, decide
 from treadle.sandbox.remote import RemoteBackend
@@ -297,22 +298,18 @@ class RaySandboxFleet:
                     self._backend.remove_server(url)
 
     async def _drain(self, server: FleetServer) -> int | None:
-        """Drain the server (`POST /v1/drain`: it takes no new sandboxes from now on);
-        the sandboxes live there as of the drain, None if it did not answer."""
-        async with httpx.AsyncClient(base_url=server.url, trust_env=False, timeout=5.0,
-                                     headers={"authorization": f"Bearer {self._token}"}
-                                     ) as client:
-            try:
-                answer = await client.post("/v1/drain")
-                if answer.status_code == 200:
-                    server.unanswered = 0
-                    return Health.model_validate_json(answer.content).live
-            except (httpx.HTTPError, ValidationError):
-                pass
-        server.unanswered += 1
-        log.warning("sandbox server %s did not answer its drain (%d in a row)", server.url,
-                    server.unanswered)
-        return None
+        """Drain the server (`RemoteBackend.drain_server`: it takes no new sandboxes
+        from now on); the sandboxes live there as of the drain, None if it did not
+        answer."""
+        try:
+            live = await self._backend.drain_server(server.url)
+        except SandboxError as e:
+            server.unanswered += 1
+            log.warning("sandbox server %s did not answer its drain (%d in a row): %s",
+                        server.url, server.unanswered, e)
+            return None
+        server.unanswered = 0
+        return live
 
     async def _stop(self, server: FleetServer) -> None:
         self._servers.pop(server.url, None)

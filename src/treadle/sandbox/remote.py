@@ -195,6 +195,23 @@ class RemoteBackend(SandboxBackend):
         server.retiring = True
         return server.outstanding
 
+    async def drain_server(self, url: str) -> int:
+        """Have the server at `url` refuse new sandboxes from every client (`POST
+        /v1/drain`; the ones open there carry on) and return how many are live there
+        as of it: from then on that count only falls. RemoteSandboxError when it cannot
+        be reached or answers badly (an error it names, as that exception)."""
+        url = _url(url)
+        async with httpx.AsyncClient(
+                base_url=url, headers={"authorization": f"Bearer {self._token}"},
+                trust_env=False, verify=_tls(), timeout=_PROBE_TIMEOUT_S) as client:
+            try:
+                response = await client.post("/v1/drain")
+            except httpx.HTTPError as e:
+                raise RemoteSandboxError(f"{url}: {e!r}") from e
+        if response.status_code >= 300:
+            raise _error(response, url)
+        return _parse(Health, response, url).live
+
     def remove_server(self, url: str) -> None:
         """Forget a retired server with nothing open (ValueError otherwise)."""
         server = self._server(url)
