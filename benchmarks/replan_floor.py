@@ -9,9 +9,10 @@ target. This times exactly that, with the cheapest placement there is (round-rob
 over the engines in that order) and without the tie-break by id a deterministic
 policy adds to the order: a floor for any placement by predicted length. Beside it, on
 the same trajectories, treadle's list placement (`lpt_placement` over the same
-columns, the policy's own sort and heap). The trajectories are the scheduler's own
-`TrajState`s, each with a fresh memoised `Estimate` (log-normal remaining tokens,
-median ~1,800), as `Progressive.estimate` reads them between turns.
+columns, the policy's own sort and heap: `Treadle.plan`). The trajectories are the
+scheduler's own `TrajState`s, each with a fresh memoised `Estimate` (log-normal
+remaining tokens, median ~1,800), which both read through the policy's
+`remaining`, as a re-plan between turns does.
 
 Times are the thread's CPU time, median and min of `--repeats`, with the cyclic
 collector on (it runs where the allocations put it, as in the service). Seeded.
@@ -28,8 +29,8 @@ from collections.abc import Callable
 from typing import Any
 
 from treadle.core.cost_model import CostModel
-from treadle.core.policies.list_placement import Batch, lpt_placement
-from treadle.core.predictor import Estimate
+from treadle.core.policies.treadle_policy import Treadle
+from treadle.core.predictor import Estimate, Predictor
 from treadle.core.scheduler import EngineState, Phase, TrajState
 
 
@@ -47,36 +48,17 @@ def _trajectories(n: int, seed: int) -> dict[str, TrajState]:
     return out
 
 
-def _remaining(t: TrajState) -> float:
-    """The memo read `Progressive.estimate` does when the estimate is fresh."""
-    memo = t.memo
-    if memo is not None and t.memo_turns == t.turns_done and t.memo_generation == 0:
-        return max(1.0, memo.remaining_tokens)
-    raise AssertionError("every estimate here is fresh")
-
-
-def floor(trajs: dict[str, TrajState], engines: list[str]) -> dict[str, str]:
+def floor(policy: Treadle, engines: list[str]) -> dict[str, str]:
     """List, read every estimate, order, write every target (round-robin)."""
-    live = [t for t in trajs.values() if t.phase is not Phase.DONE]
+    live = [t for t in policy.trajs.values() if t.phase is not Phase.DONE]
     ids = [t.traj_id for t in live]
-    remaining = [_remaining(t) for t in live]
+    remaining = [max(1.0, policy.remaining(t)) for t in live]
     order = sorted(range(len(remaining)), key=remaining.__getitem__, reverse=True)
     picks = [0] * len(order)
     m = len(engines)
     for rank, j in enumerate(order):
         picks[j] = rank % m
     return {tid: engines[i] for tid, i in zip(ids, picks, strict=True)}
-
-
-def listed(trajs: dict[str, TrajState], engines: list[EngineState],
-           cost: CostModel) -> dict[str, str]:
-    """The same, placed by treadle's list placement (`Treadle.plan`'s work)."""
-    live = [t for t in trajs.values() if t.phase is not Phase.DONE]
-    ids = [t.traj_id for t in live]
-    batch = Batch(ids, [_remaining(t) for t in live], [float(t.context_tokens) for t in live])
-    names = [e.engine_id for e in engines]
-    return {tid: names[i]
-            for tid, i in zip(ids, lpt_placement(batch, engines, cost), strict=True)}
 
 
 def _timed(fn: Callable[[], object], repeats: int) -> dict[str, float]:
@@ -96,14 +78,17 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     cost = CostModel.named("qwen3-14b", "h100")
-    trajs = _trajectories(args.trajectories, args.seed)
+    # Its estimator is never asked: every memoised estimate is fresh.
+    policy = Treadle(cost, Predictor(), prior_lengths=[], typical_context=4000.0)
+    policy.trajs.update(_trajectories(args.trajectories, args.seed))
+    live = list(policy.trajs.values())
     engines = [EngineState(f"e{i:04d}", 1, 256, cost.kv_capacity_tokens(1))
                for i in range(args.engines)]
     names = [e.engine_id for e in engines]
     report: dict[str, Any] = {
         "trajectories": args.trajectories, "engines": args.engines, "repeats": args.repeats,
-        "floor": _timed(lambda: floor(trajs, names), args.repeats),
-        "list_placement": _timed(lambda: listed(trajs, engines, cost), args.repeats),
+        "floor": _timed(lambda: floor(policy, names), args.repeats),
+        "list_placement": _timed(lambda: policy.plan(live, engines), args.repeats),
     }
     print(json.dumps(report, indent=2))
 
