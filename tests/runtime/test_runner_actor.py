@@ -40,7 +40,7 @@ def test_a_task_keeps_its_suite_when_the_same_batch_drops_it(tmp_path: Path) -> 
                     DropSuite("math#1")])
         # Its first turn waits for an admission (no engine here): it has arrived.
         while not any(isinstance(m, Told | Finished) for m in host.outbox):
-            host.gathered.clear()  # as a pull does: set again by the next message
+            host.gathered.clear()  # as an exchange does: set again by the next message
             await host.gathered.wait()
         sent, kept = list(host.outbox), list(host.suites)
         await host.close()

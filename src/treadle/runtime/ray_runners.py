@@ -12,15 +12,17 @@ process each, placed by Ray), not in the service. The runtime and its scheduler 
 in the service and see each remote trajectory through a proxy (`RemoteTrajectory`,
 a `contract.Runner` adopted by the runtime): the scheduler's decisions about it go
 to its actor, the events its runner tells come back and are given to the scheduler.
-Both ways they travel in batches (`runtime.runner_wire`): per actor one `push` in
-flight at a time carries every decision made meanwhile, and one long `pull` brings
-back everything the actor's trajectories did since the last. The fleet follows the
-runtime (`contract.RuntimeFollower`): the actors mirror its engines, its weights
-and its gate, and a hold (a weight update's pause) returns once every actor holds
-its calls and the pool knows of every call they had started.
+Both ways they travel in batches (`runtime.runner_wire`), per actor on one
+`exchange` in flight at a time (`runtime.runner_channel`): it carries every decision
+made since the last and brings back everything the actor's trajectories did since
+the last; a side `push` carries the decisions that an idle actor's exchange (a long
+poll) would keep waiting. The fleet follows the runtime (`contract.RuntimeFollower`):
+the actors mirror its engines, its weights and its gate, and a hold (a weight
+update's pause) returns once every actor holds its calls and the pool knows of
+every call they had started.
 
 A trajectory goes to the actor with the fewest running (ties: the first). Losing an
-actor (its process or its node gone: a `push` or `pull` fails with Ray's actor
+actor (its process or its node gone: an exchange or a push fails with Ray's actor
 error; a call failing otherwise counts as a loss too, and the actor is killed, so
 that nothing it still runs is heard of twice) ends its trajectories for the
 scheduler (`TrajectoryEnded`), releases their
@@ -101,9 +103,11 @@ class RunnerActors:
     resources: tuple[tuple[str, float], ...] = ()
     replace: bool = True  # start a new actor for each one lost
     ready_timeout_s: float = 120.0  # real seconds an actor may take to be placed and answer
-    # Real seconds between the starts of a runner's Ray calls while messages keep
-    # coming, each way (none after a quiet spell): a Ray call costs the service far
-    # more CPU than a message (`runtime.call_pacer`, `bench service --runners`).
+    # Real seconds between a runner's exchanges' answers while its trajectories keep
+    # saying something, and between its side pushes' starts (none after a quiet
+    # spell); also how long a message waits for the exchange in flight before a side
+    # push takes it: a Ray call costs the service far more CPU than a message
+    # (`runtime.call_pacer`, `runtime.runner_channel`, `bench service --runners`).
     call_gap_s: float = 0.03
 
     def __post_init__(self) -> None:
@@ -390,8 +394,9 @@ class RayRunners:
         name = f"treadle-runner-{self._made}"
         clock = self.runtime.clock
         assert isinstance(clock, ScaledClock)
-        # An asyncio actor: its trajectories are coroutines of one call (a `push`),
-        # beside which only a `pull` and a few short calls run.
+        # An asyncio actor: its trajectories are coroutines started by a batch (an
+        # exchange's or a push's), beside which only the exchange in flight, a push
+        # and a few short calls run.
         actor = _worker_class().options(
             name=f"{name}-{id(self):x}", num_cpus=self.actors.num_cpus, max_concurrency=8,
             resources=dict(self.actors.resources), scheduling_strategy="SPREAD",

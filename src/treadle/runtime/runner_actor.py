@@ -1,9 +1,12 @@
 """A runner actor's side of `runtime.ray_runners`: trajectories run away from the scheduler.
 
 `RunnerWorker` becomes a Ray actor (an asyncio one: every method runs on its event
-loop). The service sends it batches of messages (`push`, `runtime.runner_wire`) and
-takes back what its trajectories did (`pull`, which waits until there is something
-and returns everything gathered since). Its trajectories run as they run in the
+loop). The service's calls (`runtime.runner_channel`) bring it batches of messages
+(`runtime.runner_wire`), numbered, applied in that order (`runtime.batch_order`),
+and take back what its trajectories did: an `exchange` applies its batch, then waits
+until there is something and returns everything gathered since the last; a side
+`push` only applies its batch (messages that could not wait for a long-polling
+exchange to come back). Its trajectories run as they run in the
 service — `runtime.rollout.replay_task` and `run_task` over
 `runtime.turns.ScheduledTurns` — against `MirrorHost`, a `TrajectoryHost` whose
 runners see a `RunnerHost` that mirrors the service's runtime:
@@ -11,10 +14,10 @@ runners see a `RunnerHost` that mirrors the service's runtime:
 - the engines (`Engines`: an HTTP client of its own per engine of the pool), the
   weights' version and cache salt, and whether calls may go (`Weights`, `Hold`);
 - what a runner tells the runtime (events, calls started and ended, the journal,
-  its end) is queued for the next `pull`, in order; a failed call is a question
-  (`CallFailed`) whose `Answer` comes in a later `push`;
+  its end) is queued for the next exchange's answer, in order; a failed call is a
+  question (`CallFailed`) whose `Answer` comes in a later batch;
 - what the runtime tells a runner (`AdmitTurn`, `PreemptTurn`, ...) is applied to
-  it on arrival, in the order the scheduler decided.
+  it as its batch is, in the order the scheduler decided.
 
 A suite task runs with the actor's own copy of the service's tokenizer and its own
 sandbox pools (`SuitePools` over the service's sandbox backend, sent when the actor
@@ -54,6 +57,7 @@ from treadle.clock import Clock, ScaledClock
 from treadle.core.events import Event
 from treadle.engines.errors import EngineError
 from treadle.envs.base import Suite
+from treadle.runtime.batch_order import BatchOrder
 from treadle.runtime.call_pacer import CallPacer
 from treadle.runtime.contract import Runner
 from treadle.runtime.pool import EngineSlot
@@ -151,7 +155,7 @@ class MirrorHost:
         self.runners[traj_id] = runner
         return runner
 
-    # -- the messages of a push ------------------------------------------------------------
+    # -- the messages of a batch -----------------------------------------------------------
 
     def apply(self, batch: list[ToRunner]) -> None:
         removed: list[str] = []
@@ -427,7 +431,7 @@ class _Journal:
 class RunnerWorker:
     """The runner actor (module docstring). `now`: the service's clock time when it
     made the actor, on a clock of `scale` (modelled seconds a real second);
-    `call_gap_s`: how far apart its pulls' answers start (`runtime.call_pacer`);
+    `call_gap_s`: how far apart its exchanges' answers start (`runtime.call_pacer`);
     `tokenizer`, `sandbox` and `pools`: the service's tokenizer, sandbox backend and
     pool settings, for suite tasks."""
 
@@ -435,11 +439,13 @@ class RunnerWorker:
                  turn_retries: int, call_gap_s: float = 0.0,
                  tokenizer: Tokenizer | None = None, sandbox: SandboxBackend | None = None,
                  pools: PoolSettings | None = None) -> None:
-        self._pacer = CallPacer(call_gap_s)  # the pulls' answers
+        self._pacer = CallPacer(call_gap_s)  # the exchanges' answers
         clock = ScaledClock(scale, origin=time.monotonic() - now * scale)
         self.host = MirrorHost(clock, request_timeout_s=request_timeout_s,
                                turn_retries=turn_retries, tokenizer=tokenizer,
                                sandboxes=SuitePools(sandbox, pools or PoolSettings()))
+        self._order: BatchOrder[list[Packed]] = BatchOrder(
+            lambda batch: self.host.apply(unpack(batch)))
 
     def where(self) -> tuple[int, str]:
         """(this process's id, the Ray node it runs on)."""
@@ -451,12 +457,16 @@ class RunnerWorker:
         """Starts waiting for a sandbox in its pools now (a sandbox fleet's demand)."""
         return self.host.sandboxes.waiting()
 
-    async def push(self, batch: list[Packed]) -> None:
-        """Apply a batch of messages (`runner_wire.pack`ed)."""
-        self.host.apply(unpack(batch))
+    async def push(self, seq: int, batch: list[Packed]) -> None:
+        """A side push: batch `seq` of messages (`runner_wire.pack`ed), applied in its
+        order (`BatchOrder`)."""
+        self._order.arrive(seq, batch)
 
-    async def pull(self) -> list[Packed]:
-        """What its trajectories did since the last pull (`pack`ed), once there is some."""
+    async def exchange(self, seq: int, batch: list[Packed]) -> list[Packed]:
+        """Batch `seq`, applied in its order as `push` does; then what its trajectories
+        did since the last exchange (`pack`ed), once there is some, the answers
+        `call_gap_s` apart while they keep coming."""
+        self._order.arrive(seq, batch)
         await self.host.gathered.wait()
         await self._pacer.wait()
         out, self.host.outbox = self.host.outbox, []

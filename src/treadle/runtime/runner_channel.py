@@ -1,13 +1,34 @@
-"""One runner actor as the service sees it: `RunnerChannel`, its two streams.
+"""One runner actor as the service sees it: `RunnerChannel`, its exchanges.
 
-Per actor (`runtime.ray_runners`), one `push` in flight at a time carries every
-message sent to it meanwhile (the pushes paced `call_gap_s` apart under load:
-`runtime.call_pacer`), and one long `pull` brings back everything its trajectories
-did since the last: each
-message is handed to its trajectory's proxy (`RemoteTrajectory`), a hold's
-acknowledgement to the hold, a failed call's question to the runtime (whose verdict
-goes back as an `Answer`). Either stream failing (its actor gone) reports the loss
-once, to `lost`; the fleet decides the rest.
+A Ray call costs the service far more CPU than a message in it (`runtime.call_pacer`),
+so both ways travel in one call where they can. Per actor (`runtime.ray_runners`)
+one `exchange` is in flight at a time: it carries every message sent to the actor
+since the last one left, and comes back with everything the actor's trajectories
+did since the last came back (the actor answers once there is something, its
+answers `call_gap_s` apart while they keep coming). Each message that comes back
+is handed to its trajectory's proxy (`RemoteTrajectory`), a hold's acknowledgement
+to the hold, a failed call's question to the runtime (whose verdict goes back as an
+`Answer`). The next exchange leaves as soon as the last is back, after one loop
+turn, so that what its answer made the scheduler decide rides it. Under load an
+actor answers every `call_gap_s`: one call a gap carries both ways, where a call
+each way would make two.
+
+An actor with nothing to say (its trajectories all in long tool calls) holds its
+exchange for as long as that lasts, minutes perhaps. Messages sent meanwhile do not
+wait for it: once they have waited `call_gap_s`, a side `push` takes them (one in
+flight at a time, their starts `call_gap_s` apart as well), so a message waits at
+most about `call_gap_s` longer than if every batch went at once, and under load
+(the exchange back within the gap) no side push is made.
+
+Every batch, an exchange's or a side push's, carries a sequence number from one
+counter: Ray does not promise that two calls of an asyncio actor start in the
+order they were made, and a message must not overtake one sent before it (a
+preemption its admission, a resume its hold), so the actor applies the batches in
+that order (`runtime.batch_order`). What comes back needs none: it travels on exchanges
+only, one at a time.
+
+Either call failing (its actor gone) reports the loss once, to `lost`; the fleet
+decides the rest.
 """
 
 from __future__ import annotations
@@ -17,6 +38,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Literal
 
+from treadle.clock import MONOTONIC, Clock
 from treadle.runtime.call_pacer import CallPacer
 from treadle.runtime.driver import Runtime
 from treadle.runtime.remote_trajectory import RemoteTrajectory
@@ -27,6 +49,7 @@ from treadle.runtime.runner_wire import (
     Finished,
     Held,
     Hold,
+    Packed,
     ToRunner,
     ToService,
     pack,
@@ -37,11 +60,12 @@ log = logging.getLogger(__name__)
 
 
 class RunnerChannel:
-    """One runner actor and its two streams (module docstring); `lost` is called,
-    once, when either stream fails."""
+    """One runner actor and its calls (module docstring); `lost` is called, once,
+    when one fails. `clock`: real seconds, for the side pushes' wait and pacing."""
 
     def __init__(self, name: str, actor: Any, runtime: Runtime, *, call_gap_s: float,
-                 lost: Callable[[RunnerChannel, str], None]) -> None:
+                 lost: Callable[[RunnerChannel, str], None],
+                 clock: Clock = MONOTONIC) -> None:
         self.name = name
         self.actor = actor
         self.pid = 0  # its process, once it answered
@@ -52,26 +76,33 @@ class RunnerChannel:
         self.alive = True
         self.ready = False  # it answered: trajectories may go to it
         self._runtime = runtime
-        self._pacer = CallPacer(call_gap_s)  # the pushes' starts
+        self._clock = clock
+        self._pacer = CallPacer(call_gap_s, clock)  # the side pushes' starts
         self._lost = lost
+        self._failed = False  # a call failed: the loss is reported
         self._outbox: list[ToRunner] = []
-        self._pending = asyncio.Event()
+        self._queued = asyncio.Event()  # set while the outbox holds something
+        self._queued_at = 0.0  # when the outbox's oldest message came (`clock`)
+        self._seq = 0  # the last batch's sequence number (`runtime.batch_order`)
         self._holds: dict[int, asyncio.Future[None]] = {}
         self._answers: set[asyncio.Task[None]] = set()  # verdicts on failed calls, pending
         self._tasks: list[asyncio.Task[None]] = []
 
     async def open(self) -> None:
-        """Start its streams (what was sent before goes first), then wait until it
+        """Start its calls (what was sent before goes first), then wait until it
         answers."""
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._push()), loop.create_task(self._pull())]
+        self._tasks = [loop.create_task(self._exchange()),
+                       loop.create_task(self._side_push())]
         self.pid, self.node_id = await self.actor.where.remote()
         self.ready = True
 
     def send(self, message: ToRunner) -> None:
         if self.alive:
+            if not self._outbox:
+                self._queued_at = self._clock.now()
+                self._queued.set()
             self._outbox.append(message)
-            self._pending.set()
 
     def hold(self, hold_id: int) -> asyncio.Future[None]:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -82,26 +113,56 @@ class RunnerChannel:
         self.send(Hold(hold_id))
         return future
 
-    async def _push(self) -> None:
-        try:
-            while True:
-                await self._pending.wait()
-                await self._pacer.wait()
-                batch, self._outbox = self._outbox, []
-                self._pending.clear()
-                await self.actor.push.remote(pack(batch))
-        except Exception as e:  # its actor gone (Ray's actor error), or a batch refused
-            self._lost(self, f"runner {self.name} lost: {type(e).__name__}: {e}")
+    def _take(self) -> tuple[int, list[Packed]]:
+        """The outbox as the next batch: its sequence number and its messages."""
+        batch, self._outbox = self._outbox, []
+        self._queued.clear()
+        self._seq += 1
+        return self._seq, pack(batch)
 
-    async def _pull(self) -> None:
+    async def _exchange(self) -> None:
         try:
             while True:
-                for m in unpack(await self.actor.pull.remote()):
+                # One loop turn first: the scheduler decides on what the last answer
+                # told it in a later callback of the same iteration
+                # (`control.DecisionLoop`), and those decisions ride this exchange.
+                await asyncio.sleep(0)
+                seq, batch = self._take()  # empty, too: it is the long poll
+                for m in unpack(await self.actor.exchange.remote(seq, batch)):
                     try:
                         self._hear(m)
-                    except Exception:  # a bug here must not stop the actor's stream
+                    except Exception:  # a bug here must not stop the actor's exchanges
                         log.exception("runner %s: a message failed: %r", self.name, m)
+        except Exception as e:  # its actor gone (Ray's actor error), or a batch refused
+            self._fail(e)
+
+    async def _side_push(self) -> None:
+        """Messages the in-flight exchange did not take within `call_gap_s` of the
+        oldest's sending go by a push (module docstring)."""
+        try:
+            while True:
+                await self._queued.wait()
+                if not self._outbox:  # taken by an exchange before this woke
+                    continue
+                wait_s = self._queued_at + self._pacer.gap_s - self._clock.now()
+                if wait_s > 0:
+                    # Then look again: taken by an exchange meanwhile (under load),
+                    # or other messages queued since, with a later deadline.
+                    await self._clock.sleep(wait_s)
+                    continue
+                # What is queued now came after the last push took the outbox, so the
+                # deadline keeps pushes a gap apart already: the pacer guards that.
+                await self._pacer.wait()
+                if self._outbox:  # not taken by an exchange during the pacer's wait
+                    await self.actor.push.remote(*self._take())
         except Exception as e:
+            self._fail(e)
+
+    def _fail(self, e: Exception) -> None:
+        """A call failed: the loss reported, once (the other call fails too, unless
+        `lost` closes this channel first)."""
+        if not self._failed:
+            self._failed = True
             self._lost(self, f"runner {self.name} lost: {type(e).__name__}: {e}")
 
     def _hear(self, m: ToService) -> None:
@@ -137,7 +198,7 @@ class RunnerChannel:
         self.send(Answer(m.query_id, verdict))
 
     def close(self) -> list[asyncio.Task[None]]:
-        """Stop its streams; it sends and hears nothing more. Its trajectories are
+        """Stop its calls; it sends and hears nothing more. Its trajectories are
         lost (`lost`), its holds answered."""
         self.alive = False
         for task in [*self._tasks, *self._answers]:
