@@ -89,7 +89,8 @@ escaping treadle is a bug. Each package owns a branch::
     │   │                               (also a LookupError), a request contradicting
     │   ├── StoreConflict               what is stored (a job id taken, a result for
     │   │                               the wrong group), a database file from a newer
-    │   └── SchemaError                 treadle or not a treadle store at all
+    │   ├── SchemaError                 treadle or not a treadle store at all, the
+    │   └── StoreProcessLost            store's own process gone during a batch
     └── ClientError                     anything from treadle.client (classes in
         ├── ConversionError             treadle.client.errors): trajectories a trainer
         │                               format cannot express (unscored, several

@@ -78,18 +78,18 @@ def test_a_batch_the_store_fails_is_logged_and_the_writer_goes_on(
     async def go() -> Any:
         astore = _store()
         await astore.start("j", "j/t")
-        real = astore.store.journal_turns
+        real = astore.store.write_journal
         calls = []
         tried = threading.Event()  # the first batch has been tried
 
-        def flaky(rows: Any) -> int:
-            calls.append(len(rows))
+        def flaky(entries: Any) -> Any:
+            calls.append(len(entries))
             if len(calls) == 1:
                 tried.set()
                 raise OSError("disk full")
-            return real(rows)
+            return real(entries)
 
-        astore.store.journal_turns = flaky  # type: ignore[method-assign]
+        astore.store.write_journal = flaky  # type: ignore[method-assign]
         writer = JournalWriter(astore, Metrics(), interval_s=0.0)
         writer.start()
         journal = writer.attempt("j", "j/t", 0)

@@ -23,10 +23,11 @@ TOKEN = "restart-token"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 
 
-def _service(tmp_path: Path) -> ServiceProcess:
+def _service(tmp_path: Path, *extra: str) -> ServiceProcess:
     """`treadle serve` on two emulated engines (policy verl), in its own session."""
     return ServiceProcess(tmp_path / "svc.db", tmp_path / "svc.log", TOKEN,
-                          ["--emulate", "2", "--time-scale", "0.05", "--policy", "verl"])
+                          ["--emulate", "2", "--time-scale", "0.05", "--policy", "verl",
+                           *extra])
 
 
 def _read(url: str, job: str, after: int, until: int | None) -> list[dict[str, Any]]:
@@ -43,8 +44,12 @@ def _read(url: str, job: str, after: int, until: int | None) -> list[dict[str, A
     return out
 
 
-def test_kill_9_mid_job_then_restart_delivers_every_trajectory_once(tmp_path: Path) -> None:
-    service = _service(tmp_path)
+@pytest.mark.parametrize("store", ["--no-store-process", "--store-process"])
+def test_kill_9_mid_job_then_restart_delivers_every_trajectory_once(tmp_path: Path,
+                                                                    store: str) -> None:
+    # With --store-process the store's own process outlives the kill by a moment (until
+    # it sees its socket closed) while the new service opens the same file.
+    service = _service(tmp_path, store)
     url = service.url
     service.start()
     try:

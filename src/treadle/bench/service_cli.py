@@ -35,6 +35,10 @@ def add_service_bench_parser(bench_subparsers: argparse._SubParsersAction[Any]) 
                    help="comma-separated runner actor counts (0: in the service) to measure "
                         "one after the other, each a service on a local Ray cluster "
                         "(bench.service_runners); the ray extra")
+    p.add_argument("--stores", default=None, metavar="KINDS",
+                   help="with --runners: where the service's store runs, a comma-separated "
+                        "list to measure side by side: thread (in the service's process), "
+                        "process (one of its own); default: serve's (a process with runners)")
     p.add_argument("--json", action="store_true", help="print the JSON report")
     p.add_argument("--out", default="out/service.json",
                    help="where to write the report (default out/service.json; the committed "
@@ -57,7 +61,10 @@ def run_service_bench_command(args: argparse.Namespace) -> int:
             args.engine_http), "--engine-http must list wire and/or httpx"),
         (not Path("/proc/self/stat").exists(), "needs Linux (/proc)"),
         (args.runners is not None and _counts(args.runners) is None,
-         "--runners must list counts >= 0, e.g. 0,1,2,4")) if bad]
+         "--runners must list counts >= 0, e.g. 0,1,2,4"),
+        (args.stores is not None and (args.runners is None or not _stacks(args.stores) or not
+                                      set(_stacks(args.stores)) <= {"thread", "process"}),
+         "--stores (with --runners) must list thread and/or process")) if bad]
     if problems:
         print(f"treadle bench service: {problems[0]}", file=sys.stderr)
         return 2
@@ -66,7 +73,9 @@ def run_service_bench_command(args: argparse.Namespace) -> int:
             from treadle.bench.service_runners import run_runners_bench
 
             report = run_runners_bench(
-                runners=_counts(args.runners) or (), trajectories=args.trajectories,
+                runners=_counts(args.runners) or (),
+                stores=_stacks(args.stores) if args.stores else (None,),
+                trajectories=args.trajectories,
                 jobs=args.jobs, workload=args.workload, policy=args.policy,
                 engines=args.engines, time_scale=args.time_scale, model=args.model,
                 gpu=args.gpu, seed=args.seed, status_interval_s=args.status_interval, log=log)

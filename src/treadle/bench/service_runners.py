@@ -11,7 +11,8 @@ service` (`bench.service.run_job`: the job's stream followed, the routes probed)
 
 Per job: turns/s delivered (the workload's turns over the job's wall time); the
 service process's CPU a turn (its scheduler, store and HTTP: with runners, no agent
-loop or engine call), and its scheduler's part; the runner actors' CPU a turn (the
+loop or engine call; with `--stores process` the store's SQLite in a process of its
+own, counted apart), and its scheduler's part; the runner actors' CPU a turn (the
 data plane moved out); the engines' and Ray's own processes' CPU; live/simulated
 makespan (near 1: the service kept up with its engines). A small time scale makes
 the engines fast, so that the service or its runners are the limit.
@@ -57,12 +58,15 @@ def _cmdline(pid: int) -> str:
 
 
 def _processes(root: int) -> dict[str, list[int]]:
-    """The service's descendants by part: runner actors, engines, the rest (Ray's)."""
-    parts: dict[str, list[int]] = {"runners": [], "engines": [], "ray": []}
+    """The service's descendants by part: runner actors, engines, its store's own
+    process, the rest (Ray's)."""
+    parts: dict[str, list[int]] = {"runners": [], "engines": [], "store": [], "ray": []}
     for pid in descendants(root):
         line = _cmdline(pid)
         if line.startswith("ray::RunnerWorker"):
             parts["runners"].append(pid)
+        elif " -m treadle.store.child " in line:
+            parts["store"].append(pid)
         elif " engine emulate " in line:
             parts["engines"].append(pid)
         else:
@@ -70,10 +74,13 @@ def _processes(root: int) -> dict[str, list[int]]:
     return parts
 
 
-def run_runners_bench(*, runners: tuple[int, ...], trajectories: int, jobs: int,
+def run_runners_bench(*, runners: tuple[int, ...], stores: tuple[str | None, ...],
+                      trajectories: int, jobs: int,
                       workload: str, policy: str, engines: int, time_scale: float, model: str,
                       gpu: str, seed: int, status_interval_s: float, log: Log) -> dict[str, Any]:
-    """The report (module docstring): `setup` and one `arms` entry per runner count."""
+    """The report (module docstring): `setup` and one `arms` entry per runner count
+    and store (`stores`: "thread", "process", or None for serve's default; the arm is
+    named by its count alone then)."""
     from treadle.core.cost_model import CostModel
     from treadle.core.policies import parse_policy
     from treadle.sim.runner import simulate
@@ -85,23 +92,28 @@ def run_runners_bench(*, runners: tuple[int, ...], trajectories: int, jobs: int,
     sims = [simulate(b, parse_policy(policy), cost, engines)[0].makespan_s for b in batches]
     arms: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="treadle-bench-runners-") as tmp:
-        for count in runners:
-            serve = ["--db", str(Path(tmp) / f"runners-{count}.db"), "--ray", "--emulate",
+        for count, store in [(c, s) for c in runners for s in stores]:
+            arm = str(count) if store is None else f"{count}/{store}"
+            name = arm.replace("/", "-")
+            serve = ["--db", str(Path(tmp) / f"runners-{name}.db"), "--ray", "--emulate",
                      str(engines), "--time-scale", repr(time_scale), "--policy", policy,
                      "--model", model, "--gpu", gpu]
             if count:
                 serve += ["--runners", str(count), "--runner-cpus", "0"]
-            with serving(serve, Path(tmp) / f"serve-{count}.log") as (url, proc):
+            if store is not None:
+                serve.append("--store-process" if store == "process" else "--no-store-process")
+            with serving(serve, Path(tmp) / f"serve-{name}.log") as (url, proc):
                 parts = _processes(proc.pid)
-                log(f"runners {count}: service pid {proc.pid} at {url}; "
-                    f"{len(parts['runners'])} runner, {len(parts['engines'])} engine and "
-                    f"{len(parts['ray'])} other processes")
+                log(f"runners {arm}: service pid {proc.pid} at {url}; "
+                    f"{len(parts['runners'])} runner, {len(parts['engines'])} engine, "
+                    f"{len(parts['store'])} store and {len(parts['ray'])} other processes")
                 rows = asyncio.run(_jobs(url, proc.pid, batches, sims, workload=workload,
                                          trajectories=trajectories, seed=seed,
                                          time_scale=time_scale,
                                          status_interval_s=status_interval_s, log=log))
-            arms[str(count)] = {"jobs": rows, "summary": _summary(rows)}
-    return {"setup": {"runners": list(runners), "trajectories_per_job": trajectories,
+            arms[arm] = {"jobs": rows, "summary": _summary(rows)}
+    return {"setup": {"runners": list(runners), "stores": list(stores),
+                      "trajectories_per_job": trajectories,
                       "jobs": jobs, "workload": workload, "policy": policy, "gpus": engines,
                       "time_scale": time_scale, "model": model, "gpu": gpu, "seed": seed,
                       "cores": os.cpu_count(), "python": platform.python_version()},
@@ -142,6 +154,8 @@ async def _jobs(url: str, pid: int, batches: list[Any], sims: list[float], *, wo
                                                        - counters["scheduler_cpu_s"]) / turns,
                 "runners_cpu_ms_per_turn": 1000.0 * cpu["runners"] / turns,
                 "runners_cpu_pct_of_core": 100.0 * cpu["runners"] / wall,
+                # The store's own process (none: the store is in the service's).
+                "store_cpu_ms_per_turn": 1000.0 * cpu["store"] / turns,
                 "engines_cpu_pct_of_core": 100.0 * cpu["engines"] / wall,
                 "ray_cpu_pct_of_core": 100.0 * cpu["ray"] / wall,
                 "machine_busy_pct": 100.0 * (busy - ticks[0]) / max(1, total - ticks[1]),
@@ -149,7 +163,8 @@ async def _jobs(url: str, pid: int, batches: list[Any], sims: list[float], *, wo
             log(f"  {job}: {row['delivered']}/{trajectories} in {row['wall_s']:.1f}s, "
                 f"{row['turns_per_s']:.0f} turns/s (live/sim {row['live_over_sim']:.2f}); "
                 f"service {row['service_cpu_ms_per_turn']:.2f} ms a turn (scheduler "
-                f"{row['scheduler_cpu_ms_per_turn']:.2f}), runners "
+                f"{row['scheduler_cpu_ms_per_turn']:.2f}), store process "
+                f"{row['store_cpu_ms_per_turn']:.2f}, runners "
                 f"{row['runners_cpu_ms_per_turn']:.2f} ms a turn; machine "
                 f"{row['machine_busy_pct']:.0f}% busy")
             rows.append(row)
@@ -159,6 +174,6 @@ async def _jobs(url: str, pid: int, batches: list[Any], sims: list[float], *, wo
 def _summary(rows: list[dict[str, Any]]) -> dict[str, float]:
     keys = ("turns_per_s", "live_over_sim", "service_cpu_ms_per_turn",
             "service_cpu_pct_of_core", "scheduler_cpu_ms_per_turn", "runners_cpu_ms_per_turn",
-            "runners_cpu_pct_of_core", "engines_cpu_pct_of_core", "ray_cpu_pct_of_core",
-            "machine_busy_pct")
+            "runners_cpu_pct_of_core", "store_cpu_ms_per_turn", "engines_cpu_pct_of_core",
+            "ray_cpu_pct_of_core", "machine_busy_pct")
     return {f"{k}_median": statistics.median(r[k] for r in rows) for k in keys}

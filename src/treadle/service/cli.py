@@ -73,6 +73,9 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
                         "writes them); each key sees its own run's jobs, sessions and "
                         "weights only (docs/security.md). Needs --token")
     p.add_argument("--db", default="treadle.db", help="SQLite file of jobs and results")
+    p.add_argument("--store-process", action=argparse.BooleanOptionalAction, default=None,
+                   help="keep the store (SQLite, record encoding) in a process of its own, "
+                        "off the scheduler's cores; on by default with --runners")
     p.add_argument("--engine", action="append", default=[], metavar="URL",
                    help="an inference engine already running (repeatable)")
     p.add_argument("--engine-kind", choices=("vllm", "sglang", "emulated"), default="vllm")
@@ -276,6 +279,9 @@ def run_serve(args: argparse.Namespace) -> int:
                                chat_format=args.chat_format, ray=ray,
                                sandbox_servers=servers, sandbox_scaling=scaling,
                                runners=_runners(args),
+                               store_process=(args.runners is not None
+                                              if args.store_process is None
+                                              else args.store_process),
                                frozen_policy_version=args.frozen_policy_version)
         service = build_service(config)
         if service.gateway.url is None:  # where harness jobs' commands reach it

@@ -7,10 +7,10 @@ batched off their path, and each restarted attempt's resume from it.
 
 A trajectory's `journal.turn(entry)` only appends to a list; one background task
 writes what has gathered every `interval_s` (or at once past `batch` turns), the
-bodies serialised and the rows written on the store's worker thread in one
-transaction, so a turn costs its trajectory nothing it waits for. A crash loses the
+bodies serialised then and the rows written by the store in one transaction
+(`Store.write_journal`), so a turn costs its trajectory nothing it waits for. A crash loses the
 turns of the last interval, which run again: each such trajectory costs at most one
-turn more. Writes keep their order (one writer, one store thread), so a resume's
+turn more. Writes keep their order (one writer, one store worker), so a resume's
 record always precedes the turns of the attempt that made it. `close` writes what
 is left.
 
@@ -28,14 +28,13 @@ import asyncio
 import contextlib
 import functools
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from treadle.agent.journal import JournaledTurn, ResumeFrom, ResumePlan, resume_body
 from treadle.service.metrics import Metrics
 from treadle.store.aio import AsyncStore
-from treadle.store.journal import TURN, JournalRow
+from treadle.store.journal import TURN, JournalResume, JournalRow
 from treadle.types import ResumePoint
 
 log = logging.getLogger(__name__)
@@ -49,7 +48,7 @@ class _Row:
     n: int  # turn index (0 for a spec)
     tokens: int  # sampled tokens of the turn
     kind: str  # TURN | SPEC
-    body: Callable[[], bytes]  # its encoding, done on the store's thread
+    body: Callable[[], bytes]  # its encoding, done when its batch is written
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +137,7 @@ class JournalWriter:
     def row(self, job_id: str, trajectory_id: str, attempt: int, n: int, tokens: int,
             kind: str, body: Callable[[], bytes]) -> None:
         """Journal a row of another kind of body (a gateway session's spec and calls:
-        `service.session_journal`); `body` is rendered on the store's thread."""
+        `service.session_journal`); `body` is rendered when its batch is written."""
         self.add(_Row(job_id, trajectory_id, attempt, n, tokens, kind, body))
 
     def resumed(self, job_id: str, trajectory_id: str, point: ResumePoint) -> None:
@@ -188,32 +187,23 @@ class JournalWriter:
         self._full.clear()
         if ops:
             try:
-                written, took = await self.store.call(self._write, ops)
+                done = await self.store.write_journal([_entry(op) for op in ops])
             finally:  # written, or lost: no longer waiting either way
                 self.unjournaled -= sum(op.tokens for op in ops if isinstance(op, _Row))
-            self.metrics.journal_flushes.observe(took)
-            self.metrics.journal_turns += written
+            self.metrics.journal_flushes.observe(done.seconds)
+            self.metrics.journal_turns += done.rows
 
-    def _write(self, ops: list[_Row | _Resumed]) -> tuple[int, float]:
-        """On the store's thread: the ops in order, consecutive rows in one call; the
-        rows written and the seconds it took there (encoding and SQLite: the journal's
-        cost, without the wait for the thread)."""
-        started = time.perf_counter()
-        written = 0
-        turns: list[JournalRow] = []
-        for op in [*ops, None]:
-            if isinstance(op, _Row):
-                turns.append(JournalRow(op.job_id, op.trajectory_id, op.attempt, op.n,
-                                        op.tokens, op.body(), op.kind))
-                continue
-            if turns:
-                written += self.store.store.journal_turns(turns)
-                turns = []
-            if isinstance(op, _Resumed):
-                point = op.point
-                self.store.store.resume_journal(op.job_id, op.trajectory_id, point.attempt,
-                                                point.turn, resume_body(point))
-        return written, time.perf_counter() - started
+
+def _entry(op: _Row | _Resumed) -> JournalRow | JournalResume:
+    """An op as the store takes it, its body encoded now (on the loop: a flush of the
+    50 ms's turns costs it well under a millisecond; the store may be in another
+    process, where a closure cannot go)."""
+    if isinstance(op, _Row):
+        return JournalRow(op.job_id, op.trajectory_id, op.attempt, op.n, op.tokens,
+                          op.body(), op.kind)
+    point = op.point
+    return JournalResume(op.job_id, op.trajectory_id, point.attempt, point.turn,
+                         resume_body(point))
 
 
 __all__ = ["AttemptJournal", "JournalWriter"]

@@ -62,6 +62,7 @@ from treadle.service.session_journal import SessionJournal
 from treadle.service.weight_schemas import WeightsView
 from treadle.store.aio import AsyncStore
 from treadle.store.db import Store
+from treadle.store.process import StoreProcess
 
 log = logging.getLogger(__name__)
 _RESTART_BASE_S = 10.0  # opening the store and recovering its jobs, with margin
@@ -72,6 +73,9 @@ class ServiceConfig:
     """How `treadle serve` (or a test, or the demo) sets a service up."""
 
     db: str = "treadle.db"  # SQLite file (":memory:" for throwaway runs)
+    # The store in a process of its own (`store.process`): SQLite and the records'
+    # encoding off this process's cores, where the scheduler runs. A file only.
+    store_process: bool = False
     token: str | None = None  # the admin's bearer token; None = no auth (loopback use only)
     # Trainer keys of a keys file (`service.keys.read_keys_file`; needs a token). More
     # come through POST /v1/keys, kept in the store.
@@ -308,7 +312,7 @@ def build_service(config: ServiceConfig) -> Service:
     runtime = Runtime(scheduler, launcher=launcher, gpus=gpus, clock=clock,
                       request_timeout_s=config.request_timeout_s,
                       engine_wait_s=config.engine_wait_s)
-    store = AsyncStore(Store(config.db))
+    store = AsyncStore(StoreProcess(config.db) if config.store_process else Store(config.db))
     tokenizer = HFTokenizer(config.tokenizer) if config.tokenizer else None
     metrics = Metrics()
     outbox = Outbox(store, metrics)

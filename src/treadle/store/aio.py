@@ -1,18 +1,23 @@
 """`AsyncStore`: the store for asyncio code, its calls on one worker thread.
 
-    astore = AsyncStore(Store("treadle.db"))
+    astore = AsyncStore(Store("treadle.db"))         # SQLite on that thread
+    astore = AsyncStore(StoreProcess("treadle.db"))  # in a process of its own
     result = await astore.finish(job_id, trajectory)
     async for delivery in astore.iter_results(job_id, after=cursor):
         ...
     await astore.aclose()
 
 Every public `Store` method has an async twin here with the same parameters and
-result (`Store.close` is `aclose`); `call` runs any other callable on the worker.
+result (`Store.close` is `aclose`); `call` runs any other callable on the worker
+(with a `Store` only).
 
 SQLite calls block on disk, and a blocked event loop stalls every trajectory, so
-every call runs on a single dedicated thread: calls run one at a time, in the order
+every call runs from a single dedicated thread: calls run one at a time, in the order
 they were made, and never on the loop. One thread (not a pool) keeps the order
-equal to the call order, which is what gives results their completion order.
+equal to the call order, which is what gives results their completion order. The
+thread runs them on a `Store`, or sends them to a `StoreProcess` and waits (its
+SQLite and record encoding then take none of this process's CPU): a batch goes as
+data either way (`treadle.store.calls`).
 
 The calls made while the worker is busy run, when it is free, as one `Store.batch`:
 each is still atomic (one failing fails alone), and they commit together, once
@@ -26,6 +31,8 @@ Cancelling an awaiting task does not undo a call the worker has begun: it runs t
 its end and commits (a `finish` whose await was cancelled mid-way is stored, and a
 repeat is reported as a duplicate). A call still queued behind others when its await
 is cancelled is dropped and never runs. Either way, repeating the call settles it.
+A `StoreProcess` lost with a batch under way fails that batch's calls (its commit may
+or may not have happened: repeating settles that too).
 An `AsyncStore` may be used from several event loops in turn, not after `aclose`.
 """
 
@@ -39,8 +46,9 @@ import threading
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
+from treadle.store.calls import StoreCall, StoreSide
 from treadle.store.db import Store
 from treadle.store.jobs import (
     Delivery,
@@ -52,7 +60,7 @@ from treadle.store.jobs import (
     TrainerKey,
     TrajectoryState,
 )
-from treadle.store.journal import Journaled, JournalRow
+from treadle.store.journal import Journaled, JournalResume, JournalRow, JournalWrite
 from treadle.types import FailureStage, StaleChoice, Trajectory
 
 _P = ParamSpec("_P")
@@ -60,32 +68,44 @@ _T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
-class _Call:
+class _Queued:
     """A call queued for the worker, and where its outcome goes."""
 
-    fn: Callable[[], Any]
+    call: StoreCall
     future: asyncio.Future[Any]
     loop: asyncio.AbstractEventLoop
 
 
 class AsyncStore:
-    """Runs a `Store`'s calls on one worker thread. See the module docstring."""
+    """Runs a store's calls from one worker thread. See the module docstring."""
 
-    def __init__(self, store: Store, *, group_commit: bool = True) -> None:
-        self.store = store
+    def __init__(self, store: StoreSide, *, group_commit: bool = True) -> None:
+        self.store = store  # a Store (here) or a StoreProcess
         self.group_commit = group_commit  # False: each call commits on its own
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="treadle-store")
-        self._queued: collections.deque[_Call] = collections.deque()
+        self._queued: collections.deque[_Queued] = collections.deque()
         self._draining = False  # a drain is submitted to the worker (under _mutex)
         self._mutex = threading.Lock()
 
     async def call(self, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
-        """Run `fn(*args, **kwargs)` (usually a method of `self.store`) on the worker,
-        in the batch of the calls made while the one before ran (module docstring)."""
+        """Run `fn(*args, **kwargs)` on the worker, in the batch of the calls made while
+        the one before ran (module docstring): with a `Store` here only (a
+        `StoreProcess` refuses it: TypeError); the store's own calls have twins."""
+        answer: _T = await self._queue(StoreCall("", local=functools.partial(fn, *args,
+                                                                             **kwargs)))
+        return answer
+
+    async def _call(self, method: Callable[Concatenate[Store, _P], _T], *args: _P.args,
+                    **kwargs: _P.kwargs) -> _T:
+        """`method` (a `Store` method: its name and arguments are what is sent)."""
+        answer: _T = await self._queue(StoreCall(method.__name__, args, kwargs))
+        return answer
+
+    async def _queue(self, call: StoreCall) -> Any:
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[_T] = loop.create_future()
+        future: asyncio.Future[Any] = loop.create_future()
         with self._mutex:
-            self._queued.append(_Call(functools.partial(fn, *args, **kwargs), future, loop))
+            self._queued.append(_Queued(call, future, loop))
             if not self._draining:
                 self._draining = True
                 self._worker.submit(self._drain)
@@ -95,33 +115,25 @@ class AsyncStore:
         """On the worker: run what is queued, a batch at a time, until nothing is."""
         while True:
             with self._mutex:
-                calls = list(self._queued)
+                # Dropped if its await was cancelled before it began (read across
+                # threads: at worst it runs, as a begun call does).
+                queued = [q for q in self._queued if not q.future.cancelled()]
+                empty = not self._queued
                 self._queued.clear()
-                if not calls:
+                if empty:
                     self._draining = False
                     return
-            outcomes: list[tuple[bool, Any]] = []
+            if not queued:
+                continue
+            # One call alone is its own transaction, as it would be without a batch.
+            grouped = self.group_commit and len(queued) > 1
             try:
-                # One call alone is its own transaction, as it would be without a batch.
-                grouped = self.group_commit and len(calls) > 1
-                with self.store.batch() if grouped else contextlib.nullcontext():
-                    for call in calls:
-                        # Dropped if its await was cancelled before it began (read
-                        # across threads: at worst it runs, as a begun call does).
-                        if call.future.cancelled():
-                            outcomes.append((True, None))
-                            continue
-                        try:
-                            outcomes.append((True, call.fn()))
-                        except BaseException as e:  # the caller's to handle
-                            outcomes.append((False, e))
-            except BaseException as e:  # the commit failed: none of the batch stands
-                # (a call that failed on its own keeps its own error)
-                done = outcomes + [(True, None)] * (len(calls) - len(outcomes))
-                outcomes = [(False, e if ok else value) for ok, value in done]
-            settled: dict[asyncio.AbstractEventLoop, list[tuple[_Call, bool, Any]]] = {}
-            for call, (ok, value) in zip(calls, outcomes, strict=True):
-                settled.setdefault(call.loop, []).append((call, ok, value))
+                outcomes = self.store.run_batch([q.call for q in queued], grouped)
+            except BaseException as e:  # the store's process lost: no answer for any
+                outcomes = [(False, e)] * len(queued)
+            settled: dict[asyncio.AbstractEventLoop, list[tuple[_Queued, bool, Any]]] = {}
+            for q, (ok, value) in zip(queued, outcomes, strict=True):
+                settled.setdefault(q.loop, []).append((q, ok, value))
             for loop, answers in settled.items():  # one wake-up a loop, not one a call
                 with contextlib.suppress(RuntimeError):  # its loop closed: no one waits
                     loop.call_soon_threadsafe(_settle, answers)
@@ -131,118 +143,122 @@ class AsyncStore:
     async def create_job(self, job_id: str, spec: Mapping[str, Any],
                          planned: Sequence[PlannedTrajectory], *, owner: str | None = None,
                          continuous: bool = False) -> JobInfo:
-        return await self.call(self.store.create_job, job_id, spec, planned, owner=owner,
+        return await self._call(Store.create_job, job_id, spec, planned, owner=owner,
                                continuous=continuous)
 
     async def launch_group(self, job_id: str, group_id: str,
                            planned: Sequence[PlannedTrajectory], *, close: bool = False) -> None:
-        await self.call(self.store.launch_group, job_id, group_id, planned, close=close)
+        await self._call(Store.launch_group, job_id, group_id, planned, close=close)
 
     async def close_plan(self, job_id: str) -> None:
-        await self.call(self.store.close_plan, job_id)
+        await self._call(Store.close_plan, job_id)
 
     async def groups_launched(self, job_id: str) -> tuple[int, int, int]:
-        return await self.call(self.store.groups_launched, job_id)
+        return await self._call(Store.groups_launched, job_id)
 
     async def take(self, job_id: str, take_id: str, n: int, min_fresh: int | None = None,
                    choice: StaleChoice = StaleChoice.FLAG) -> list[TakenGroup]:
-        return await self.call(self.store.take, job_id, take_id, n, min_fresh, choice)
+        return await self._call(Store.take, job_id, take_id, n, min_fresh, choice)
 
     async def taken_groups(self, job_id: str, after: int = 0,
                            limit: int = 100) -> list[TakenGroup]:
-        return await self.call(self.store.taken_groups, job_id, after, limit)
+        return await self._call(Store.taken_groups, job_id, after, limit)
 
     async def stale_members(self, job_id: str, min_fresh: int) -> list[tuple[Delivery, int]]:
-        return await self.call(self.store.stale_members, job_id, min_fresh)
+        return await self._call(Store.stale_members, job_id, min_fresh)
 
     async def restart(self, job_id: str, trajectory_id: str, new: PlannedTrajectory,
                       version: int, *, sampled: int = 0, reason: str = "stale: restarted"
                       ) -> int | None:
-        return await self.call(self.store.restart, job_id, trajectory_id, new, version,
+        return await self._call(Store.restart, job_id, trajectory_id, new, version,
                                sampled=sampled, reason=reason)
 
     async def add_trajectories(self, job_id: str,
                                planned: Sequence[PlannedTrajectory]) -> JobInfo:
-        return await self.call(self.store.add_trajectories, job_id, planned)
+        return await self._call(Store.add_trajectories, job_id, planned)
 
     async def job(self, job_id: str) -> JobInfo:
-        return await self.call(self.store.job, job_id)
+        return await self._call(Store.job, job_id)
 
     async def job_spec(self, job_id: str) -> dict[str, Any]:
-        return await self.call(self.store.job_spec, job_id)
+        return await self._call(Store.job_spec, job_id)
 
     async def job_ids(self) -> list[str]:
-        return await self.call(self.store.job_ids)
+        return await self._call(Store.job_ids)
 
     async def recent_jobs(self, limit: int, *, owner: str | None = None) -> list[JobInfo]:
-        return await self.call(self.store.recent_jobs, limit, owner=owner)
+        return await self._call(Store.recent_jobs, limit, owner=owner)
 
     async def unfinished_jobs(self) -> list[JobInfo]:
-        return await self.call(self.store.unfinished_jobs)
+        return await self._call(Store.unfinished_jobs)
 
     async def recover(self) -> list[JobInfo]:
-        return await self.call(self.store.recover)
+        return await self._call(Store.recover)
 
     async def cancel(self, job_id: str, reason: str = "cancelled") -> JobInfo:
-        return await self.call(self.store.cancel, job_id, reason)
+        return await self._call(Store.cancel, job_id, reason)
 
     async def fail(self, job_id: str, reason: str,
                    stage: FailureStage = FailureStage.RUNTIME) -> JobInfo:
-        return await self.call(self.store.fail, job_id, reason, stage)
+        return await self._call(Store.fail, job_id, reason, stage)
 
     async def delete_job(self, job_id: str) -> None:
-        await self.call(self.store.delete_job, job_id)
+        await self._call(Store.delete_job, job_id)
 
     async def start(self, job_id: str, trajectory_id: str) -> int | None:
-        return await self.call(self.store.start, job_id, trajectory_id)
+        return await self._call(Store.start, job_id, trajectory_id)
 
     async def finish(self, job_id: str, trajectory: Trajectory) -> Finish:
-        return await self.call(self.store.finish, job_id, trajectory)
+        return await self._call(Store.finish, job_id, trajectory)
 
     async def results(self, job_id: str, after: int = 0, limit: int = 100) -> list[Delivery]:
-        return await self.call(self.store.results, job_id, after, limit)
+        return await self._call(Store.results, job_id, after, limit)
 
     async def unfinished(self, job_id: str) -> list[TrajectoryState]:
-        return await self.call(self.store.unfinished, job_id)
+        return await self._call(Store.unfinished, job_id)
 
     async def states(self, job_id: str) -> list[TrajectoryState]:
-        return await self.call(self.store.states, job_id)
+        return await self._call(Store.states, job_id)
 
     async def result(self, job_id: str, trajectory_id: str) -> Delivery | None:
-        return await self.call(self.store.result, job_id, trajectory_id)
+        return await self._call(Store.result, job_id, trajectory_id)
 
     async def trajectory_state(self, job_id: str, trajectory_id: str) -> TrajectoryState:
-        return await self.call(self.store.trajectory_state, job_id, trajectory_id)
+        return await self._call(Store.trajectory_state, job_id, trajectory_id)
 
     async def add_event(self, job_id: str, kind: str, payload: Mapping[str, Any] | None = None,
                         trajectory_id: str | None = None) -> int:
-        return await self.call(self.store.add_event, job_id, kind, payload, trajectory_id)
+        return await self._call(Store.add_event, job_id, kind, payload, trajectory_id)
 
     async def merged_events(self, job_id: str, kinds: Sequence[str]
                             ) -> dict[str, dict[str, Any]]:
-        return await self.call(self.store.merged_events, job_id, kinds)
+        return await self._call(Store.merged_events, job_id, kinds)
 
     async def events(self, job_id: str, after: int = 0, limit: int = 100) -> list[Event]:
-        return await self.call(self.store.events, job_id, after, limit)
+        return await self._call(Store.events, job_id, after, limit)
 
     async def journal_turns(self, turns: Sequence[JournalRow]) -> int:
-        return await self.call(self.store.journal_turns, turns)
+        return await self._call(Store.journal_turns, turns)
+
+    async def write_journal(self, entries: Sequence[JournalRow | JournalResume]
+                            ) -> JournalWrite:
+        return await self._call(Store.write_journal, entries)
 
     async def journaled(self, job_id: str, trajectory_id: str) -> Journaled:
-        return await self.call(self.store.journaled, job_id, trajectory_id)
+        return await self._call(Store.journaled, job_id, trajectory_id)
 
     async def resume_journal(self, job_id: str, trajectory_id: str, attempt: int, kept: int,
                              body: bytes) -> None:
-        await self.call(self.store.resume_journal, job_id, trajectory_id, attempt, kept, body)
+        await self._call(Store.resume_journal, job_id, trajectory_id, attempt, kept, body)
 
     async def add_trainer_key(self, key_id: str, digest: str, trainer_run: str) -> TrainerKey:
-        return await self.call(self.store.add_trainer_key, key_id, digest, trainer_run)
+        return await self._call(Store.add_trainer_key, key_id, digest, trainer_run)
 
     async def trainer_keys(self) -> list[TrainerKey]:
-        return await self.call(self.store.trainer_keys)
+        return await self._call(Store.trainer_keys)
 
     async def delete_trainer_key(self, key_id: str) -> None:
-        await self.call(self.store.delete_trainer_key, key_id)
+        await self._call(Store.delete_trainer_key, key_id)
 
     async def iter_results(self, job_id: str, after: int = 0,
                            page_size: int = 100) -> AsyncIterator[Delivery]:
@@ -262,12 +278,12 @@ class AsyncStore:
         self._worker.shutdown(wait=True)
 
 
-def _settle(answers: list[tuple[_Call, bool, Any]]) -> None:
+def _settle(answers: list[tuple[_Queued, bool, Any]]) -> None:
     """On a caller's loop: each call's outcome to its future (unless cancelled)."""
-    for call, ok, value in answers:
-        if call.future.done():
+    for queued, ok, value in answers:
+        if queued.future.done():
             continue
         if ok:
-            call.future.set_result(value)
+            queued.future.set_result(value)
         else:
-            call.future.set_exception(value)
+            queued.future.set_exception(value)

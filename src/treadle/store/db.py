@@ -69,6 +69,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 from treadle.store import continuous, journal, rows
+from treadle.store.calls import Outcome, StoreCall, run_batch
 from treadle.store.errors import NotFound, StoreConflict
 from treadle.store.jobs import (
     Delivery,
@@ -81,7 +82,7 @@ from treadle.store.jobs import (
     TrainerKey,
     TrajectoryState,
 )
-from treadle.store.journal import Journaled, JournalRow
+from treadle.store.journal import Journaled, JournalResume, JournalRow, JournalWrite
 from treadle.store.record import dumps_record, trajectory_to_record
 from treadle.store.rows import STATE_COLUMNS
 from treadle.store.schema import migrate
@@ -437,6 +438,11 @@ class Store:
         with self._tx.write():
             return journal.append(self._conn, turns)
 
+    def write_journal(self, entries: Sequence[JournalRow | JournalResume]) -> JournalWrite:
+        """Turns and resumes in their order, in one transaction (`journal.write`)."""
+        with self._tx.write():
+            return journal.write(self._conn, entries)
+
     def journaled(self, job_id: str, trajectory_id: str) -> Journaled:
         with self._tx.read():
             return journal.read(self._conn, job_id, trajectory_id)
@@ -474,6 +480,10 @@ class Store:
             if self._conn.execute("DELETE FROM trainer_keys WHERE key_id = ?",
                                   (key_id,)).rowcount == 0:
                 raise NotFound(f"no trainer key {key_id!r}")
+
+    def run_batch(self, calls: Sequence[StoreCall], grouped: bool) -> list[Outcome]:
+        """Run calls given as data, here (`treadle.store.calls`)."""
+        return run_batch(self, calls, grouped)
 
     def batch(self) -> contextlib.AbstractContextManager[None]:
         """The calls made inside commit together, once, at its end; each stays atomic

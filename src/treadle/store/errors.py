@@ -11,9 +11,12 @@
         │                            already taken, a result whose group, repetition
         │                            or task differs from the planned trajectory, a
         │                            non-terminal status passed as a result
-        └── SchemaError              the database file was written by a newer treadle
-                                     (its schema version is unknown here), or is not
-                                     a treadle store
+        ├── SchemaError              the database file was written by a newer treadle
+        │                            (its schema version is unknown here), or is not
+        │                            a treadle store
+        └── StoreProcessLost         the store's own process (`StoreProcess`) exited
+                                     with a batch under way: whether it committed is
+                                     unknown
 
 A duplicate result for a trajectory already finished is not an error: finishing is
 idempotent (`Store.finish` reports it as a duplicate), because after a crash the
@@ -43,3 +46,7 @@ class StoreConflict(StoreError):
 
 class SchemaError(StoreError):
     """The database's schema version is newer than this treadle, or it is no treadle store."""
+
+
+class StoreProcessLost(StoreError):
+    """The store's own process exited with a batch under way (`treadle.store.process`)."""

@@ -23,6 +23,7 @@ Contracts:
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -41,6 +42,26 @@ class JournalRow:
     tokens: int  # tokens it sampled (kept on the row: counted without parsing bodies)
     body: bytes  # the caller's encoding
     kind: str = TURN  # TURN, or SPEC (`turn` 0)
+
+
+@dataclass(frozen=True, slots=True)
+class JournalResume:
+    """Attempt `attempt` of a trajectory resumes with its first `kept` turns (`resume`)."""
+
+    job_id: str
+    trajectory_id: str
+    attempt: int
+    kept: int
+    body: bytes  # the caller's encoding of the resume
+
+
+@dataclass(frozen=True, slots=True)
+class JournalWrite:
+    """What `write` did: the turn rows written, and the seconds it took (SQLite's,
+    before the commit)."""
+
+    rows: int
+    seconds: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +94,27 @@ def append(conn: sqlite3.Connection, rows: Sequence[JournalRow]) -> int:
     conn.executemany("INSERT OR REPLACE INTO journal (job_id, trajectory_id, kind, n, tokens, "
                      "body) VALUES (?, ?, ?, ?, ?, ?)", kept)
     return len(kept)
+
+
+def write(conn: sqlite3.Connection, entries: Sequence[JournalRow | JournalResume]
+          ) -> JournalWrite:
+    """Turns (`append`, consecutive ones in one statement) and resumes (`resume`) in
+    the order given: a resume drops the turns before it that it does not keep, never
+    those after it."""
+    started = time.perf_counter()
+    written = 0
+    turns: list[JournalRow] = []
+    for entry in [*entries, None]:
+        if isinstance(entry, JournalRow):
+            turns.append(entry)
+            continue
+        if turns:
+            written += append(conn, turns)
+            turns = []
+        if entry is not None:
+            resume(conn, entry.job_id, entry.trajectory_id, entry.attempt, entry.kept,
+                   entry.body)
+    return JournalWrite(written, time.perf_counter() - started)
 
 
 def read(conn: sqlite3.Connection, job_id: str, trajectory_id: str) -> Journaled:

@@ -1,0 +1,178 @@
+"""StoreProcess: the store in a process of its own answers as a Store would, survives
+its process's loss, and never outlives its parent."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import select
+import signal
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from store_helpers import plan, random_trajectory
+
+from treadle.store import AsyncStore, JobStatus, NotFound, SchemaError, Store, StoreConflict
+from treadle.store.calls import StoreCall
+from treadle.store.child import portable
+from treadle.store.errors import StoreError, StoreProcessLost
+from treadle.store.journal import JournalResume, JournalRow
+from treadle.store.process import StoreProcess
+from treadle.store.schema import SCHEMA_VERSION
+from treadle.types import TrajectoryStatus
+
+pytestmark = pytest.mark.xdist_group("store-process")  # each test starts a python
+
+
+def _run(coro: object) -> object:
+    async def bounded() -> object:
+        return await asyncio.wait_for(coro, timeout=120)  # type: ignore[arg-type]
+    return asyncio.run(bounded())
+
+
+def _wait_exited(pid: int) -> None:
+    """Until `pid` has exited (its pidfd readable), without reaping it."""
+    fd = os.pidfd_open(pid)
+    try:
+        select.select([fd], [], [], 120)
+    finally:
+        os.close(fd)
+
+
+def test_a_job_through_the_process_is_the_same_as_through_a_store(tmp_path: Path) -> None:
+    planned = plan(4, 8)
+    rng = random.Random(5)
+    results = [random_trajectory(rng, p, TrajectoryStatus.COMPLETED) for p in planned]
+
+    async def through(side: Store | StoreProcess) -> tuple[object, ...]:
+        astore = AsyncStore(side)
+        await astore.create_job("j", {"n": 32}, planned)
+        attempts = await asyncio.gather(*(astore.start("j", p.trajectory_id)
+                                          for p in planned))
+        # Calls queued together run as one batch over there too.
+        finishes = await asyncio.gather(*(astore.finish("j", t) for t in results))
+        again = await astore.finish("j", results[3])
+        journal = await astore.write_journal([])
+        records = [d.record_json async for d in astore.iter_results("j", page_size=5)]
+        info = await astore.job("j")
+        with pytest.raises(NotFound):
+            await astore.job("nope")
+        with pytest.raises(StoreConflict):
+            await astore.create_job("j", {}, planned)
+        await astore.aclose()
+        return (attempts, [f.seq for f in finishes], again, journal.rows, records,
+                info.status, info.delivered)
+
+    here = _run(through(Store(tmp_path / "here.db")))
+    there = _run(through(StoreProcess(str(tmp_path / "there.db"))))
+    assert there == here
+    assert here[1] == list(range(1, 33)) and here[2].duplicate and here[5] is JobStatus.COMPLETED
+
+
+def test_the_journal_keeps_its_order_across_the_process(tmp_path: Path) -> None:
+    planned = plan(1, 1)
+    tid = planned[0].trajectory_id
+
+    async def main() -> tuple[int, tuple[bytes, ...], tuple[bytes, ...]]:
+        astore = AsyncStore(StoreProcess(str(tmp_path / "j.db")))
+        await astore.create_job("j", {}, planned)
+        await astore.start("j", tid)
+        await astore.start("j", tid)  # attempt 1, the live one
+        rows = [JournalRow("j", tid, 1, n, 1, f"t{n}".encode()) for n in range(3)]
+        written = await astore.write_journal([
+            *rows, JournalResume("j", tid, 1, 1, b"resume"),
+            JournalRow("j", tid, 1, 1, 2, b"t1 again")])
+        journaled = await astore.journaled("j", tid)
+        await astore.aclose()
+        return written.rows, journaled.turns, journaled.resumes
+
+    # The resume drops the turns before it past the first, not the turn after it.
+    assert _run(main()) == (4, (b"t0", b"t1 again"), (b"resume",))
+
+
+def test_opening_fails_from_the_constructor_as_a_store_would(tmp_path: Path) -> None:
+    newer = tmp_path / "newer.db"
+    raw = sqlite3.connect(newer)
+    raw.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    raw.close()
+    with pytest.raises(SchemaError, match="newer than this treadle"):
+        StoreProcess(str(newer))
+    with pytest.raises(ValueError, match="memory"):
+        StoreProcess(":memory:")
+
+
+def test_a_local_call_is_refused_alone(tmp_path: Path) -> None:
+    store = StoreProcess(str(tmp_path / "l.db"))
+    try:
+        outcomes = store.run_batch([StoreCall("job_ids"), StoreCall("", local=lambda: 1),
+                                    StoreCall("job_ids")], grouped=True)
+        assert [ok for ok, _ in outcomes] == [True, False, True]
+        assert isinstance(outcomes[1][1], TypeError)
+        assert isinstance(store.run_batch([StoreCall("_conn")], False)[0][1], TypeError)
+    finally:
+        store.close()
+
+
+class _Keyed(Exception):
+    def __init__(self, *, key: str) -> None:
+        super().__init__(key)
+
+
+def test_an_exception_that_cannot_cross_arrives_as_a_store_error_naming_it() -> None:
+    crossed = portable(_Keyed(key="k"))
+    assert isinstance(crossed, StoreError) and "_Keyed" in str(crossed)
+    conflict = StoreConflict("taken")
+    assert portable(conflict) is conflict
+
+
+def test_a_lost_process_fails_its_batch_and_the_next_starts_another(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    planned = plan(1, 4)
+    store = StoreProcess(str(tmp_path / "k.db"))
+    try:
+        store.run_batch([StoreCall("create_job", ("j", {}, planned))], False)
+        first = store.pid
+        os.kill(first, signal.SIGKILL)
+        _wait_exited(first)
+        # Lost during a batch: the process looked alive when the batch was sent.
+        monkeypatch.setattr(store._proc, "poll", lambda: None)
+        with pytest.raises(StoreProcessLost, match="exited"):
+            store.run_batch([StoreCall("job_ids")], False)
+        monkeypatch.undo()
+        # The next batch finds it gone and starts another, on the same file.
+        [(ok, ids)] = store.run_batch([StoreCall("job_ids")], False)
+        assert ok and ids == ["j"] and store.pid != first
+        os.kill(store.pid, signal.SIGKILL)
+        _wait_exited(store.pid)
+        [(ok, info)] = store.run_batch([StoreCall("job", ("j",))], False)
+        assert ok and info.planned == 4
+    finally:
+        store.close()
+    with pytest.raises(StoreError, match="closed"):
+        store.run_batch([StoreCall("job_ids")], False)
+
+
+def test_the_process_exits_when_its_parent_is_gone(tmp_path: Path) -> None:
+    script = ("import sys, threading\n"
+              "from treadle.store.process import StoreProcess\n"
+              f"s = StoreProcess({str(tmp_path / 'p.db')!r})\n"
+              "print(s.pid, flush=True)\n"
+              "threading.Event().wait()\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        fd = os.pidfd_open(child)
+    finally:
+        parent.kill()
+        parent.wait()
+    try:
+        readable, _, _ = select.select([fd], [], [], 120)
+        assert readable, "the store's process outlived its parent"
+    finally:
+        os.close(fd)
