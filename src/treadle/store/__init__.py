@@ -1,7 +1,8 @@
 """Persistence of jobs and trajectories (SQLite) and their export (JSONL, Parquet).
 
 `Store` is the synchronous store, `AsyncStore` runs it on one worker thread for
-asyncio code (or `treadle.store.process.StoreProcess`, in a process of its own); `trajectory_to_record`/`trajectory_from_record` are the JSON record,
+asyncio code (or, `treadle.store.process.StoreProcess`, in a process of its own);
+`trajectory_to_record`/`trajectory_from_record` are the JSON record,
 the one wire shape of a trajectory. See docs/store.md.
 """
 
