@@ -107,14 +107,16 @@ def test_opening_fails_from_the_constructor_as_a_store_would(tmp_path: Path) -> 
 
 def test_a_local_call_is_refused_alone(tmp_path: Path) -> None:
     store = StoreProcess(str(tmp_path / "l.db"))
-    try:
-        outcomes = store.run_batch([StoreCall("job_ids"), StoreCall("", local=lambda: 1),
+
+    async def main() -> None:
+        outcomes = await store.run([StoreCall("job_ids"), StoreCall("", local=lambda: 1),
                                     StoreCall("job_ids")], grouped=True)
         assert [ok for ok, _ in outcomes] == [True, False, True]
         assert isinstance(outcomes[1][1], TypeError)
-        assert isinstance(store.run_batch([StoreCall("_conn")], False)[0][1], TypeError)
-    finally:
-        store.close()
+        assert isinstance((await store.run([StoreCall("_conn")], False))[0][1], TypeError)
+        await store.aclose()
+
+    _run(main())
 
 
 class _Keyed(Exception):
@@ -133,27 +135,57 @@ def test_a_lost_process_fails_its_batch_and_the_next_starts_another(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     planned = plan(1, 4)
     store = StoreProcess(str(tmp_path / "k.db"))
-    try:
-        store.run_batch([StoreCall("create_job", ("j", {}, planned))], False)
+
+    async def main() -> None:
+        await store.run([StoreCall("create_job", ("j", {}, planned))], False)
         first = store.pid
         os.kill(first, signal.SIGKILL)
         _wait_exited(first)
         # Lost during a batch: the process looked alive when the batch was sent.
         monkeypatch.setattr(store._proc, "poll", lambda: None)
         with pytest.raises(StoreProcessLost, match="exited"):
-            store.run_batch([StoreCall("job_ids")], False)
+            await store.run([StoreCall("job_ids")], False)
         monkeypatch.undo()
         # The next batch finds it gone and starts another, on the same file.
-        [(ok, ids)] = store.run_batch([StoreCall("job_ids")], False)
+        [(ok, ids)] = await store.run([StoreCall("job_ids")], False)
         assert ok and ids == ["j"] and store.pid != first
         os.kill(store.pid, signal.SIGKILL)
         _wait_exited(store.pid)
-        [(ok, info)] = store.run_batch([StoreCall("job", ("j",))], False)
+        [(ok, info)] = await store.run([StoreCall("job", ("j",))], False)
         assert ok and info.planned == 4
+        await store.aclose()
+        with pytest.raises(StoreError, match="closed"):
+            await store.run([StoreCall("job_ids")], False)
+
+    _run(main())
+
+
+def test_a_batch_cut_off_midway_costs_the_process_not_the_next_batch(tmp_path: Path) -> None:
+    store = StoreProcess(str(tmp_path / "c.db"))
+    # The store's file is locked by another writer, so the batch waits in the child.
+    other = sqlite3.connect(tmp_path / "c.db", isolation_level=None)
+
+    async def main() -> None:
+        other.execute("BEGIN IMMEDIATE")
+        first = store.pid
+        cut = asyncio.ensure_future(store.run([StoreCall("create_job", ("j", {}, []))],
+                                              False))
+        # One loop turn: the batch is sent, and its answer awaited (the child waits
+        # for the lock), when the await is cancelled.
+        await asyncio.sleep(0)
+        assert not cut.done()
+        cut.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cut
+        other.execute("ROLLBACK")
+        [(ok, ids)] = await store.run([StoreCall("job_ids")], False)
+        assert ok and ids == [] and store.pid != first
+        await store.aclose()
+
+    try:
+        _run(main())
     finally:
-        store.close()
-    with pytest.raises(StoreError, match="closed"):
-        store.run_batch([StoreCall("job_ids")], False)
+        other.close()
 
 
 def test_the_process_exits_when_its_parent_is_gone(tmp_path: Path) -> None:

@@ -29,11 +29,13 @@ def _samples() -> deque[float]:
 
 @dataclass(slots=True)
 class ControlStats:
-    """What the control plane cost. One sample per `decide`: its CPU time plus that
-    of the `on_event` calls since the previous one (the scheduler's work for that
-    instant: a turn's end, a tool's return, and whatever it set off). CPU time of
-    the thread, not wall time: on a loaded machine the operating system's own
-    preemption would otherwise be counted as the scheduler's. Samples in
+    """What the control plane cost. One sample per `decide`: its CPU time plus the
+    time of the `on_event` calls since the previous one (the scheduler's work for that
+    instant: a turn's end, a tool's return, and whatever it set off). A decide is
+    timed by the thread's CPU time, not wall time: on a loaded machine the operating
+    system's own preemption would otherwise be counted as the scheduler's, and a
+    re-plan takes milliseconds. An `on_event` call takes microseconds and is timed by
+    the wall clock (`DecisionLoop.tell` says why). Samples in
     which the scheduler re-placed the whole batch (`Scheduler.replans` went up: at
     arrivals and periodically) are kept apart from the others, so that both costs
     are seen. Under load one decision covers the events of several turns, so each
@@ -94,9 +96,13 @@ class DecisionLoop:
         self._closed = False
 
     def tell(self, event: Event) -> None:
-        started = time.thread_time()
+        # Wall time: an event's handling takes microseconds, and the thread's CPU clock
+        # is a system call costing as much (3 us a read on the 2-core machine of
+        # benchmarks/README.md: 2 reads an event, ~7 events a turn, were a tenth of the
+        # service's CPU a turn). A preemption inside so short a window is rare.
+        started = time.perf_counter()
         self.scheduler.on_event(event, self.clock.now())
-        self._pending_control += time.thread_time() - started
+        self._pending_control += time.perf_counter() - started
         self._pending_turns += isinstance(event, TurnFinished)
         self.stats.events += 1
         if not self._decide_soon and not self._closed:

@@ -1,6 +1,6 @@
-"""`AsyncStore`: the store for asyncio code, its calls on one worker thread.
+"""`AsyncStore`: the store for asyncio code, its calls a batch at a time off the loop.
 
-    astore = AsyncStore(Store("treadle.db"))         # SQLite on that thread
+    astore = AsyncStore(Store("treadle.db"))         # SQLite on a worker thread
     astore = AsyncStore(StoreProcess("treadle.db"))  # in a process of its own
     result = await astore.finish(job_id, trajectory)
     async for delivery in astore.iter_results(job_id, after=cursor):
@@ -9,31 +9,32 @@
 
 Every public `Store` method has an async twin here with the same parameters and
 result (`Store.close` is `aclose`); `call` runs any other callable on the worker
-(with a `Store` only).
+thread (with a `Store` only).
 
-SQLite calls block on disk, and a blocked event loop stalls every trajectory, so
-every call runs from a single dedicated thread: calls run one at a time, in the order
-they were made, and never on the loop. One thread (not a pool) keeps the order
-equal to the call order, which is what gives results their completion order. The
-thread runs them on a `Store`, or sends them to a `StoreProcess` and waits (its
-SQLite and record encoding then take none of this process's CPU): a batch goes as
-data either way (`treadle.store.calls`).
+SQLite calls block on disk, and a blocked event loop stalls every trajectory, so no
+call runs on the loop. The calls are queued in the order they were made and run one
+batch at a time, in that order, which is what gives results their completion order:
+a batch is data (`treadle.store.calls`), run by the store's side (a `StoreSide`): a
+`Store` on one dedicated worker thread (`StoreThread`), or a `StoreProcess`, whose
+SQLite and record encoding then take none of this process's CPU. A task on the loop
+of the first call queued hands the batches over, and ends when the queue is empty.
 
-The calls made while the worker is busy run, when it is free, as one `Store.batch`:
-each is still atomic (one failing fails alone), and they commit together, once
-(group commit: a busy service's many small calls, a trajectory's start and finish,
-the journal's batches, share their commits). A call is answered only after its
-batch has committed; the commit failing fails every call of the batch. With
+The calls made while a batch runs make the next batch, one `Store.batch`: each is
+still atomic (one failing fails alone), and they commit together, once (group
+commit: a busy service's many small calls, a trajectory's start and finish, the
+journal's batches, share their commits). A call is answered only after its batch
+has committed; the commit failing fails every call of the batch. With
 `group_commit=False` each call commits on its own (`benchmarks/store_group_bench.py`
 measures both).
 
-Cancelling an awaiting task does not undo a call the worker has begun: it runs to
+Cancelling an awaiting task does not undo a call whose batch has begun: it runs to
 its end and commits (a `finish` whose await was cancelled mid-way is stored, and a
-repeat is reported as a duplicate). A call still queued behind others when its await
-is cancelled is dropped and never runs. Either way, repeating the call settles it.
-A `StoreProcess` lost with a batch under way fails that batch's calls (its commit may
+repeat is reported as a duplicate). A call still queued when its await is cancelled
+is dropped and never runs. Either way, repeating the call settles it. A
+`StoreProcess` lost with a batch under way fails that batch's calls (its commit may
 or may not have happened: repeating settles that too).
-An `AsyncStore` may be used from several event loops in turn, not after `aclose`.
+An `AsyncStore` may be used from several event loops in turn (the loop that hands a
+batch over must run until it is answered), not after `aclose`.
 """
 
 from __future__ import annotations
@@ -48,8 +49,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from treadle.store.calls import StoreCall, StoreSide
+from treadle.store.calls import Outcome, StoreCall, StoreSide
 from treadle.store.db import Store
+from treadle.store.errors import StoreError
 from treadle.store.jobs import (
     Delivery,
     Event,
@@ -69,28 +71,46 @@ _T = TypeVar("_T")
 
 @dataclass(frozen=True, slots=True)
 class _Queued:
-    """A call queued for the worker, and where its outcome goes."""
+    """A call queued, and where its outcome goes."""
 
     call: StoreCall
     future: asyncio.Future[Any]
     loop: asyncio.AbstractEventLoop
 
 
-class AsyncStore:
-    """Runs a store's calls from one worker thread. See the module docstring."""
+class StoreThread:
+    """A `StoreSide`: a `Store`'s batches on one worker thread of this process."""
 
-    def __init__(self, store: StoreSide, *, group_commit: bool = True) -> None:
-        self.store = store  # a Store (here) or a StoreProcess
-        self.group_commit = group_commit  # False: each call commits on its own
+    def __init__(self, store: Store) -> None:
+        self.store = store
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="treadle-store")
+
+    async def run(self, calls: Sequence[StoreCall], grouped: bool) -> list[Outcome]:
+        # Not cancelled with its await: a batch begun runs to its commit.
+        return await asyncio.get_running_loop().run_in_executor(
+            self._worker, self.store.run_batch, calls, grouped)
+
+    async def aclose(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._worker, self.store.close)
+        self._worker.shutdown(wait=True)
+
+
+class AsyncStore:
+    """Runs a store's calls a batch at a time. See the module docstring."""
+
+    def __init__(self, store: Store | StoreSide, *, group_commit: bool = True) -> None:
+        self.store = store  # as given: a Store, or a StoreProcess
+        # The one place a synchronous store is told apart: it gets a thread to run on.
+        self._side: StoreSide = StoreThread(store) if isinstance(store, Store) else store
+        self.group_commit = group_commit  # False: each call commits on its own
         self._queued: collections.deque[_Queued] = collections.deque()
-        self._draining = False  # a drain is submitted to the worker (under _mutex)
+        self._drainer: asyncio.Task[None] | None = None  # running the batches (_mutex)
         self._mutex = threading.Lock()
 
     async def call(self, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
         """Run `fn(*args, **kwargs)` on the worker, in the batch of the calls made while
-        the one before ran (module docstring): with a `Store` here only (a
-        `StoreProcess` refuses it: TypeError); the store's own calls have twins."""
+        the one before ran (module docstring): with a `Store` only (a `StoreProcess`
+        refuses it: TypeError); the store's own calls have twins."""
         answer: _T = await self._queue(StoreCall("", local=functools.partial(fn, *args,
                                                                              **kwargs)))
         return answer
@@ -106,37 +126,41 @@ class AsyncStore:
         future: asyncio.Future[Any] = loop.create_future()
         with self._mutex:
             self._queued.append(_Queued(call, future, loop))
-            if not self._draining:
-                self._draining = True
-                self._worker.submit(self._drain)
+            if self._drainer is None:
+                self._drainer = loop.create_task(self._drain())
         return await future
 
-    def _drain(self) -> None:
-        """On the worker: run what is queued, a batch at a time, until nothing is."""
-        while True:
-            with self._mutex:
-                # Dropped if its await was cancelled before it began (read across
-                # threads: at worst it runs, as a begun call does).
-                queued = [q for q in self._queued if not q.future.cancelled()]
-                empty = not self._queued
-                self._queued.clear()
-                if empty:
-                    self._draining = False
-                    return
-            if not queued:
-                continue
-            # One call alone is its own transaction, as it would be without a batch.
-            grouped = self.group_commit and len(queued) > 1
-            try:
-                outcomes = self.store.run_batch([q.call for q in queued], grouped)
-            except BaseException as e:  # the store's process lost: no answer for any
-                outcomes = [(False, e)] * len(queued)
-            settled: dict[asyncio.AbstractEventLoop, list[tuple[_Queued, bool, Any]]] = {}
-            for q, (ok, value) in zip(queued, outcomes, strict=True):
-                settled.setdefault(q.loop, []).append((q, ok, value))
-            for loop, answers in settled.items():  # one wake-up a loop, not one a call
-                with contextlib.suppress(RuntimeError):  # its loop closed: no one waits
-                    loop.call_soon_threadsafe(_settle, answers)
+    async def _drain(self) -> None:
+        """A task: run what is queued, a batch at a time, until nothing is."""
+        try:
+            while True:
+                with self._mutex:
+                    # Dropped if its await was cancelled before it began (read across
+                    # threads: at worst it runs, as a begun call does).
+                    queued = [q for q in self._queued if not q.future.cancelled()]
+                    empty = not self._queued
+                    self._queued.clear()
+                    if empty:
+                        self._drainer = None
+                        return
+                if not queued:
+                    continue
+                # One call alone is its own transaction, as it would be without a batch.
+                grouped = self.group_commit and len(queued) > 1
+                try:
+                    outcomes = await self._side.run([q.call for q in queued], grouped)
+                except asyncio.CancelledError:  # this loop is closing: tell the others
+                    _settle_all(queued, [(False, StoreError(
+                        "the store's batch was cut off: the loop running it stopped"))]
+                        * len(queued))
+                    raise
+                except BaseException as e:  # the store's process lost: no answer for any
+                    outcomes = [(False, e)] * len(queued)
+                _settle_all(queued, outcomes)
+        finally:
+            with self._mutex:  # cut off: a later call starts another (what is queued too)
+                if self._drainer is asyncio.current_task():
+                    self._drainer = None
 
     # -- Store's calls, each on the worker; see Store for what they do ------------------
 
@@ -272,10 +296,27 @@ class AsyncStore:
             after = page[-1].seq
 
     async def aclose(self) -> None:
-        """Wait for calls in progress, then close the store."""
-        # Not a queued call: closing the connection inside a batch would fail its commit.
-        await asyncio.get_running_loop().run_in_executor(self._worker, self.store.close)
-        self._worker.shutdown(wait=True)
+        """Wait for the calls queued on this loop, then close the store."""
+        drainer = self._drainer
+        if drainer is not None and drainer.get_loop() is asyncio.get_running_loop():
+            with contextlib.suppress(Exception):
+                await asyncio.shield(drainer)
+        await self._side.aclose()
+
+
+def _settle_all(queued: list[_Queued], outcomes: list[Outcome]) -> None:
+    """Each call's outcome to its future: at once on this loop, by one wake-up a loop
+    on the others."""
+    here = asyncio.get_running_loop()
+    elsewhere: dict[asyncio.AbstractEventLoop, list[tuple[_Queued, bool, Any]]] = {}
+    for q, (ok, value) in zip(queued, outcomes, strict=True):
+        if q.loop is here:
+            _settle([(q, ok, value)])
+        else:
+            elsewhere.setdefault(q.loop, []).append((q, ok, value))
+    for loop, answers in elsewhere.items():
+        with contextlib.suppress(RuntimeError):  # its loop closed: no one waits
+            loop.call_soon_threadsafe(_settle, answers)
 
 
 def _settle(answers: list[tuple[_Queued, bool, Any]]) -> None:

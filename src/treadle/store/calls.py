@@ -6,7 +6,8 @@
 `AsyncStore` queues its callers' calls and hands them over a batch at a time. A call
 names a public `Store` method and its arguments, so a batch can cross into a process
 of the store's own (`treadle.store.process.StoreProcess`) as well as run on a thread
-beside the caller (`Store.run_batch`): both sides are a `StoreSide`.
+beside the caller (`treadle.store.aio.StoreThread`, by `Store.run_batch`): both are
+a `StoreSide`.
 
 Contracts (`run_batch`):
 
@@ -45,13 +46,15 @@ class StoreCall:
 
 
 class StoreSide(Protocol):
-    """Where a batch runs: a `Store` here, or a `StoreProcess` (module docstring)."""
+    """Where `AsyncStore`'s batches run: a `StoreThread` (a `Store` on a thread of
+    this process) or a `StoreProcess`."""
 
-    path: str
+    async def run(self, calls: Sequence[StoreCall], grouped: bool) -> list[Outcome]:
+        """`run_batch` there (module docstring); raises only if the batch got no
+        answer at all (its process lost)."""
+        ...
 
-    def run_batch(self, calls: Sequence[StoreCall], grouped: bool) -> list[Outcome]: ...
-
-    def close(self) -> None: ...
+    async def aclose(self) -> None: ...
 
 
 class Batching(Protocol):

@@ -1,16 +1,15 @@
 """`StoreProcess`: a `Store` in a process of its own, run by batches of calls.
 
-    store = StoreProcess("treadle.db")       # starts `python -m treadle.store.child`
-    astore = AsyncStore(store)               # the service's store, as with a Store
+    astore = AsyncStore(StoreProcess("treadle.db"))  # starts python -m treadle.store.child
     ...
-    store.close()                            # the process closes the file and exits
+    await astore.aclose()                            # the child closes the file, exits
 
 A busy service spends much of its process's CPU in SQLite and in encoding records
 (`benchmarks/README.md`, "Runners on Ray"); that work does not need the scheduler's
-interpreter. Here it runs in a child process: `AsyncStore`'s worker thread pickles
-each batch of calls (`treadle.store.calls`) onto a socket and waits for the outcomes,
-so this process pays the pickling and two system calls a batch, and the GIL is free
-meanwhile.
+interpreter. Here it runs in a child process. `run` pickles a batch of calls
+(`treadle.store.calls`) onto a socket and awaits the outcomes on the event loop that
+asks (`loop.sock_sendall`, `loop.sock_recv_into`): no thread stands between, so a
+batch costs this process its pickling and a few system calls, and no thread hand-off.
 
 Contracts:
 
@@ -22,26 +21,28 @@ Contracts:
 - Losing the process (killed, crashed) fails the batch under way with
   StoreProcessLost; whether that batch committed is unknown (each call of it may be
   repeated: `finish` is idempotent). The next batch starts a new process on the same
-  file, which keeps everything committed.
+  file, which keeps everything committed. A batch whose await is cancelled midway
+  leaves the socket out of step: the child is stopped, and the next batch starts
+  another.
 - The child never outlives this process: it exits when its socket closes. It runs in
   a session of its own, so a terminal's Ctrl-C reaches only this process, which
   closes it in order.
-- One batch at a time (`AsyncStore` has one worker); a lock keeps it so.
+- One batch at a time (`AsyncStore` sends one at a time); a second is a RuntimeError.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import pickle
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Sequence
-from multiprocessing.connection import Connection
-from typing import Literal
+from typing import Any, Literal
 
 from treadle.store.calls import Outcome, StoreCall
-from treadle.store.child import CLOSE
+from treadle.store.child import CLOSE, HEADER, frame, receive
 from treadle.store.errors import StoreError, StoreProcessLost
 
 log = logging.getLogger(__name__)
@@ -57,85 +58,115 @@ class StoreProcess:
         self.path = str(path)
         self.synchronous = synchronous
         self.start_timeout_s = start_timeout_s  # for the child to import and open the file
-        self._lock = threading.Lock()
+        self._busy = False  # a batch is under way
         self._closed = False
-        self._proc, self._conn = self._start()
+        self._proc, self._sock = self._start()
 
     @property
     def pid(self) -> int:
         """The child's process id (its CPU is counted apart: `bench service`)."""
         return self._proc.pid
 
-    def run_batch(self, calls: Sequence[StoreCall], grouped: bool) -> list[Outcome]:
+    async def run(self, calls: Sequence[StoreCall], grouped: bool) -> list[Outcome]:
         """`Store.run_batch` in the child (module docstring); StoreProcessLost if it
         exits meanwhile. A `local` call is refused (TypeError), the rest run."""
-        refused = TypeError("a store in its own process runs only its own methods")
-        sent = [c for c in calls if c.local is None]
-        with self._lock:
-            if self._closed:
-                raise StoreError("the store is closed")
+        if self._closed:
+            raise StoreError("the store is closed")
+        if self._busy:
+            raise RuntimeError("a StoreProcess runs one batch at a time")
+        self._busy = True
+        try:
             if self._proc.poll() is not None:
                 log.warning("the store's process exited (code %s): starting another",
                             self._proc.returncode)
-                self._conn.close()
-                self._proc, self._conn = self._start()
-            try:
-                self._conn.send((sent, grouped and len(sent) > 1))
-                answered: list[Outcome] = self._conn.recv()
-            except (OSError, EOFError) as e:
-                self._proc.wait()  # gone: its socket closed
-                raise StoreProcessLost(f"the store's process exited (code "
-                                       f"{self._proc.returncode}) during a batch: "
-                                       f"{type(e).__name__}") from e
+                self._sock.close()
+                self._proc, self._sock = await asyncio.to_thread(self._start)
+            sent = [c for c in calls if c.local is None]
+            answered = await self._exchange((sent, grouped and len(sent) > 1))
+        finally:
+            self._busy = False
+        refused = TypeError("a store in its own process runs only its own methods")
         outcomes = iter(answered)
         return [next(outcomes) if c.local is None else (False, refused) for c in calls]
 
-    def close(self) -> None:
-        """Close the file and wait for the child to exit (idempotent)."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            try:
-                self._conn.send(CLOSE)
-                self._conn.recv()
-            except (OSError, EOFError):
-                pass  # gone already: nothing of it to close
-            finally:
-                self._conn.close()
-            try:
-                self._proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+    async def _exchange(self, message: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.sock_sendall(self._sock, frame(message))
+            size = int.from_bytes(await _exactly(loop, self._sock, HEADER), "little")
+            return pickle.loads(await _exactly(loop, self._sock, size))
+        except (OSError, EOFError) as e:
+            code = await asyncio.to_thread(self._proc.wait)  # gone: its socket closed
+            raise StoreProcessLost(f"the store's process exited (code {code}) during a "
+                                   f"batch: {type(e).__name__}") from e
+        except BaseException:  # cancelled midway: the stream is out of step
+            self._proc.kill()
+            self._proc.wait()  # so that the next batch finds it gone (SIGKILL: at once)
+            raise
 
-    def _start(self) -> tuple[subprocess.Popen[bytes], Connection]:
+    async def aclose(self) -> None:
+        """Close the file and wait for the child to exit (idempotent)."""
+        await asyncio.to_thread(self.close)
+
+    def close(self) -> None:
+        """`aclose` for a caller without a loop (none of `run` may be under way)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._sock.setblocking(True)
+            self._sock.sendall(frame(CLOSE))
+            receive(self._sock)
+        except (OSError, EOFError):
+            pass  # gone already: nothing of it to close
+        finally:
+            self._sock.close()
+        try:
+            self._proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+    def _start(self) -> tuple[subprocess.Popen[bytes], socket.socket]:
         ours, theirs = socket.socketpair()
-        with ours, theirs:
+        with theirs:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "treadle.store.child", str(theirs.fileno()),
                  self.path, self.synchronous],
                 pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
                 start_new_session=True)
-            conn = Connection(ours.detach())
         try:
-            if not conn.poll(self.start_timeout_s):
-                raise StoreError(f"the store's process did not open {self.path} within "
-                                 f"{self.start_timeout_s:g} s")
-            kind, value = conn.recv()
+            ours.settimeout(self.start_timeout_s)
+            kind, value = receive(ours)
         except BaseException as e:
-            conn.close()
+            ours.close()
             proc.kill()
             proc.wait()
+            if isinstance(e, TimeoutError):
+                raise StoreError(f"the store's process did not open {self.path} within "
+                                 f"{self.start_timeout_s:g} s") from None
             if isinstance(e, EOFError):
                 raise StoreError(f"the store's process exited opening {self.path} (code "
                                  f"{proc.returncode})") from None
             raise
         if kind != "ready":
-            conn.close()
+            ours.close()
             proc.wait()
             raise value
-        return proc, conn
+        ours.setblocking(False)  # from now on read and written by the event loop
+        return proc, ours
 
 
-__all__ = ["StoreProcess", "StoreProcessLost"]
+async def _exactly(loop: asyncio.AbstractEventLoop, sock: socket.socket, n: int) -> bytearray:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = await loop.sock_recv_into(sock, view[got:])
+        if k == 0:
+            raise EOFError("the store's socket closed")
+        got += k
+    return buf
+
+
+__all__ = ["StoreProcess"]
