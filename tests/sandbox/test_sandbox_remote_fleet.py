@@ -85,6 +85,9 @@ def test_a_drained_server_refuses_new_sandboxes_and_keeps_its_open_ones(
             both = RemoteBackend([a, b], TOKEN)
             elsewhere = [await both.start(SMALL) for _ in range(2)]
             assert _where(elsewhere) == {b}
+            # A probe finds it draining: retired in this client, not marked down.
+            assert await both.health() == {a: False, b: True}
+            assert both.accepting() == (b,)
             assert "unreachable" not in caplog.text  # a refusal, not a server down
             await open_there.close()
             health = Health.model_validate_json((await client.get("/healthz")).content)

@@ -249,7 +249,8 @@ class RemoteBackend(SandboxBackend):
         raise KeyError(f"no sandbox server {url} in the pool")
 
     async def health(self) -> dict[str, bool]:
-        """Probe every server's /healthz now; a failing one is skipped by starts until it passes."""
+        """Probe every server's /healthz now; a failing one is skipped by starts until it
+        passes, a draining one retired (it takes no new sandboxes again)."""
         results = await asyncio.gather(*(self._probe(s) for s in self._servers))
         return {s.url: ok for s, ok in zip(self._servers, results, strict=True)}
 
@@ -315,10 +316,14 @@ class RemoteBackend(SandboxBackend):
             async with httpx.AsyncClient(base_url=server.url, trust_env=False,
                                          verify=_tls(), timeout=_PROBE_TIMEOUT_S) as client:
                 response = await client.get("/healthz")
-            ok = (response.status_code == 200
-                  and _parse(Health, response, server.url).status == "ok")
+            status = (_parse(Health, response, server.url).status
+                      if response.status_code == 200 else "")
         except (httpx.HTTPError, RemoteSandboxError):
-            ok = False
+            status = ""
+        if status == "draining":  # up, and for good taking no new sandboxes: retired here
+            server.retiring = True
+            return False
+        ok = status == "ok"
         if ok:
             server.failures = 0
         else:
