@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import random
+import sqlite3
+from pathlib import Path
 
 from treadle.store import PlannedTrajectory
+from treadle.store.schema import SCHEMA_VERSION
 from treadle.types import (
     FailureStage,
     GroupKey,
@@ -25,6 +28,14 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
+
+
+def newer_schema_file(path: Path) -> Path:
+    """An SQLite file at `path` whose schema version is newer than this treadle's."""
+    raw = sqlite3.connect(path)
+    raw.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    raw.close()
+    return path
 
 
 def plan(n_groups: int, n: int, job: str = "j") -> list[PlannedTrajectory]:

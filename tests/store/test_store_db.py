@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from store_helpers import FakeClock, plan, random_trajectory
+from store_helpers import FakeClock, newer_schema_file, plan, random_trajectory
 
 from treadle.store import (
     JobStatus,
@@ -319,12 +319,8 @@ def test_file_store_uses_wal_and_reopens(tmp_path: Path) -> None:
 
 
 def test_schema_versions(tmp_path: Path) -> None:
-    newer = tmp_path / "newer.db"
-    raw = sqlite3.connect(newer)
-    raw.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
-    raw.close()
     with pytest.raises(SchemaError, match="newer than this treadle"):
-        Store(newer)
+        Store(newer_schema_file(tmp_path / "newer.db"))
     foreign = tmp_path / "foreign.db"
     raw = sqlite3.connect(foreign)
     raw.execute("CREATE TABLE notes (x)")

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from store_helpers import plan, random_trajectory
+from store_helpers import newer_schema_file, plan, random_trajectory
 
 from treadle.store import AsyncStore, JobStatus, NotFound, SchemaError, Store, StoreConflict
 from treadle.store.calls import StoreCall
@@ -22,7 +22,6 @@ from treadle.store.child import portable
 from treadle.store.errors import StoreError, StoreProcessLost
 from treadle.store.journal import JournalResume, JournalRow
 from treadle.store.process import StoreProcess
-from treadle.store.schema import SCHEMA_VERSION
 from treadle.types import TrajectoryStatus
 
 pytestmark = pytest.mark.xdist_group("store-process")  # each test starts a python
@@ -95,12 +94,8 @@ def test_the_journal_keeps_its_order_across_the_process(tmp_path: Path) -> None:
 
 
 def test_opening_fails_from_the_constructor_as_a_store_would(tmp_path: Path) -> None:
-    newer = tmp_path / "newer.db"
-    raw = sqlite3.connect(newer)
-    raw.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
-    raw.close()
     with pytest.raises(SchemaError, match="newer than this treadle"):
-        StoreProcess(str(newer))
+        StoreProcess(str(newer_schema_file(tmp_path / "newer.db")))
     with pytest.raises(ValueError, match="memory"):
         StoreProcess(":memory:")
 
