@@ -203,3 +203,91 @@ def test_the_process_exits_when_its_parent_is_gone(tmp_path: Path) -> None:
         assert readable, "the store's process outlived its parent"
     finally:
         os.close(fd)
+
+
+def test_a_finish_the_lost_process_left_unanswered_is_made_again(tmp_path: Path) -> None:
+    planned = plan(1, 1)
+    [done] = [random_trajectory(random.Random(3), p, TrajectoryStatus.COMPLETED)
+              for p in planned]
+    store = StoreProcess(str(tmp_path / "f.db"))
+    astore = AsyncStore(store)
+    # Another writer holds the file, so the batch waits in the child until it is killed.
+    other = sqlite3.connect(tmp_path / "f.db", isolation_level=None)
+
+    async def main() -> None:
+        await astore.create_job("j", {}, planned)
+        await astore.start("j", done.trajectory_id)
+        other.execute("BEGIN IMMEDIATE")
+        first = store.pid
+        finishing = asyncio.ensure_future(astore.finish("j", done))
+        listing = asyncio.ensure_future(astore.job_ids())  # the same batch
+        while store._idle.is_set():  # a loop turn or two: until the batch is sent
+            await asyncio.sleep(0)
+        os.kill(first, signal.SIGKILL)
+        other.execute("ROLLBACK")
+        with pytest.raises(StoreProcessLost):
+            await listing  # a read is not made again: its caller repeats it if it will
+        finish = await finishing  # made again, on the next process
+        assert (finish.seq, finish.duplicate) == (1, False) and store.pid != first
+        assert (await astore.job("j")).status is JobStatus.COMPLETED
+        await astore.aclose()
+
+    try:
+        _run(main())
+    finally:
+        other.close()
+
+
+def test_a_call_whose_arguments_do_not_pickle_fails_alone(tmp_path: Path) -> None:
+    store = StoreProcess(str(tmp_path / "u.db"))
+    astore = AsyncStore(store)
+
+    async def main() -> None:
+        await astore.create_job("j", {}, plan(1, 1))
+        first = store.pid
+        bad, good = await asyncio.gather(
+            astore.add_event("j", "note", {"f": lambda: 1}), astore.job_ids(),
+            return_exceptions=True)
+        assert isinstance(bad, Exception) and good == ["j"] and store.pid == first
+        await astore.aclose()
+
+    _run(main())
+
+
+@pytest.mark.parametrize("side", ["thread", "process"])
+def test_aclose_waits_for_the_batch_under_way_and_refuses_later_calls(
+        tmp_path: Path, side: str) -> None:
+    path = tmp_path / "a.db"
+    astore = AsyncStore(Store(path) if side == "thread" else StoreProcess(str(path)))
+
+    async def main() -> None:
+        creating = asyncio.ensure_future(astore.create_job("j", {}, plan(2, 4)))
+        await asyncio.sleep(0)  # queued: its batch goes once the drain runs
+        await astore.aclose()
+        assert (await creating).planned == 8
+        with pytest.raises(StoreError, match="closed"):
+            await astore.job_ids()
+
+    _run(main())
+    with Store(path) as again:
+        assert again.job_ids() == ["j"]
+
+
+@pytest.mark.parametrize("side", ["thread", "process"])
+def test_loops_in_turn_and_one_closed_with_its_drain_pending(tmp_path: Path,
+                                                            side: str) -> None:
+    path = tmp_path / "t.db"
+    astore = AsyncStore(Store(path) if side == "thread" else StoreProcess(str(path)))
+    _run(astore.create_job("j", {}, plan(1, 2)))
+    assert _run(astore.job_ids()) == ["j"]  # a second loop, after the first
+
+    left: list[asyncio.Future[list[str]]] = []
+
+    async def leave() -> None:
+        left.append(asyncio.ensure_future(astore.job_ids()))
+        await asyncio.sleep(0)  # its call queued, its drain started or about to
+    stuck = asyncio.new_event_loop()
+    stuck.run_until_complete(leave())
+    stuck.close()  # its drain never runs again: the next loop's calls must not wait on it
+    assert _run(astore.job_ids()) == ["j"]
+    _run(astore.aclose())

@@ -263,7 +263,7 @@ _COUNTERS = {"treadle_scheduler_decision_seconds_sum": "scheduler_cpu_s",
 
 async def _counters(client: httpx.AsyncClient) -> dict[str, float]:
     """So far: the scheduler's CPU seconds (its decisions' histogram in /metrics), the
-    turn journal's seconds of writes on the store's thread and its turns written."""
+    turn journal's seconds of writes in the store and its turns written."""
     found = dict.fromkeys(_COUNTERS.values(), 0.0)
     for line in (await client.get("/metrics")).text.splitlines():
         name, _, value = line.partition(" ")
@@ -293,7 +293,7 @@ def _job_row(row: dict[str, Any], before: tuple[Any, ...], *, pid: int, engine_p
         "service_cpu_pct_of_core": 100.0 * service_cpu / wall,
         "service_cpu_ms_per_turn": 1000.0 * service_cpu / turns,
         "scheduler_cpu_s": counted["scheduler_cpu_s"],
-        # The turn journal's writes, on the store's thread (off the trajectories' path).
+        # The turn journal's writes: the store's SQLite time (off the trajectories' path).
         "journal_turns": int(counted["journal_turns"]),
         "journal_ms_per_turn": 1000.0 * counted["journal_flush_s"]
         / max(1.0, counted["journal_turns"]),

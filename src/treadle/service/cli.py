@@ -75,7 +75,8 @@ def add_serve_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--db", default="treadle.db", help="SQLite file of jobs and results")
     p.add_argument("--store-process", action=argparse.BooleanOptionalAction, default=None,
                    help="keep the store (SQLite, record encoding) in a process of its own, "
-                        "off the scheduler's cores; on by default with --runners")
+                        "off the scheduler's cores; on by default with --runners and a "
+                        "--db file")
     p.add_argument("--engine", action="append", default=[], metavar="URL",
                    help="an inference engine already running (repeatable)")
     p.add_argument("--engine-kind", choices=("vllm", "sglang", "emulated"), default="vllm")
@@ -280,6 +281,7 @@ def run_serve(args: argparse.Namespace) -> int:
                                sandbox_servers=servers, sandbox_scaling=scaling,
                                runners=_runners(args),
                                store_process=(args.runners is not None
+                                              and args.db != ":memory:"
                                               if args.store_process is None
                                               else args.store_process),
                                frozen_policy_version=args.frozen_policy_version)

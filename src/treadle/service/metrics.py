@@ -20,8 +20,9 @@
     treadle_journal_turns_total             counter   completed turns journaled
     treadle_tokens_unjournaled              gauge     tokens sampled that a crash now
                                                       would throw away (turns not kept)
-    treadle_journal_flush_seconds           histogram one batch of journal writes, on the
-                                                      store's thread
+    treadle_journal_flush_seconds           histogram one batch of journal writes: the
+                                                      store's SQLite time (its thread's
+                                                      or process's), before the commit
     treadle_resumes_total                   counter   attempts resumed after a restart,
                                                       by from (turn | prompt)
     treadle_resume_discarded_tokens_total   counter   journaled tokens a resume could

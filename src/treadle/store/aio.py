@@ -32,7 +32,9 @@ its end and commits (a `finish` whose await was cancelled mid-way is stored, and
 repeat is reported as a duplicate). A call still queued when its await is cancelled
 is dropped and never runs. Either way, repeating the call settles it. A
 `StoreProcess` lost with a batch under way fails that batch's calls (its commit may
-or may not have happened: repeating settles that too).
+or may not have happened: repeating settles that too), but for `finish` and `start`,
+which are made once more here (finishing is idempotent; a start again counts one
+attempt more at worst). Once `aclose` has begun, a call is a StoreError.
 An `AsyncStore` may be used from several event loops in turn (the loop that hands a
 batch over must run until it is answered), not after `aclose`.
 """
@@ -47,11 +49,11 @@ import threading
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeGuard, TypeVar
 
 from treadle.store.calls import Outcome, StoreCall, StoreSide
 from treadle.store.db import Store
-from treadle.store.errors import StoreError
+from treadle.store.errors import StoreError, StoreProcessLost
 from treadle.store.jobs import (
     Delivery,
     Event,
@@ -105,6 +107,7 @@ class AsyncStore:
         self.group_commit = group_commit  # False: each call commits on its own
         self._queued: collections.deque[_Queued] = collections.deque()
         self._drainer: asyncio.Task[None] | None = None  # running the batches (_mutex)
+        self._closing = False  # aclose begun: no call more
         self._mutex = threading.Lock()
 
     async def call(self, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
@@ -122,16 +125,28 @@ class AsyncStore:
         return answer
 
     async def _queue(self, call: StoreCall) -> Any:
+        if self._closing:
+            raise StoreError("the store is closed")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         with self._mutex:
             self._queued.append(_Queued(call, future, loop))
-            if self._drainer is None:
+            if not _running(self._drainer):
                 self._drainer = loop.create_task(self._drain())
         return await future
 
+    async def _again(self, method: Callable[Concatenate[Store, _P], _T], *args: _P.args,
+                     **kwargs: _P.kwargs) -> _T:
+        """`_call`, made once more if the store's process was lost under it (whether
+        it committed is unknown): for the calls that repeating settles."""
+        try:
+            return await self._call(method, *args, **kwargs)
+        except StoreProcessLost:
+            return await self._call(method, *args, **kwargs)
+
     async def _drain(self) -> None:
         """A task: run what is queued, a batch at a time, until nothing is."""
+        me = asyncio.current_task()  # (its `finally` may run with no loop running)
         try:
             while True:
                 with self._mutex:
@@ -154,15 +169,28 @@ class AsyncStore:
                         "the store's batch was cut off: the loop running it stopped"))]
                         * len(queued))
                     raise
-                except BaseException as e:  # the store's process lost: no answer for any
+                except Exception as e:  # the store's process lost: no answer for any
                     outcomes = [(False, e)] * len(queued)
                 _settle_all(queued, outcomes)
         finally:
-            with self._mutex:  # cut off: a later call starts another (what is queued too)
-                if self._drainer is asyncio.current_task():
+            # Cut off (its loop closing, or closed and the task collected): the calls
+            # queued since, another loop's, get a drain on their own loop.
+            with self._mutex:
+                after = None
+                if me is not None and self._drainer is me:
                     self._drainer = None
+                    after = self._queued[0].loop if self._queued else None
+            if after is not None and me is not None and after is not me.get_loop():
+                with contextlib.suppress(RuntimeError):  # that loop closed too
+                    after.call_soon_threadsafe(self._resume)
 
-    # -- Store's calls, each on the worker; see Store for what they do ------------------
+    def _resume(self) -> None:
+        """On a queued call's loop: drain what is queued, unless a drain runs."""
+        with self._mutex:
+            if self._queued and not _running(self._drainer):
+                self._drainer = asyncio.get_running_loop().create_task(self._drain())
+
+    # -- Store's calls; see Store for what they do -------------------------------------
 
     async def create_job(self, job_id: str, spec: Mapping[str, Any],
                          planned: Sequence[PlannedTrajectory], *, owner: str | None = None,
@@ -230,10 +258,12 @@ class AsyncStore:
         await self._call(Store.delete_job, job_id)
 
     async def start(self, job_id: str, trajectory_id: str) -> int | None:
-        return await self._call(Store.start, job_id, trajectory_id)
+        # Repeated after a lost process: at worst one more attempt counted.
+        return await self._again(Store.start, job_id, trajectory_id)
 
     async def finish(self, job_id: str, trajectory: Trajectory) -> Finish:
-        return await self._call(Store.finish, job_id, trajectory)
+        # Repeated after a lost process: finishing is idempotent (Store's contract).
+        return await self._again(Store.finish, job_id, trajectory)
 
     async def results(self, job_id: str, after: int = 0, limit: int = 100) -> list[Delivery]:
         return await self._call(Store.results, job_id, after, limit)
@@ -286,7 +316,7 @@ class AsyncStore:
 
     async def iter_results(self, job_id: str, after: int = 0,
                            page_size: int = 100) -> AsyncIterator[Delivery]:
-        """Every result with seq > `after`, a page per worker call (memory: one page)."""
+        """Every result with seq > `after`, a page per call (memory: one page)."""
         while True:
             page = await self.results(job_id, after, page_size)
             for delivery in page:
@@ -296,12 +326,19 @@ class AsyncStore:
             after = page[-1].seq
 
     async def aclose(self) -> None:
-        """Wait for the calls queued on this loop, then close the store."""
+        """Refuse new calls, wait for those queued on this loop, then close the store."""
+        self._closing = True
         drainer = self._drainer
-        if drainer is not None and drainer.get_loop() is asyncio.get_running_loop():
+        if _running(drainer) and drainer.get_loop() is asyncio.get_running_loop():
             with contextlib.suppress(Exception):
                 await asyncio.shield(drainer)
         await self._side.aclose()
+
+
+def _running(task: asyncio.Task[None] | None) -> TypeGuard[asyncio.Task[None]]:
+    """A drain that will go on: not done, its loop not closed (a loop closed with the
+    task pending leaves it so, never to run)."""
+    return task is not None and not task.done() and not task.get_loop().is_closed()
 
 
 def _settle_all(queued: list[_Queued], outcomes: list[Outcome]) -> None:

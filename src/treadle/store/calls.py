@@ -50,8 +50,9 @@ class StoreSide(Protocol):
     this process) or a `StoreProcess`."""
 
     async def run(self, calls: Sequence[StoreCall], grouped: bool) -> list[Outcome]:
-        """`run_batch` there (module docstring); raises only if the batch got no
-        answer at all (its process lost)."""
+        """`run_batch` there (module docstring): each call's outcome. Raises when the
+        batch got no answer at all (the store closed, its process lost or not
+        restarted, the await cancelled): then no call of it has one."""
         ...
 
     async def aclose(self) -> None: ...
