@@ -11,7 +11,10 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from store_helpers import newer_schema_file, plan, random_trajectory
@@ -40,6 +43,30 @@ def _wait_exited(pid: int) -> None:
         select.select([fd], [], [], 120)
     finally:
         os.close(fd)
+
+
+@pytest.fixture
+def other_writer(tmp_path: Path) -> Iterator[sqlite3.Connection]:
+    """A second connection to the tests' store file (`tmp_path / "s.db"`): holding its
+    write lock keeps a batch waiting in the child."""
+    conn = sqlite3.connect(tmp_path / "s.db", isolation_level=None)
+    yield conn
+    conn.close()
+
+
+def _sent(monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
+    """Set each time the running loop has written a batch to a store's socket (its
+    `sock_sendall`, wrapped): the batch is then the child's."""
+    loop = asyncio.get_running_loop()
+    sent = asyncio.Event()
+    real = loop.sock_sendall
+
+    async def sendall(sock: Any, data: Any) -> None:
+        await real(sock, data)
+        sent.set()
+
+    monkeypatch.setattr(loop, "sock_sendall", sendall)
+    return sent
 
 
 def test_a_job_through_the_process_is_the_same_as_through_a_store(tmp_path: Path) -> None:
@@ -155,19 +182,19 @@ def test_a_lost_process_fails_its_batch_and_the_next_starts_another(
     _run(main())
 
 
-def test_a_batch_cut_off_midway_costs_the_process_not_the_next_batch(tmp_path: Path) -> None:
-    store = StoreProcess(str(tmp_path / "c.db"))
-    # The store's file is locked by another writer, so the batch waits in the child.
-    other = sqlite3.connect(tmp_path / "c.db", isolation_level=None)
+def test_a_batch_cut_off_midway_costs_the_process_not_the_next_batch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, other_writer: sqlite3.Connection
+        ) -> None:
+    store = StoreProcess(str(tmp_path / "s.db"))
+    other = other_writer  # it holds the file: the batch waits in the child
 
     async def main() -> None:
+        sent = _sent(monkeypatch)
         other.execute("BEGIN IMMEDIATE")
         first = store.pid
         cut = asyncio.ensure_future(store.run([StoreCall("create_job", ("j", {}, []))],
                                               False))
-        # One loop turn: the batch is sent, and its answer awaited (the child waits
-        # for the lock), when the await is cancelled.
-        await asyncio.sleep(0)
+        await sent.wait()  # the batch is the child's, its answer awaited (the lock)
         assert not cut.done()
         cut.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -177,10 +204,7 @@ def test_a_batch_cut_off_midway_costs_the_process_not_the_next_batch(tmp_path: P
         assert ok and ids == [] and store.pid != first
         await store.aclose()
 
-    try:
-        _run(main())
-    finally:
-        other.close()
+    _run(main())
 
 
 def test_the_process_exits_when_its_parent_is_gone(tmp_path: Path) -> None:
@@ -205,24 +229,25 @@ def test_the_process_exits_when_its_parent_is_gone(tmp_path: Path) -> None:
         os.close(fd)
 
 
-def test_a_finish_the_lost_process_left_unanswered_is_made_again(tmp_path: Path) -> None:
+def test_a_finish_the_lost_process_left_unanswered_is_made_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, other_writer: sqlite3.Connection
+        ) -> None:
     planned = plan(1, 1)
     [done] = [random_trajectory(random.Random(3), p, TrajectoryStatus.COMPLETED)
               for p in planned]
-    store = StoreProcess(str(tmp_path / "f.db"))
+    store = StoreProcess(str(tmp_path / "s.db"))
     astore = AsyncStore(store)
-    # Another writer holds the file, so the batch waits in the child until it is killed.
-    other = sqlite3.connect(tmp_path / "f.db", isolation_level=None)
+    other = other_writer  # it holds the file: the batch waits in the child until killed
 
     async def main() -> None:
         await astore.create_job("j", {}, planned)
         await astore.start("j", done.trajectory_id)
         other.execute("BEGIN IMMEDIATE")
         first = store.pid
+        sent = _sent(monkeypatch)
         finishing = asyncio.ensure_future(astore.finish("j", done))
         listing = asyncio.ensure_future(astore.job_ids())  # the same batch
-        while store._idle.is_set():  # a loop turn or two: until the batch is sent
-            await asyncio.sleep(0)
+        await sent.wait()
         os.kill(first, signal.SIGKILL)
         other.execute("ROLLBACK")
         with pytest.raises(StoreProcessLost):
@@ -232,10 +257,7 @@ def test_a_finish_the_lost_process_left_unanswered_is_made_again(tmp_path: Path)
         assert (await astore.job("j")).status is JobStatus.COMPLETED
         await astore.aclose()
 
-    try:
-        _run(main())
-    finally:
-        other.close()
+    _run(main())
 
 
 def test_a_call_whose_arguments_do_not_pickle_fails_alone(tmp_path: Path) -> None:
@@ -261,10 +283,11 @@ def test_aclose_waits_for_the_batch_under_way_and_refuses_later_calls(
     astore = AsyncStore(Store(path) if side == "thread" else StoreProcess(str(path)))
 
     async def main() -> None:
-        creating = asyncio.ensure_future(astore.create_job("j", {}, plan(2, 4)))
-        await asyncio.sleep(0)  # queued: its batch goes once the drain runs
-        await astore.aclose()
-        assert (await creating).planned == 8
+        # gather starts them in order: the call is queued, then aclose begins (before
+        # the drain has run its batch).
+        created, _ = await asyncio.gather(astore.create_job("j", {}, plan(2, 4)),
+                                          astore.aclose())
+        assert created.planned == 8
         with pytest.raises(StoreError, match="closed"):
             await astore.job_ids()
 
@@ -274,20 +297,38 @@ def test_aclose_waits_for_the_batch_under_way_and_refuses_later_calls(
 
 
 @pytest.mark.parametrize("side", ["thread", "process"])
-def test_loops_in_turn_and_one_closed_with_its_drain_pending(tmp_path: Path,
-                                                            side: str) -> None:
-    path = tmp_path / "t.db"
+def test_loops_in_turn_and_one_closed_with_its_batch_under_way(
+        tmp_path: Path, side: str, monkeypatch: pytest.MonkeyPatch,
+        other_writer: sqlite3.Connection) -> None:
+    path = tmp_path / "s.db"
     astore = AsyncStore(Store(path) if side == "thread" else StoreProcess(str(path)))
     _run(astore.create_job("j", {}, plan(1, 2)))
     assert _run(astore.job_ids()) == ["j"]  # a second loop, after the first
-
-    left: list[asyncio.Future[list[str]]] = []
+    # The batch of a third loop stays under way: on the worker thread (held), or in
+    # the child (the file locked by another writer).
+    began, release = threading.Event(), threading.Event()
+    other = other_writer
+    left: list[asyncio.Future[Any]] = []
 
     async def leave() -> None:
-        left.append(asyncio.ensure_future(astore.job_ids()))
-        await asyncio.sleep(0)  # its call queued, its drain started or about to
+        if side == "thread":
+            left.append(asyncio.ensure_future(astore.call(lambda: (began.set(),
+                                                                   release.wait(60)))))
+            await asyncio.to_thread(began.wait)
+        else:
+            sent = _sent(monkeypatch)
+            other.execute("BEGIN IMMEDIATE")
+            left.append(asyncio.ensure_future(astore.job_ids()))
+            await sent.wait()
+
     stuck = asyncio.new_event_loop()
-    stuck.run_until_complete(leave())
-    stuck.close()  # its drain never runs again: the next loop's calls must not wait on it
+    try:
+        stuck.run_until_complete(leave())
+    finally:
+        stuck.close()  # its drain never runs again: the next loop's must not wait on it
+        monkeypatch.undo()
+        release.set()
+        if other.in_transaction:
+            other.execute("ROLLBACK")
     assert _run(astore.job_ids()) == ["j"]
     _run(astore.aclose())
