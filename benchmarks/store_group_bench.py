@@ -56,7 +56,7 @@ async def _arm(ts: list[Trajectory], path: Path, *, group_commit: bool, tasks: i
             attempt = await astore.start("j", t.trajectory_id)
             assert attempt is not None
             for n in range(turns):
-                await astore.journal_turns([JournalRow("j", t.trajectory_id, attempt, n,
+                await astore.write_journal([JournalRow("j", t.trajectory_id, attempt, n,
                                                        64, body)])
             await astore.finish("j", t)
 

@@ -195,9 +195,9 @@ class JournalWriter:
 
 
 def _entry(op: _Row | _Resumed) -> JournalRow | JournalResume:
-    """An op as the store takes it, its body encoded now (on the loop: a flush of the
-    50 ms's turns costs it well under a millisecond; the store may be in another
-    process, where a closure cannot go)."""
+    """An op as the store takes it, its body encoded now, on the loop (a runner
+    actor's turn comes encoded already; the store may be in another process, where a
+    closure cannot go)."""
     if isinstance(op, _Row):
         return JournalRow(op.job_id, op.trajectory_id, op.attempt, op.n, op.tokens,
                           op.body(), op.kind)

@@ -291,19 +291,12 @@ class AsyncStore:
     async def events(self, job_id: str, after: int = 0, limit: int = 100) -> list[Event]:
         return await self._call(Store.events, job_id, after, limit)
 
-    async def journal_turns(self, turns: Sequence[JournalRow]) -> int:
-        return await self._call(Store.journal_turns, turns)
-
     async def write_journal(self, entries: Sequence[JournalRow | JournalResume]
                             ) -> JournalWrite:
         return await self._call(Store.write_journal, entries)
 
     async def journaled(self, job_id: str, trajectory_id: str) -> Journaled:
         return await self._call(Store.journaled, job_id, trajectory_id)
-
-    async def resume_journal(self, job_id: str, trajectory_id: str, attempt: int, kept: int,
-                             body: bytes) -> None:
-        await self._call(Store.resume_journal, job_id, trajectory_id, attempt, kept, body)
 
     async def add_trainer_key(self, key_id: str, digest: str, trainer_run: str) -> TrainerKey:
         return await self._call(Store.add_trainer_key, key_id, digest, trainer_run)

@@ -29,7 +29,7 @@ Contracts:
 - Cancel and fail. `cancel` (status ABORTED) and `fail` (status ERROR) finish every
   unfinished trajectory of the job with a minimal record, delivered like any other,
   so a stream always ends with exactly `planned` results.
-- Turn journal: `journal_turns` keeps unfinished trajectories' completed turns,
+- Turn journal: `write_journal` keeps unfinished trajectories' completed turns,
   `journaled` reads one's back after a restart (`treadle.store.journal`).
 - Continuous jobs (`create_job(..., continuous=True)`): the plan grows a GRPO group
   at a time and the trainer takes whole groups, each once, by a cursor; see
@@ -432,25 +432,16 @@ class Store:
 
     # -- the turn journal (treadle.store.journal) ---------------------------------------
 
-    def journal_turns(self, turns: Sequence[JournalRow]) -> int:
-        """Keep completed turns of live attempts in one transaction; returns how many
-        were written (those of finished trajectories or replaced attempts are not)."""
-        with self._tx.write():
-            return journal.append(self._conn, turns)
-
     def write_journal(self, entries: Sequence[JournalRow | JournalResume]) -> JournalWrite:
-        """Turns and resumes in their order, in one transaction (`journal.write`)."""
+        """Completed turns of live attempts (those of finished trajectories or replaced
+        attempts are not written) and resumes (each drops the turns it does not keep),
+        in their order, in one transaction (`journal.write`)."""
         with self._tx.write():
             return journal.write(self._conn, entries)
 
     def journaled(self, job_id: str, trajectory_id: str) -> Journaled:
         with self._tx.read():
             return journal.read(self._conn, job_id, trajectory_id)
-
-    def resume_journal(self, job_id: str, trajectory_id: str, attempt: int, kept: int,
-                       body: bytes) -> None:
-        with self._tx.write():
-            journal.resume(self._conn, job_id, trajectory_id, attempt, kept, body)
 
     # -- trainer keys -------------------------------------------------------------------
 
