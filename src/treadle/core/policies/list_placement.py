@@ -160,32 +160,55 @@ def lpt_placement(batch: Batch, engines: Sequence[EngineState], cost: CostModel)
         typ_ctx = sum(context[j] for j in rest) / len(rest)
         heap = [(ld.finish_with(cost, typ_rem, typ_ctx), i) for i, ld in enumerate(loads)]
         heapq.heapify(heap)
-        # One `heapreplace` for a pop and a push (the entries are distinct, so the heap
-        # yields them in the same order): this loop is most of a large batch's placement.
-        for j in rest:
-            i = heap[0][1]
-            ld = loads[i]
-            ld.add(remaining[j], context[j])
-            engine_of[j] = i
-            heapq.heapreplace(heap, (ld.finish_with(cost, typ_rem, typ_ctx), i))
+        _place_rest(rest, remaining, context, loads, heap, engine_of, cost, typ_rem, typ_ctx)
     return engine_of
 
 
+def _place_rest(rest: list[int], remaining: Sequence[float], context: Sequence[float],
+                loads: list[_Load], heap: list[tuple[float, int]], engine_of: list[int],
+                cost: CostModel, typ_rem: float, typ_ctx: float) -> None:
+    """The heap part of `lpt_placement`: each of `rest` (longest first) to the engine at
+    the top of `heap` (keyed on its finish with one more typical trajectory, as
+    `_Load.finish_with` computes it), whose load takes it. This loop is most of a large
+    batch's placement, so it is `_Load.add` and `finish_with` written out over columns
+    (same arithmetic, same order: the same floats, so the same placement). `loads`
+    are read, not updated."""
+    heads = [ld.head for ld in loads]
+    tokens = [ld.tokens for ld in loads]
+    kv_tokens = [ld.kv_tokens for ld in loads]
+    # (alpha, beta) of each engine's degree by batch, filled as batches come up.
+    by_degree: dict[int, dict[int, tuple[float, float]]] = {}
+    coeffs = [by_degree.setdefault(ld.tp, {}) for ld in loads]
+    typ_kv = typ_rem * (typ_ctx + typ_rem / 2.0)
+    floor = max(typ_rem, 1.0)
+    step_coeffs, replace = cost.step_coeffs, heapq.heapreplace
+    # One `heapreplace` for a pop and a push (the entries are distinct, so the heap
+    # yields them in the same order).
+    for j in rest:
+        i = heap[0][1]
+        rem = remaining[j]
+        head = heads[i]
+        if rem > head:
+            head = heads[i] = rem
+        total = tokens[i] = tokens[i] + rem
+        kv = kv_tokens[i] = kv_tokens[i] + rem * (context[j] + rem / 2.0)
+        engine_of[j] = i
+        # finish_with(typ_rem, typ_ctx): max(head, typ_rem, 1.0) and the step time
+        # at that batch (at least one) and KV, times the head.
+        top = head if head > floor else floor
+        batch = round((total + typ_rem) / top)
+        ab = coeffs[i].get(batch)
+        if ab is None:
+            ab = coeffs[i][batch] = step_coeffs(loads[i].tp, batch if batch > 1 else 1)
+        replace(heap, (top * (ab[0] + ab[1] * ((kv + typ_kv) / top)), i))
+
+
 def _longest_first(batch: Batch) -> list[int]:
-    """The batch's indices by remaining tokens descending, ties by id: sorted on the
-    length alone (a C key), then each run of equal lengths (siblings share a fresh
-    estimate) by id, instead of building a key tuple an item."""
-    remaining, ids = batch.remaining, batch.ids
-    order = sorted(range(len(remaining)), key=remaining.__getitem__, reverse=True)
-    i, n = 0, len(order)
-    while i < n:
-        j, length = i + 1, remaining[order[i]]
-        while j < n and remaining[order[j]] == length:
-            j += 1
-        if j - i > 1:
-            order[i:j] = sorted(order[i:j], key=ids.__getitem__)
-        i = j
-    return order
+    """The batch's indices by remaining tokens descending, ties by id: sorted by id,
+    then by length alone (a C key each); a sort is stable, `reverse` too, so equal
+    lengths (siblings share a fresh estimate) stay in id order."""
+    by_id = sorted(range(len(batch.ids)), key=batch.ids.__getitem__)
+    return sorted(by_id, key=batch.remaining.__getitem__, reverse=True)
 
 
 _LoadKey = tuple[int, float, float, float]  # a `_Load`'s whole state

@@ -37,6 +37,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from treadle.core.cost_model import CostModel
@@ -126,6 +127,19 @@ class Progressive(TrajectoryScheduler):
 
     def remaining(self, t: TrajState) -> float:
         return self.estimate(t).remaining_tokens
+
+    def remaining_of(self, live: Sequence[TrajState]) -> list[float]:
+        """`remaining` of each of `live`, at least one token: what a re-plan reads of
+        every live trajectory. The memo's freshness is checked here, not through two
+        calls a trajectory (a tenth of a 100,000-trajectory plan)."""
+        generation, out = self._generation, []
+        for t in live:
+            memo = t.memo
+            if memo is None or t.memo_turns != t.turns_done or t.memo_generation != generation:
+                memo = self.estimate(t)
+            left = memo[1]  # remaining_tokens (indexing a named tuple costs no call)
+            out.append(left if left > 1.0 else 1.0)
+        return out
 
     def _estimator(self, judge: bool) -> WorkEstimator:
         return self.judge_est if judge else self.est
@@ -318,7 +332,7 @@ class Progressive(TrajectoryScheduler):
         capped by what its KV cache holds at the batch's mean context. Ties between
         equal lengths go by trajectory id."""
         live = sorted(live, key=lambda t: t.traj_id)
-        lengths = [max(1.0, self.remaining(t)) for t in live]
+        lengths = self.remaining_of(live)
         context = max(256.0, sum(t.context_tokens for t in live) / len(live))
         caps = group_caps([e.kv_capacity_tokens for e in engines], context, len(live),
                           max(e.max_batch for e in engines), self.kv_watermark)

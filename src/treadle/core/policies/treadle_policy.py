@@ -337,7 +337,7 @@ class Treadle(Progressive):
         if by_count:
             self.count_balanced += 1
         ids = [t.traj_id for t in live]
-        remaining = [1.0] * len(live) if by_count else [max(1.0, self.remaining(t)) for t in live]
+        remaining = [1.0] * len(live) if by_count else self.remaining_of(live)
         batch = Batch(ids, remaining, [float(t.context_tokens) for t in live])
         names = [e.engine_id for e in engines]
         return {tid: names[i]
