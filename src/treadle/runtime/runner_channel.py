@@ -39,7 +39,6 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from treadle.clock import MONOTONIC, Clock
-from treadle.runtime.call_pacer import CallPacer
 from treadle.runtime.driver import Runtime
 from treadle.runtime.remote_trajectory import RemoteTrajectory
 from treadle.runtime.runner_wire import (
@@ -61,7 +60,7 @@ log = logging.getLogger(__name__)
 
 class RunnerChannel:
     """One runner actor and its calls (module docstring); `lost` is called, once,
-    when one fails. `clock`: real seconds, for the side pushes' wait and pacing."""
+    when one fails. `clock`: real seconds, for the side pushes' wait."""
 
     def __init__(self, name: str, actor: Any, runtime: Runtime, *, call_gap_s: float,
                  lost: Callable[[RunnerChannel, str], None],
@@ -77,7 +76,7 @@ class RunnerChannel:
         self.ready = False  # it answered: trajectories may go to it
         self._runtime = runtime
         self._clock = clock
-        self._pacer = CallPacer(call_gap_s, clock)  # the side pushes' starts
+        self._gap_s = call_gap_s  # how long a message waits before a side push takes it
         self._lost = lost
         self._failed = False  # a call failed: the loss is reported
         self._outbox: list[ToRunner] = []
@@ -144,17 +143,15 @@ class RunnerChannel:
                 await self._queued.wait()
                 if not self._outbox:  # taken by an exchange before this woke
                     continue
-                wait_s = self._queued_at + self._pacer.gap_s - self._clock.now()
+                wait_s = self._queued_at + self._gap_s - self._clock.now()
                 if wait_s > 0:
                     # Then look again: taken by an exchange meanwhile (under load),
                     # or other messages queued since, with a later deadline.
                     await self._clock.sleep(wait_s)
                     continue
-                # What is queued now came after the last push took the outbox, so the
-                # deadline keeps pushes a gap apart already: the pacer guards that.
-                await self._pacer.wait()
-                if self._outbox:  # not taken by an exchange during the pacer's wait
-                    await self.actor.push.remote(*self._take())
+                # What is queued now came after the last push took the outbox, so
+                # pushes start `call_gap_s` apart at least, as the exchanges' answers.
+                await self.actor.push.remote(*self._take())
         except Exception as e:
             self._fail(e)
 
