@@ -51,7 +51,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec, TypeGuard, TypeVar
 
-from treadle.store.calls import Outcome, StoreCall, StoreSide
+from treadle.store.calls import Outcome, StoreCall, StoreSide, run_batch
 from treadle.store.db import Store
 from treadle.store.errors import StoreError, StoreProcessLost
 from treadle.store.jobs import (
@@ -90,7 +90,7 @@ class StoreThread:
     async def run(self, calls: Sequence[StoreCall], grouped: bool) -> list[Outcome]:
         # Not cancelled with its await: a batch begun runs to its commit.
         return await asyncio.get_running_loop().run_in_executor(
-            self._worker, self.store.run_batch, calls, grouped)
+            self._worker, run_batch, self.store, calls, grouped)
 
     async def aclose(self) -> None:
         await asyncio.get_running_loop().run_in_executor(self._worker, self.store.close)

@@ -1,12 +1,12 @@
 """A batch of store calls as data, and running one where the store is: `run_batch`.
 
     calls = [StoreCall("start", ("job-1", "t0")), StoreCall("finish", ("job-1", traj))]
-    outcomes = store.run_batch(calls, grouped=True)   # [(True, 0), (True, Finish(...))]
+    outcomes = run_batch(store, calls, grouped=True)  # [(True, 0), (True, Finish(...))]
 
 `AsyncStore` queues its callers' calls and hands them over a batch at a time. A call
 names a public `Store` method and its arguments, so a batch can cross into a process
 of the store's own (`treadle.store.process.StoreProcess`) as well as run on a thread
-beside the caller (`treadle.store.aio.StoreThread`, by `Store.run_batch`): both are
+beside the caller (`treadle.store.aio.StoreThread`): both are
 a `StoreSide`.
 
 Contracts (`run_batch`):

@@ -6,8 +6,8 @@ FD is its end of a socket to the parent. Every message either way is one frame: 
 8-byte little-endian length, then that many bytes of pickle. The child opens the
 `Store` at PATH and answers ("ready", None), or ("error", exception) and exits; then
 runs each batch received, ``(calls, grouped)``, answering its outcomes
-(`Store.run_batch`), until the parent sends CLOSE (it closes the store and answers
-"closed") or is gone (its socket closed).
+(`treadle.store.calls.run_batch`), until the parent sends CLOSE (it closes the
+store and answers "closed") or is gone (its socket closed).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import socket
 import sys
 from typing import Any
 
+from treadle.store.calls import run_batch
 from treadle.store.db import Store
 from treadle.store.errors import StoreError
 
@@ -77,7 +78,7 @@ def serve(sock: socket.socket, path: str, synchronous: Any) -> int:
                 continue
             calls, grouped = message
             answer = [(ok, value if ok else portable(value))
-                      for ok, value in store.run_batch(calls, grouped)]
+                      for ok, value in run_batch(store, calls, grouped)]
             try:
                 reply = frame(answer)
             except (pickle.PicklingError, TypeError, AttributeError) as e:

@@ -69,7 +69,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 from treadle.store import continuous, journal, rows
-from treadle.store.calls import Outcome, StoreCall, run_batch
 from treadle.store.errors import NotFound, StoreConflict
 from treadle.store.jobs import (
     Delivery,
@@ -471,10 +470,6 @@ class Store:
             if self._conn.execute("DELETE FROM trainer_keys WHERE key_id = ?",
                                   (key_id,)).rowcount == 0:
                 raise NotFound(f"no trainer key {key_id!r}")
-
-    def run_batch(self, calls: Sequence[StoreCall], grouped: bool) -> list[Outcome]:
-        """Run calls given as data, here (`treadle.store.calls`)."""
-        return run_batch(self, calls, grouped)
 
     def batch(self) -> contextlib.AbstractContextManager[None]:
         """The calls made inside commit together, once, at its end; each stays atomic

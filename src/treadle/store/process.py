@@ -74,7 +74,7 @@ class StoreProcess:
         return self._proc.pid
 
     async def run(self, calls: Sequence[StoreCall], grouped: bool) -> list[Outcome]:
-        """`Store.run_batch` in the child (module docstring); StoreProcessLost if it
+        """`run_batch` in the child (module docstring); StoreProcessLost if it
         exits meanwhile. A call that cannot be sent fails alone, the rest run: a
         `local` call (TypeError), one whose arguments do not pickle (pickle's error)."""
         if self._closed:
