@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import re
 from abc import abstractmethod
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any
@@ -23,32 +22,7 @@ from treadle.sandbox.base import DEFAULT_MAX_GET_BYTES, ExecResult, Limits, Sand
 
 log = logging.getLogger(__name__)
 
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 BASE_LANG = "C.UTF-8"
-
-
-def check_env(env: Mapping[str, str] | None) -> dict[str, str]:
-    """A copy of `env`, or ValueError for names or values a process cannot receive."""
-    out: dict[str, str] = {}
-    for key, value in (env or {}).items():
-        if not isinstance(key, str) or not _ENV_NAME.match(key):
-            raise ValueError(f"invalid environment variable name {key!r}")
-        if not isinstance(value, str) or "\x00" in value:
-            raise ValueError(f"invalid value for environment variable {key}")
-        out[key] = value
-    return out
-
-
-def check_argv(argv: Sequence[str]) -> list[str]:
-    if isinstance(argv, str | bytes):
-        raise ValueError("argv must be a sequence of strings, not one string (no shell is used)")
-    out = list(argv)
-    if not out:
-        raise ValueError("argv is empty")
-    for arg in out:
-        if not isinstance(arg, str) or "\x00" in arg:
-            raise ValueError(f"invalid argument {arg!r}")
-    return out
 
 
 class HostSandbox(Sandbox):
@@ -85,10 +59,6 @@ class HostSandbox(Sandbox):
     def _base_env(self) -> dict[str, str]:
         """The minimal environment every command starts from."""
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise SandboxClosed("sandbox is closed")
-
     async def exec(
         self,
         argv: Sequence[str],
@@ -103,12 +73,8 @@ class HostSandbox(Sandbox):
     def _checked(self, argv: Sequence[str], timeout_s: float, env: Mapping[str, str] | None,
                  ) -> tuple[list[str], dict[str, str], float]:
         """An exec's argv, merged env and clamped timeout; raises as `exec` does."""
-        self._check_open()
-        if not timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
-        args = check_argv(argv)
-        merged = {**self._base_env(), **check_env(env)}
-        return args, merged, min(timeout_s, self._limits.wall_timeout_s)
+        args, extra, timeout = self._checked_exec(argv, timeout_s, env)
+        return args, {**self._base_env(), **extra}, timeout
 
     async def _submit(self, run: Coroutine[Any, Any, ExecResult]) -> ExecResult:
         """Await `run` as a task close() can cancel (which kills its tree)."""

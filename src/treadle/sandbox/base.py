@@ -28,13 +28,14 @@ a remote backend (an HTTP sandbox server) can implement it later unchanged.
 
 from __future__ import annotations
 
+import re
 import signal
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
-from treadle.errors import SandboxUnsupported
+from treadle.errors import SandboxClosed, SandboxUnsupported
 
 MIB = 1024 * 1024
 DEFAULT_MAX_GET_BYTES = 16 * MIB
@@ -173,6 +174,33 @@ def classify(
     return None, f"signal:{signum}"
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def check_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    """A copy of `env`, or ValueError for names or values a process cannot receive."""
+    out: dict[str, str] = {}
+    for key, value in (env or {}).items():
+        if not isinstance(key, str) or not _ENV_NAME.match(key):
+            raise ValueError(f"invalid environment variable name {key!r}")
+        if not isinstance(value, str) or "\x00" in value:
+            raise ValueError(f"invalid value for environment variable {key}")
+        out[key] = value
+    return out
+
+
+def check_argv(argv: Sequence[str]) -> list[str]:
+    if isinstance(argv, str | bytes):
+        raise ValueError("argv must be a sequence of strings, not one string (no shell is used)")
+    out = list(argv)
+    if not out:
+        raise ValueError("argv is empty")
+    for arg in out:
+        if not isinstance(arg, str) or "\x00" in arg:
+            raise ValueError(f"invalid argument {arg!r}")
+    return out
+
+
 class Sandbox(ABC):
     """One isolated workspace. See the module docstring for the contracts."""
 
@@ -190,6 +218,21 @@ class Sandbox(ABC):
     @abstractmethod
     def closed(self) -> bool:
         """True once `close` has started."""
+
+    def _check_open(self) -> None:
+        """For implementations: SandboxClosed once `close` has started."""
+        if self.closed:
+            raise SandboxClosed("sandbox is closed")
+
+    def _checked_exec(self, argv: Sequence[str], timeout_s: float,
+                      env: Mapping[str, str] | None) -> tuple[list[str], dict[str, str], float]:
+        """For implementations: an exec's argv, extra environment and timeout (clamped
+        to the limits' wall timeout), or what `exec` raises for them (SandboxClosed,
+        ValueError)."""
+        self._check_open()
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+        return check_argv(argv), check_env(env), min(timeout_s, self.limits.wall_timeout_s)
 
     @abstractmethod
     async def exec(

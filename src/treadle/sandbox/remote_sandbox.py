@@ -32,7 +32,6 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from treadle.errors import SandboxClosed, SandboxError, SandboxFileTooLarge
-from treadle.sandbox._host import check_argv, check_env
 from treadle.sandbox.base import DEFAULT_MAX_GET_BYTES, ExecResult, Limits, Sandbox
 from treadle.sandbox.wire import WIRE_ERRORS, Created, ErrorReply, ExecReply, ExecRequest
 
@@ -134,21 +133,12 @@ class RemoteSandbox(Sandbox):
     def closed(self) -> bool:
         return self._closed
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise SandboxClosed("sandbox is closed")
-
     async def exec(self, argv: Sequence[str], *, timeout_s: float, stdin: bytes | None = None,
                    env: Mapping[str, str] | None = None) -> ExecResult:
-        self._check_open()
-        if not timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
-        args = check_argv(argv)
-        extra_env = check_env(env)
+        args, extra_env, timeout_s = self._checked_exec(argv, timeout_s, env)
         if stdin is not None and (len(stdin) + 2) // 3 * 4 > self._max_body_bytes:
             raise ValueError(f"stdin of {len(stdin)} bytes exceeds the server's request "
                              f"limit ({self._max_body_bytes} bytes, base64-encoded)")
-        timeout_s = min(timeout_s, self._limits.wall_timeout_s)
         exec_id = secrets.token_urlsafe(12)
         body = ExecRequest(exec_id=exec_id, argv=args, timeout_s=timeout_s, env=extra_env,
                            stdin_b64=None if stdin is None else base64.b64encode(stdin).decode())
