@@ -57,13 +57,13 @@ def run_service_bench_command(args: argparse.Namespace) -> int:
         (args.jobs < 1, "--jobs must be >= 1"), (args.engines < 1, "--engines must be >= 1"),
         (not args.time_scale > 0, "--time-scale must be > 0"),
         (not args.status_interval > 0, "--status-interval must be > 0"),
-        (not set(_stacks(args.engine_http)) <= {"wire", "httpx"} or not _stacks(
+        (not set(_listed(args.engine_http)) <= {"wire", "httpx"} or not _listed(
             args.engine_http), "--engine-http must list wire and/or httpx"),
         (not Path("/proc/self/stat").exists(), "needs Linux (/proc)"),
         (args.runners is not None and _counts(args.runners) is None,
          "--runners must list counts >= 0, e.g. 0,1,2,4"),
-        (args.stores is not None and (args.runners is None or not _stacks(args.stores) or not
-                                      set(_stacks(args.stores)) <= {"thread", "process"}),
+        (args.stores is not None and (args.runners is None or not _listed(args.stores) or not
+                                      set(_listed(args.stores)) <= {"thread", "process"}),
          "--stores (with --runners) must list thread and/or process")) if bad]
     if problems:
         print(f"treadle bench service: {problems[0]}", file=sys.stderr)
@@ -74,7 +74,7 @@ def run_service_bench_command(args: argparse.Namespace) -> int:
 
             report = run_runners_bench(
                 runners=_counts(args.runners) or (),
-                stores=_stacks(args.stores) if args.stores else (None,),
+                stores=_listed(args.stores) if args.stores else (None,),
                 trajectories=args.trajectories,
                 jobs=args.jobs, workload=args.workload, policy=args.policy,
                 engines=args.engines, time_scale=args.time_scale, model=args.model,
@@ -86,7 +86,7 @@ def run_service_bench_command(args: argparse.Namespace) -> int:
             policy=args.policy, engines=args.engines, time_scale=args.time_scale,
             model=args.model, gpu=args.gpu, seed=args.seed,
             status_interval_s=args.status_interval, log=log,
-            engine_http=_stacks(args.engine_http))
+            engine_http=_listed(args.engine_http))
     except (KeyError, ValueError) as e:
         print(f"treadle bench service: {str(e).strip(chr(39))}", file=sys.stderr)
         return 2
@@ -102,6 +102,6 @@ def _counts(text: str) -> tuple[int, ...] | None:
     return counts if counts and min(counts) >= 0 else None
 
 
-
-def _stacks(text: str) -> tuple[str, ...]:
+def _listed(text: str) -> tuple[str, ...]:
+    """A comma-separated list's names, each once, in order."""
     return tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
