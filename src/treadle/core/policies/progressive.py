@@ -130,8 +130,9 @@ class Progressive(TrajectoryScheduler):
 
     def remaining_of(self, live: Sequence[TrajState]) -> list[float]:
         """`remaining` of each of `live`, at least one token: what a re-plan reads of
-        every live trajectory. The memo's freshness is checked here, not through two
-        calls a trajectory (a tenth of a 100,000-trajectory plan)."""
+        every live trajectory. The memo's freshness is checked here as `estimate`
+        checks it (keep the two alike), not through two calls a trajectory (a tenth of
+        a 100,000-trajectory plan)."""
         generation, out = self._generation, []
         for t in live:
             memo = t.memo
